@@ -1,0 +1,213 @@
+//! What the compilers leave at a function's ftrace site on x86-64 (DESIGN.md section 2), how to
+//! recognise it from its bytes, and how to find it by decoding when no record section exists.
+//!
+//! Everything here works on `&[u8]` and addresses in the file (svma): no memory of the running
+//! process is touched, so it is unit-tested on hand-written byte strings.
+
+use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
+
+/// The bytes found at a site, before ftprobe converts it to its canonical NOP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SiteKind {
+    /// `0f 1f 44 00 00`: `-mnop-mcount`, clang/rustc `-fpatchable-function-entry=5`.
+    Nop5,
+    /// Five one-byte `90` NOPs: gcc `-fpatchable-function-entry=5`.
+    Nops5,
+    /// `e8 rel32`: `call __fentry__`/`call mcount`, non-PIE (5 bytes).
+    CallRel32,
+    /// `ff 15 rel32`: `call *__fentry__@GOTPCREL(%rip)`, PIE (6 bytes).
+    CallGot,
+}
+
+impl SiteKind {
+    /// Length in bytes of what the compiler emitted.
+    pub fn len(self) -> u8 {
+        match self {
+            SiteKind::Nop5 | SiteKind::Nops5 | SiteKind::CallRel32 => 5,
+            SiteKind::CallGot => 6,
+        }
+    }
+
+    /// Short name used by `ftprobe list functions`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SiteKind::Nop5 => "nop5",
+            SiteKind::Nops5 => "nop1x5",
+            SiteKind::CallRel32 => "call",
+            SiteKind::CallGot => "call*got",
+        }
+    }
+}
+
+/// Where the site stands in its function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SitePlace {
+    /// The function's first instruction (`-mfentry`, patchable entry).
+    Entry,
+    /// Right after the function's `endbr64` (`-fcf-protection`), at `func+4`.
+    AfterEndbr,
+    /// After the frame-pointer prologue `push %rbp; mov %rsp,%rbp` (`-pg` without `-mfentry`):
+    /// the caller's return address is then at `8(%rbp)`, not at the top of the stack.
+    AfterPrologue,
+}
+
+impl SitePlace {
+    /// Short name used by `ftprobe list functions`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SitePlace::Entry => "entry",
+            SitePlace::AfterEndbr => "after-endbr",
+            SitePlace::AfterPrologue => "after-prologue",
+        }
+    }
+}
+
+/// `endbr64`.
+pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+/// Recognise the bytes at a recorded site. `None` if they are none of [`SiteKind`].
+pub fn classify(bytes: &[u8]) -> Option<SiteKind> {
+    match bytes {
+        [0x0f, 0x1f, 0x44, 0x00, 0x00, ..] => Some(SiteKind::Nop5),
+        [0x90, 0x90, 0x90, 0x90, 0x90, ..] => Some(SiteKind::Nops5),
+        [0xe8, _, _, _, _, ..] => Some(SiteKind::CallRel32),
+        [0xff, 0x15, _, _, _, _, ..] => Some(SiteKind::CallGot),
+        _ => None,
+    }
+}
+
+/// Where a site at `site_off` bytes into a function whose code starts with `func_bytes` stands,
+/// or `None` if that is not a place a compiler puts a site.
+pub fn place_of(func_bytes: &[u8], site_off: u64) -> Option<SitePlace> {
+    let endbr = func_bytes.starts_with(&ENDBR64);
+    match site_off {
+        0 => Some(SitePlace::Entry),
+        4 if endbr => Some(SitePlace::AfterEndbr),
+        _ => {
+            let body = if endbr { &func_bytes[4..] } else { func_bytes };
+            let skip = if endbr { 4 } else { 0 };
+            (prologue_len(body).map(|n| n + skip) == Some(site_off)).then_some(SitePlace::AfterPrologue)
+        }
+    }
+}
+
+/// Length of a leading `push %rbp; mov %rsp,%rbp` (1 + 3 bytes), if present.
+fn prologue_len(code: &[u8]) -> Option<u64> {
+    match code {
+        [0x55, 0x48, 0x89, 0xe5, ..] | [0x55, 0x48, 0x8b, 0xec, ..] => Some(4),
+        _ => None,
+    }
+}
+
+/// What a call found by decoding goes to, as the caller must resolve it to a name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallTarget {
+    /// `e8 rel32`: the branch target (a function or a PLT entry).
+    Direct(u64),
+    /// `ff 15 rel32`: the address of the GOT slot the call reads.
+    Got(u64),
+}
+
+/// Decode the start of a function (`func_bytes` at `func_svma`) looking for a call to the
+/// profiling hook in the places compilers put it: first instruction, after `endbr64`, or after
+/// `push %rbp; mov %rsp,%rbp`. `is_hook` says whether a call target is `__fentry__`/`mcount`.
+/// Returns the site's offset from the function start, its kind and place.
+pub fn find_by_decoding(
+    func_bytes: &[u8],
+    func_svma: u64,
+    mut is_hook: impl FnMut(CallTarget) -> bool,
+) -> Option<(u64, SiteKind, SitePlace)> {
+    let mut off = 0u64;
+    if func_bytes.starts_with(&ENDBR64) {
+        off = 4;
+    }
+    let candidates = [Some(off), prologue_len(&func_bytes[off as usize..]).map(|n| off + n)];
+    for site_off in candidates.into_iter().flatten() {
+        let Some(code) = func_bytes.get(site_off as usize..) else { continue };
+        let mut dec = Decoder::with_ip(64, code, func_svma + site_off, DecoderOptions::NONE);
+        let mut insn = Instruction::default();
+        if !dec.can_decode() {
+            continue;
+        }
+        dec.decode_out(&mut insn);
+        let target = match (insn.code(), insn.len()) {
+            (Code::Call_rel32_64, 5) => CallTarget::Direct(insn.near_branch_target()),
+            (Code::Call_rm64, 6)
+                if insn.op0_kind() == OpKind::Memory && insn.memory_base() == Register::RIP =>
+            {
+                CallTarget::Got(insn.memory_displacement64())
+            }
+            _ => continue,
+        };
+        if is_hook(target) {
+            let kind = classify(&code[..insn.len()])?;
+            let place = place_of(func_bytes, site_off)?;
+            return Some((site_off, kind, place));
+        }
+    }
+    None
+}
+
+/// If the code at a PLT entry is `[endbr64;] [bnd] jmp *disp(%rip)`, the GOT slot it jumps
+/// through.
+pub fn plt_entry_got_slot(code: &[u8], svma: u64) -> Option<u64> {
+    let (code, svma) =
+        if code.starts_with(&ENDBR64) { (&code[4..], svma + 4) } else { (code, svma) };
+    let mut dec = Decoder::with_ip(64, code, svma, DecoderOptions::NONE);
+    let insn = dec.decode();
+    (insn.mnemonic() == Mnemonic::Jmp
+        && insn.op0_kind() == OpKind::Memory
+        && insn.memory_base() == Register::RIP)
+        .then(|| insn.memory_displacement64())
+}
+
+/// Names of the hooks compilers call from sites.
+pub fn is_hook_name(name: &str) -> bool {
+    let base = name.split('@').next().unwrap_or(name);
+    matches!(base, "__fentry__" | "mcount" | "_mcount" | "__mcount")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_each_kind() {
+        // nopl 0x0(%rax,%rax,1)
+        assert_eq!(classify(&[0x0f, 0x1f, 0x44, 0x00, 0x00]), Some(SiteKind::Nop5));
+        // nop; nop; nop; nop; nop
+        assert_eq!(classify(&[0x90; 5]), Some(SiteKind::Nops5));
+        // call rel32
+        assert_eq!(classify(&[0xe8, 0, 0, 0, 0]), Some(SiteKind::CallRel32));
+        // call *0x0(%rip)
+        assert_eq!(classify(&[0xff, 0x15, 0, 0, 0, 0]), Some(SiteKind::CallGot));
+        // imul %esi,%edi
+        assert_eq!(classify(&[0x0f, 0xaf, 0xfe, 0, 0]), None);
+    }
+
+    #[test]
+    fn decode_fentry_call_got_after_endbr() {
+        // endbr64; call *0x2fd6(%rip); imul %esi,%edi
+        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0xff, 0x15, 0xd6, 0x2f, 0, 0, 0x0f, 0xaf, 0xfe];
+        let got = 0x1000 + 10 + 0x2fd6;
+        let found = find_by_decoding(&code, 0x1000, |t| t == CallTarget::Got(got));
+        assert_eq!(found, Some((4, SiteKind::CallGot, SitePlace::AfterEndbr)));
+    }
+
+    #[test]
+    fn decode_mcount_after_prologue() {
+        // push %rbp; mov %rsp,%rbp; call 0x2000; pop %rbp
+        let code = [0x55, 0x48, 0x89, 0xe5, 0xe8, 0xf7, 0x0f, 0, 0, 0x5d];
+        let found = find_by_decoding(&code, 0x1000, |t| t == CallTarget::Direct(0x2000));
+        assert_eq!(found, Some((4, SiteKind::CallRel32, SitePlace::AfterPrologue)));
+        // A call to something else is not a site.
+        assert_eq!(find_by_decoding(&code, 0x1000, |_| false), None);
+    }
+
+    #[test]
+    fn plt_entry() {
+        // endbr64; bnd jmp *0x2f75(%rip)
+        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, 0x75, 0x2f, 0, 0];
+        assert_eq!(plt_entry_got_slot(&code, 0x1050), Some(0x1050 + 11 + 0x2f75));
+    }
+}

@@ -1,0 +1,333 @@
+//! ELF objects on disk: function symbols, loadable segments and ftrace sites, all as addresses
+//! in the file (svma). The process's address of a file address is `svma + load_bias`.
+//!
+//! Pure parsing over `&[u8]` with the `object` crate; nothing here touches the running process.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use object::elf::{R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT};
+use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget, SymbolKind};
+
+use crate::arch::x86_64::sites::{self, CallTarget, SiteKind, SitePlace};
+
+/// Errors reading an object file.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// The file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not an ELF object `object` can parse.
+    #[error("{path} is not a readable ELF object")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: object::Error,
+    },
+    /// Not x86-64.
+    #[error("{path} is not an x86-64 object")]
+    Arch {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// A function symbol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FuncSym {
+    /// Symbol name, as in the symbol table (not demangled).
+    pub name: String,
+    /// Start address in the file.
+    pub svma: u64,
+    /// Size in bytes (0 when the symbol table does not say).
+    pub size: u64,
+}
+
+/// How a site was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SiteSource {
+    /// Listed in `__mcount_loc` (`-mrecord-mcount`).
+    McountLoc,
+    /// Listed in `__patchable_function_entries`.
+    PatchableEntries,
+    /// Found by decoding the start of the function (a call to `__fentry__`/`mcount`).
+    Decoded,
+}
+
+impl SiteSource {
+    /// Short name used by `ftprobe list functions`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SiteSource::McountLoc => "__mcount_loc",
+            SiteSource::PatchableEntries => "__patchable_function_entries",
+            SiteSource::Decoded => "decoded",
+        }
+    }
+}
+
+/// An ftrace site in a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SiteInfo {
+    /// Address of the site's first byte in the file.
+    pub svma: u64,
+    /// What the compiler left there.
+    pub kind: SiteKind,
+    /// Where it stands in its function.
+    pub place: SitePlace,
+    /// How it was found.
+    pub source: SiteSource,
+    /// Index of the function in [`ElfImage::funcs`].
+    pub func: usize,
+}
+
+/// A loadable segment (`PT_LOAD`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Start address in the file.
+    pub svma: u64,
+    /// Size in memory, bytes.
+    pub memsz: u64,
+    /// Executable.
+    pub exec: bool,
+}
+
+/// What ftprobe needs from one ELF file.
+#[derive(Clone, Debug)]
+pub struct ElfImage {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// `ET_DYN` (PIE or shared library): loaded at a bias. `ET_EXEC` is loaded at its addresses.
+    pub relocatable: bool,
+    /// Function symbols with a size, sorted by address, from `.symtab` and `.dynsym` (duplicates
+    /// at the same address keep the first name seen, `.symtab` first).
+    pub funcs: Vec<FuncSym>,
+    /// Sites, sorted by address.
+    pub sites: Vec<SiteInfo>,
+    /// Loadable segments.
+    pub segments: Vec<Segment>,
+    /// Site addresses listed in a record section that did not hold a recognisable site
+    /// (e.g. `-fpatchable-function-entry=N,M` entries before the symbol). Reported, not patched.
+    pub rejected: Vec<u64>,
+}
+
+impl ElfImage {
+    /// Read and parse a file.
+    pub fn open(path: &Path) -> Result<ElfImage, ElfError> {
+        let data = std::fs::read(path)
+            .map_err(|source| ElfError::Read { path: path.to_owned(), source })?;
+        ElfImage::parse(path, &data)
+    }
+
+    /// Parse file contents.
+    pub fn parse(path: &Path, data: &[u8]) -> Result<ElfImage, ElfError> {
+        let file = object::File::parse(data)
+            .map_err(|source| ElfError::Parse { path: path.to_owned(), source })?;
+        if file.architecture() != object::Architecture::X86_64 {
+            return Err(ElfError::Arch { path: path.to_owned() });
+        }
+        let relocatable = file.kind() == object::ObjectKind::Dynamic;
+        let funcs = func_symbols(&file);
+        let segments = load_segments(data);
+        let mut img = ElfImage {
+            path: path.to_owned(),
+            relocatable,
+            funcs,
+            sites: Vec::new(),
+            segments,
+            rejected: Vec::new(),
+        };
+        img.find_sites(&file);
+        Ok(img)
+    }
+
+    /// The function containing `svma`, with the offset into it.
+    pub fn func_at(&self, svma: u64) -> Option<(usize, u64)> {
+        let i = self.funcs.partition_point(|f| f.svma <= svma).checked_sub(1)?;
+        let f = &self.funcs[i];
+        let off = svma - f.svma;
+        (off < f.size.max(1)).then_some((i, off))
+    }
+
+    /// Whether `svma` lies in one of the file's loadable segments.
+    pub fn contains(&self, svma: u64) -> bool {
+        self.segments.iter().any(|s| svma >= s.svma && svma - s.svma < s.memsz)
+    }
+
+    fn find_sites(&mut self, file: &object::File<'_>) {
+        let relative = relative_relocs(file);
+        let mut recorded: Vec<(u64, SiteSource)> = Vec::new();
+        for (name, source) in [
+            ("__mcount_loc", SiteSource::McountLoc),
+            ("__patchable_function_entries", SiteSource::PatchableEntries),
+        ] {
+            // A linked file may hold several sections of that name (one per input group).
+            for sec in file.sections().filter(|s| s.name() == Ok(name)) {
+                let Ok(bytes) = sec.data() else { continue };
+                // Entries are link-time addresses. In an ET_DYN file each has an
+                // R_X86_64_RELATIVE relocation whose addend is the address; GNU ld also writes
+                // it in place, lld leaves the place 0.
+                let base = sec.address();
+                recorded.extend(
+                    bytes
+                        .chunks_exact(8)
+                        .enumerate()
+                        .map(|(i, c)| {
+                            let in_place = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+                            relative.get(&(base + 8 * i as u64)).copied().unwrap_or(in_place)
+                        })
+                        .filter(|&a| a != 0)
+                        .map(|a| (a, source)),
+                );
+            }
+        }
+        if recorded.is_empty() {
+            self.find_sites_by_decoding(file);
+        } else {
+            for (svma, source) in recorded {
+                match self.site_at(file, svma, source) {
+                    Some(site) => self.sites.push(site),
+                    None => self.rejected.push(svma),
+                }
+            }
+        }
+        self.sites.sort_by_key(|s| s.svma);
+        self.sites.dedup_by_key(|s| s.svma);
+    }
+
+    fn site_at(&self, file: &object::File<'_>, svma: u64, source: SiteSource) -> Option<SiteInfo> {
+        let (func, off) = self.func_at(svma)?;
+        let f = &self.funcs[func];
+        let code = bytes_at(file, f.svma, (off + 8).max(16))?;
+        let kind = sites::classify(code.get(off as usize..)?)?;
+        let place = sites::place_of(code, off)?;
+        Some(SiteInfo { svma, kind, place, source, func })
+    }
+
+    fn find_sites_by_decoding(&mut self, file: &object::File<'_>) {
+        let got_names = got_slot_names(file);
+        let plt: Vec<(u64, &[u8])> = file
+            .sections()
+            .filter(|s| s.name().is_ok_and(|n| n.starts_with(".plt")))
+            .filter_map(|s| Some((s.address(), s.data().ok()?)))
+            .collect();
+        let hook_syms: Vec<u64> =
+            self.funcs.iter().filter(|f| sites::is_hook_name(&f.name)).map(|f| f.svma).collect();
+        let is_hook = |t: CallTarget| match t {
+            CallTarget::Got(slot) => got_names.get(&slot).is_some_and(|n| sites::is_hook_name(n)),
+            CallTarget::Direct(addr) => {
+                hook_syms.contains(&addr)
+                    || plt.iter().any(|&(start, data)| {
+                        let Some(code) = addr.checked_sub(start).and_then(|o| data.get(o as usize..))
+                        else {
+                            return false;
+                        };
+                        sites::plt_entry_got_slot(code, addr)
+                            .and_then(|slot| got_names.get(&slot))
+                            .is_some_and(|n| sites::is_hook_name(n))
+                    })
+            }
+        };
+        for (i, f) in self.funcs.iter().enumerate() {
+            let Some(code) = bytes_at(file, f.svma, f.size.min(32)) else { continue };
+            if let Some((off, kind, place)) = sites::find_by_decoding(code, f.svma, is_hook) {
+                self.sites.push(SiteInfo {
+                    svma: f.svma + off,
+                    kind,
+                    place,
+                    source: SiteSource::Decoded,
+                    func: i,
+                });
+            }
+        }
+    }
+}
+
+/// Up to `len` bytes of section contents at file address `svma`.
+fn bytes_at<'d>(file: &object::File<'d>, svma: u64, len: u64) -> Option<&'d [u8]> {
+    file.sections().find_map(|s| {
+        let off = svma.checked_sub(s.address())?;
+        if off >= s.size() {
+            return None;
+        }
+        let data = s.data().ok()?;
+        let end = (off + len).min(data.len() as u64);
+        data.get(off as usize..end as usize)
+    })
+}
+
+fn func_symbols(file: &object::File<'_>) -> Vec<FuncSym> {
+    let mut funcs: Vec<FuncSym> = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
+        .filter_map(|s| {
+            let name = s.name().ok()?;
+            (!name.is_empty()).then(|| FuncSym {
+                name: name.split("@@").next().unwrap_or(name).to_owned(),
+                svma: s.address(),
+                size: s.size(),
+            })
+        })
+        .collect();
+    // Stable: .symtab entries come first and win at equal addresses.
+    funcs.sort_by_key(|f| f.svma);
+    funcs.dedup_by_key(|f| f.svma);
+    funcs
+}
+
+/// Place -> addend of every R_X86_64_RELATIVE dynamic relocation.
+fn relative_relocs(file: &object::File<'_>) -> HashMap<u64, u64> {
+    let Some(relocs) = file.dynamic_relocations() else { return HashMap::new() };
+    relocs
+        .filter(|(_, r)| r.flags() == RelocationFlags::Elf { r_type: object::elf::R_X86_64_RELATIVE })
+        .map(|(off, r)| (off, r.addend() as u64))
+        .collect()
+}
+
+/// GOT slot address -> name of the symbol the dynamic linker writes there.
+fn got_slot_names(file: &object::File<'_>) -> HashMap<u64, String> {
+    let mut names = HashMap::new();
+    let Some(relocs) = file.dynamic_relocations() else { return names };
+    for (offset, reloc) in relocs {
+        let RelocationFlags::Elf { r_type } = reloc.flags() else { continue };
+        if r_type != R_X86_64_GLOB_DAT && r_type != R_X86_64_JUMP_SLOT {
+            continue;
+        }
+        let RelocationTarget::Symbol(idx) = reloc.target() else { continue };
+        let Some(name) = file
+            .dynamic_symbol_table()
+            .and_then(|t| t.symbol_by_index(idx).ok())
+            .and_then(|s| s.name().ok().map(str::to_owned))
+        else {
+            continue;
+        };
+        names.insert(offset, name);
+    }
+    names
+}
+
+fn load_segments(data: &[u8]) -> Vec<Segment> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) else {
+        return Vec::new();
+    };
+    let Ok(endian) = hdr.endian() else { return Vec::new() };
+    let Ok(phdrs) = hdr.program_headers(endian, data) else { return Vec::new() };
+    phdrs
+        .iter()
+        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+        .map(|p| Segment {
+            svma: p.p_vaddr(endian),
+            memsz: p.p_memsz(endian),
+            exec: p.p_flags(endian) & object::elf::PF_X != 0,
+        })
+        .collect()
+}

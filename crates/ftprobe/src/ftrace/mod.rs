@@ -1,0 +1,678 @@
+//! ftrace in one process: site records, `ftrace_ops`, and patching sites between their NOP and
+//! a call to a trampoline (kernel/trace/ftrace.c).
+//!
+//! - [`init`] finds every site of every loaded object, keeps a [`DynFtrace`] record per site
+//!   and converts each site to its canonical NOP (the kernel's `ftrace_init()` at boot).
+//! - [`register_ftrace_function`] adds an [`FtraceOps`]; each site's wanted state is then
+//!   recomputed from the ops that want it: none, NOP; exactly one, a call to a trampoline that
+//!   calls that ops directly; several, a call to a trampoline that calls
+//!   `ftrace_ops_list_func`, which calls each ops whose filter holds the site
+//!   (`ftrace_ops_list_func()` / `__ftrace_ops_list_func()` in the kernel).
+//! - Changed sites are rewritten in one batch by `text_poke_batch` (int3 protocol), so threads
+//!   may run meanwhile. A registration that fails at any step leaves every site as it was.
+
+pub mod glob;
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::arch::x86_64::nops::{self, NOP1, NOP5, SITE_LEN};
+use crate::arch::x86_64::sites::{SiteKind, SitePlace};
+use crate::arch::x86_64::text_poke::{self, Poke, TextPokeError};
+use crate::arch::x86_64::tramp_area::TrampArea;
+use crate::arch::x86_64::trampoline::{TrampolineFunc, Variant};
+pub use crate::arch::x86_64::trampoline::PtRegs;
+use crate::elf::{ElfError, ElfImage, SiteSource};
+use crate::process::LoadedObject;
+use crate::sys::SyscallError;
+use glob::{FilterEntry, FilterError};
+
+/// A site record, 16 bytes as the kernel's `struct dyn_ftrace` without the arch part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct DynFtrace {
+    /// Address of the site in this process.
+    pub ip: u64,
+    /// Reference count in the low bits ([`FTRACE_FL_REF_MASK`]), `FTRACE_FL_*` above.
+    pub flags: u64,
+}
+
+/// Number of ops that want the site.
+pub const FTRACE_FL_REF_MASK: u64 = (1 << 24) - 1;
+/// The site is patched to call a trampoline.
+pub const FTRACE_FL_ENABLED: u64 = 1 << 24;
+/// The trampoline saves the full register set.
+pub const FTRACE_FL_REGS: u64 = 1 << 25;
+/// An IPMODIFY ops holds the site.
+pub const FTRACE_FL_IPMODIFY: u64 = 1 << 26;
+/// The trampoline calls one ops directly (no list function).
+pub const FTRACE_FL_DIRECT: u64 = 1 << 27;
+/// The site stands after `push %rbp; mov %rsp,%rbp` (`-pg` mcount).
+pub const FTRACE_FL_AFTER_PROLOGUE: u64 = 1 << 28;
+
+const _: () = assert!(std::mem::size_of::<DynFtrace>() == 16);
+
+/// Save the full register set (the kernel's `FTRACE_OPS_FL_SAVE_REGS`).
+pub const FTRACE_OPS_FL_SAVE_REGS: u32 = 1 << 0;
+/// The callback may change `regs.ip` (`FTRACE_OPS_FL_IPMODIFY`); needs SAVE_REGS; at most one
+/// such ops per site (`-EBUSY`).
+pub const FTRACE_OPS_FL_IPMODIFY: u32 = 1 << 1;
+/// ftrace guards the callback against recursion (`FTRACE_OPS_FL_RECURSION`): a hit while the
+/// callback is already running on this thread is not delivered but counted in
+/// [`FtraceOps::missed`]. Without it the callback must guard itself, as in the kernel.
+pub const FTRACE_OPS_FL_RECURSION: u32 = 1 << 2;
+
+/// The callback: `func(ip, parent_ip, op, regs)`. `ip` is the site's address, `parent_ip` the
+/// return address of the traced function (its caller), `regs` the registers at the site (see
+/// [`PtRegs`] for which fields are valid without SAVE_REGS).
+///
+/// It runs on the probe path: it must be async-signal-safe (no allocation, no locks that can
+/// block, no unwinding panic).
+pub type FtraceFunc = unsafe extern "C" fn(ip: u64, parent_ip: u64, op: &FtraceOps, regs: &mut PtRegs);
+
+/// A set of callbacks on a set of functions (`struct ftrace_ops`). Made in a `static`.
+pub struct FtraceOps {
+    /// The callback.
+    pub func: FtraceFunc,
+    /// `FTRACE_OPS_FL_*`.
+    pub flags: u32,
+    /// For the callback's own use.
+    pub private: AtomicU64,
+    filters: Mutex<Filters>,
+    /// Sorted site addresses this ops wants while registered; read by the list function.
+    hash: AtomicPtr<Vec<u64>>,
+    registered: AtomicBool,
+    missed: AtomicU64,
+}
+
+#[derive(Default)]
+struct Filters {
+    filter: Vec<FilterEntry>,
+    notrace: Vec<FilterEntry>,
+}
+
+impl FtraceOps {
+    /// An ops with no filter (every function) and no notrace.
+    pub const fn new(func: FtraceFunc, flags: u32) -> FtraceOps {
+        FtraceOps {
+            func,
+            flags,
+            private: AtomicU64::new(0),
+            filters: Mutex::new(Filters { filter: Vec::new(), notrace: Vec::new() }),
+            hash: AtomicPtr::new(std::ptr::null_mut()),
+            registered: AtomicBool::new(false),
+            missed: AtomicU64::new(0),
+        }
+    }
+
+    /// Hits not delivered because the callback was already running on the thread (with
+    /// [`FTRACE_OPS_FL_RECURSION`], or always through the list function).
+    pub fn missed(&self) -> u64 {
+        self.missed.load(Ordering::Relaxed)
+    }
+
+    /// Whether the ops is registered.
+    pub fn is_registered(&self) -> bool {
+        self.registered.load(Ordering::Relaxed)
+    }
+
+    /// Probe path: whether this ops wants the site at `ip`.
+    #[inline]
+    fn wants(&self, ip: u64) -> bool {
+        // Acquire pairs with the Release store in `register_ftrace_function`.
+        let h = self.hash.load(Ordering::Acquire);
+        // SAFETY: a non-null hash is a Vec published before the ops was made visible and never
+        // freed while any thread can reach it (retired hashes are kept, see `State::retired`).
+        !h.is_null() && unsafe { &*h }.binary_search(&ip).is_ok()
+    }
+
+    fn lock_filters(&self) -> MutexGuard<'_, Filters> {
+        self.filters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Errors of the ftrace layer. The kernel's errno is given where one exists.
+#[derive(Debug, thiserror::Error)]
+pub enum FtraceError {
+    /// [`init`] has not run.
+    #[error("ftrace is not initialized (call ftrace::init first)")]
+    NotInitialized,
+    /// [`init`] ran already.
+    #[error("ftrace is already initialized")]
+    AlreadyInitialized,
+    /// A loaded object could not be read.
+    #[error(transparent)]
+    Elf(#[from] ElfError),
+    /// A filter pattern does not parse.
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    /// A filter pattern matches no function with a site (the kernel's -EINVAL).
+    #[error("no function with an ftrace site matches {0:?}")]
+    NoMatch(String),
+    /// The ops is registered; filters change only while it is not (-EBUSY).
+    #[error("ftrace_ops is registered: unregister it before changing its filters")]
+    OpsBusy,
+    /// Registering an ops twice (-EBUSY).
+    #[error("ftrace_ops is already registered")]
+    AlreadyRegistered,
+    /// Unregistering an ops that is not registered (-ENODEV).
+    #[error("ftrace_ops is not registered")]
+    NotRegistered,
+    /// IPMODIFY without SAVE_REGS (-EINVAL).
+    #[error("FTRACE_OPS_FL_IPMODIFY requires FTRACE_OPS_FL_SAVE_REGS")]
+    IpmodifyWithoutRegs,
+    /// Another IPMODIFY ops already holds a site this one wants (-EBUSY).
+    #[error("{func}: another ftrace_ops with IPMODIFY already holds this function")]
+    IpmodifyBusy {
+        /// The function both want.
+        func: String,
+    },
+    /// All ops slots are taken.
+    #[error("too many ftrace_ops registered (at most {MAX_OPS})")]
+    TooManyOps,
+    /// A site's current bytes are not what ftrace wrote there.
+    #[error("site at {ip:#x} holds unexpected bytes {found:02x?}")]
+    SiteCorrupt {
+        /// The site.
+        ip: u64,
+        /// Its bytes.
+        found: [u8; 5],
+    },
+    /// A system call failed (no trampoline memory, mprotect, membarrier, sigaction).
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+}
+
+impl FtraceError {
+    /// The kernel errno for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FtraceError::OpsBusy
+            | FtraceError::AlreadyRegistered
+            | FtraceError::IpmodifyBusy { .. } => libc::EBUSY,
+            FtraceError::NotRegistered => libc::ENODEV,
+            FtraceError::TooManyOps => libc::ENOSPC,
+            FtraceError::Syscall(e) => e.errno().unwrap_or(libc::EIO),
+            _ => libc::EINVAL,
+        }
+    }
+}
+
+impl From<TextPokeError> for FtraceError {
+    fn from(e: TextPokeError) -> Self {
+        match e {
+            TextPokeError::Syscall(s) => FtraceError::Syscall(s),
+        }
+    }
+}
+
+/// Maximum number of registered ops.
+pub const MAX_OPS: usize = 64;
+
+/// The registered ops, for the list function. A slot is written only under the state lock.
+static OPS_LIST: [AtomicPtr<FtraceOps>; MAX_OPS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_OPS];
+
+thread_local! {
+    /// Probe path: set while this thread runs ftrace callbacks. Const-initialized, no
+    /// destructor: no allocation on first touch.
+    static IN_FTRACE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Probe path: calls every registered ops that wants `ip`, under the recursion guard.
+unsafe extern "C" fn ftrace_ops_list_func(ip: u64, parent_ip: u64, _op: *const (), regs: *mut PtRegs) {
+    let recursing = IN_FTRACE.with(|g| g.replace(true));
+    for slot in &OPS_LIST {
+        // Acquire pairs with the Release store in `register_ftrace_function`.
+        let p = slot.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: ops in OPS_LIST are &'static.
+        let op = unsafe { &*p };
+        if !op.wants(ip) {
+            continue;
+        }
+        if recursing {
+            op.missed.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        // SAFETY: regs points to the trampoline's frame, live for this call.
+        unsafe { (op.func)(ip, parent_ip, op, &mut *regs) };
+    }
+    if !recursing {
+        IN_FTRACE.with(|g| g.set(false));
+    }
+}
+
+/// Probe path: one ops with [`FTRACE_OPS_FL_RECURSION`] called directly from its trampoline,
+/// under the recursion guard (the kernel's `ftrace_ops_assist_func()`).
+unsafe extern "C" fn ftrace_ops_assist_func(ip: u64, parent_ip: u64, op: *const (), regs: *mut PtRegs) {
+    // SAFETY: the trampoline's ops slot holds a &'static FtraceOps.
+    let op = unsafe { &*(op as *const FtraceOps) };
+    if IN_FTRACE.with(|g| g.replace(true)) {
+        op.missed.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    // SAFETY: regs points to the trampoline's frame, live for this call.
+    unsafe { (op.func)(ip, parent_ip, op, &mut *regs) };
+    IN_FTRACE.with(|g| g.set(false));
+}
+
+/// A function with an ftrace site, as listed by [`functions`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FuncSite {
+    /// Function name.
+    pub name: String,
+    /// The object's file name (what `:mod:` matches).
+    pub module: String,
+    /// Address of the function in this process.
+    pub func_addr: u64,
+    /// Address of the site in this process.
+    pub ip: u64,
+    /// What the compiler left there (before canonicalization).
+    pub kind: SiteKind,
+    /// Where the site stands in the function.
+    pub place: SitePlace,
+    /// How it was found.
+    pub source: SiteSource,
+    /// Current record flags.
+    pub flags: u64,
+}
+
+struct Object {
+    image: ElfImage,
+    bias: u64,
+    module: String,
+    areas: Vec<TrampArea>,
+    text: (u64, u64),
+}
+
+struct RecMeta {
+    obj: usize,
+    func: usize,
+    kind: SiteKind,
+    place: SitePlace,
+    source: SiteSource,
+}
+
+struct State {
+    objects: Vec<Object>,
+    /// Sorted by ip.
+    records: Vec<DynFtrace>,
+    meta: Vec<RecMeta>,
+    /// What each site holds now.
+    current: Vec<[u8; 5]>,
+    registered: Vec<&'static FtraceOps>,
+    tramps: HashMap<(usize, Variant, usize, usize), u64>,
+    /// Hashes of unregistered ops: the list function of another thread may still read one, so
+    /// they are kept (the kernel frees them after synchronize_rcu; we have no grace period).
+    retired: Vec<Box<Vec<u64>>>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<State>> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Find the sites of every loaded object, make their code writable and convert every site to
+/// its canonical NOP. Objects that cannot be read are skipped and returned as errors.
+///
+/// # Safety
+/// No other thread of this process may run code of the loaded objects until this returns
+/// (the agent's constructor; the start of `main`): sites are rewritten with plain stores.
+pub unsafe fn init() -> Result<Vec<FtraceError>, FtraceError> {
+    let objs = crate::process::loaded_objects();
+    // SAFETY: forwarded contract.
+    unsafe { init_objects(&objs) }
+}
+
+/// [`init`] for a given list of objects.
+///
+/// # Safety
+/// As [`init`]; and every object's bias must be its real load bias in this process.
+pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, FtraceError> {
+    let mut g = lock();
+    if g.is_some() {
+        return Err(FtraceError::AlreadyInitialized);
+    }
+    text_poke::init()?;
+    let mut skipped = Vec::new();
+    let mut objects = Vec::new();
+    let mut sites: Vec<(u64, RecMeta)> = Vec::new();
+    for lo in objs {
+        let image = match ElfImage::open(&lo.path) {
+            Ok(i) => i,
+            Err(e) => {
+                skipped.push(e.into());
+                continue;
+            }
+        };
+        let module = lo.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let exec = image.segments.iter().filter(|s| s.exec);
+        let text = (
+            exec.clone().map(|s| s.svma).min().unwrap_or(0) + lo.bias,
+            exec.map(|s| s.svma + s.memsz).max().unwrap_or(0) + lo.bias,
+        );
+        let oi = objects.len();
+        for s in &image.sites {
+            let ip = s.svma + lo.bias;
+            // The bytes in memory must be what the file says (else: not this file's code).
+            // SAFETY: ip lies in an executable PT_LOAD segment of a loaded object: mapped.
+            let mem = unsafe { std::slice::from_raw_parts(ip as *const u8, s.kind.len() as usize) };
+            if crate::arch::x86_64::sites::classify(mem) != Some(s.kind) {
+                continue;
+            }
+            sites.push((ip, RecMeta { obj: oi, func: s.func, kind: s.kind, place: s.place, source: s.source }));
+        }
+        objects.push(Object { image, bias: lo.bias, module, areas: Vec::new(), text });
+    }
+    sites.sort_by_key(|s| s.0);
+    for o in &objects {
+        if o.image.sites.is_empty() {
+            continue;
+        }
+        // SAFETY: the range is the object's executable segments, mapped by the loader.
+        unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
+    }
+    let mut records = Vec::with_capacity(sites.len());
+    let mut meta = Vec::with_capacity(sites.len());
+    for (ip, m) in sites {
+        // SAFETY: the site is in code made writable above and, by this function's contract,
+        // no other thread runs; a CallGot site is 6 bytes, all of its own instruction.
+        unsafe {
+            text_poke::text_poke_early(ip, &NOP5);
+            if m.kind == SiteKind::CallGot {
+                text_poke::text_poke_early(ip + SITE_LEN, &[NOP1]);
+            }
+        }
+        let flags = if m.place == SitePlace::AfterPrologue { FTRACE_FL_AFTER_PROLOGUE } else { 0 };
+        records.push(DynFtrace { ip, flags });
+        meta.push(m);
+    }
+    let current = vec![NOP5; records.len()];
+    *g = Some(State {
+        objects,
+        records,
+        meta,
+        current,
+        registered: Vec::new(),
+        tramps: HashMap::new(),
+        retired: Vec::new(),
+    });
+    Ok(skipped)
+}
+
+/// Every function with a site, in address order (the kernel's `available_filter_functions`).
+pub fn functions() -> Result<Vec<FuncSite>, FtraceError> {
+    let g = lock();
+    let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
+    Ok(st.records.iter().zip(&st.meta).map(|(r, m)| st.func_site(r, m)).collect())
+}
+
+/// The loaded objects ftrace looked at, with their load bias.
+pub fn objects() -> Result<Vec<LoadedObject>, FtraceError> {
+    let g = lock();
+    let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
+    Ok(st.objects.iter().map(|o| LoadedObject { path: o.image.path.clone(), bias: o.bias }).collect())
+}
+
+/// The record of the site at `ip`, if there is one.
+pub fn record(ip: u64) -> Option<DynFtrace> {
+    let g = lock();
+    let st = g.as_ref()?;
+    st.index_of(ip).map(|i| st.records[i])
+}
+
+/// Set (with `reset`, replace) the filter of an unregistered ops (`ftrace_set_filter()`).
+pub fn ftrace_set_filter(ops: &FtraceOps, pattern: &str, reset: bool) -> Result<(), FtraceError> {
+    set_filter(ops, pattern, reset, false)
+}
+
+/// Set (with `reset`, replace) the notrace list of an unregistered ops (`ftrace_set_notrace()`).
+pub fn ftrace_set_notrace(ops: &FtraceOps, pattern: &str, reset: bool) -> Result<(), FtraceError> {
+    set_filter(ops, pattern, reset, true)
+}
+
+fn set_filter(ops: &FtraceOps, pattern: &str, reset: bool, notrace: bool) -> Result<(), FtraceError> {
+    if ops.is_registered() {
+        return Err(FtraceError::OpsBusy);
+    }
+    let e = FilterEntry::parse(pattern)?;
+    if !e.negate {
+        let g = lock();
+        let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
+        if !st.meta.iter().any(|m| {
+            let o = &st.objects[m.obj];
+            e.matches(&o.image.funcs[m.func].name, &o.module)
+        }) {
+            return Err(FtraceError::NoMatch(pattern.to_owned()));
+        }
+    }
+    let mut f = ops.lock_filters();
+    let list = if notrace { &mut f.notrace } else { &mut f.filter };
+    if reset {
+        list.clear();
+    }
+    list.push(e);
+    Ok(())
+}
+
+/// Start calling `ops` on the functions its filter selects (`register_ftrace_function()`).
+/// On error nothing changed: no site is patched, the ops is not registered.
+pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    if ops.is_registered() {
+        return Err(FtraceError::AlreadyRegistered);
+    }
+    if ops.flags & FTRACE_OPS_FL_IPMODIFY != 0 && ops.flags & FTRACE_OPS_FL_SAVE_REGS == 0 {
+        return Err(FtraceError::IpmodifyWithoutRegs);
+    }
+    let hash = st.hash_of(ops);
+    if ops.flags & FTRACE_OPS_FL_IPMODIFY != 0 {
+        for other in st.registered.iter().filter(|o| o.flags & FTRACE_OPS_FL_IPMODIFY != 0) {
+            // SAFETY: registered ops have a live hash (set below, cleared on unregister).
+            let oh = unsafe { &*other.hash.load(Ordering::Relaxed) };
+            if let Some(ip) = hash.iter().find(|ip| oh.binary_search(ip).is_ok()) {
+                let i = st.index_of(*ip).expect("hash holds record ips");
+                return Err(FtraceError::IpmodifyBusy { func: st.func_name(i).to_owned() });
+            }
+        }
+    }
+    let slot = OPS_LIST
+        .iter()
+        .find(|s| s.load(Ordering::Relaxed).is_null())
+        .ok_or(FtraceError::TooManyOps)?;
+    // Release pairs with the Acquire load in `FtraceOps::wants`.
+    ops.hash.store(Box::into_raw(Box::new(hash)), Ordering::Release);
+    // Release pairs with the Acquire load in `ftrace_ops_list_func`.
+    slot.store(ops as *const FtraceOps as *mut FtraceOps, Ordering::Release);
+    st.registered.push(ops);
+    ops.registered.store(true, Ordering::Relaxed);
+    if let Err(e) = st.update_sites() {
+        st.registered.pop();
+        slot.store(std::ptr::null_mut(), Ordering::Release);
+        ops.registered.store(false, Ordering::Relaxed);
+        st.retire_hash(ops);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Stop calling `ops` (`unregister_ftrace_function()`). Its sites go back to NOP or to the
+/// trampolines of the remaining ops. A callback already running on another thread may still
+/// finish after this returns; the ops is `'static`, so that is memory-safe.
+pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    let pos = st
+        .registered
+        .iter()
+        .position(|o| std::ptr::eq(*o, ops))
+        .ok_or(FtraceError::NotRegistered)?;
+    st.registered.remove(pos);
+    let result = st.update_sites();
+    if let Some(slot) = OPS_LIST.iter().find(|s| std::ptr::eq(s.load(Ordering::Relaxed), ops)) {
+        slot.store(std::ptr::null_mut(), Ordering::Release);
+    }
+    ops.registered.store(false, Ordering::Relaxed);
+    st.retire_hash(ops);
+    result
+}
+
+impl State {
+    fn index_of(&self, ip: u64) -> Option<usize> {
+        self.records.binary_search_by_key(&ip, |r| r.ip).ok()
+    }
+
+    fn func_name(&self, i: usize) -> &str {
+        let m = &self.meta[i];
+        &self.objects[m.obj].image.funcs[m.func].name
+    }
+
+    fn func_site(&self, r: &DynFtrace, m: &RecMeta) -> FuncSite {
+        let o = &self.objects[m.obj];
+        let f = &o.image.funcs[m.func];
+        FuncSite {
+            name: f.name.clone(),
+            module: o.module.clone(),
+            func_addr: f.svma + o.bias,
+            ip: r.ip,
+            kind: m.kind,
+            place: m.place,
+            source: m.source,
+            flags: r.flags,
+        }
+    }
+
+    /// Sorted ips the ops selects: its filter (empty: all) minus its notrace.
+    fn hash_of(&self, ops: &FtraceOps) -> Vec<u64> {
+        let f = ops.lock_filters();
+        let items = self.meta.iter().map(|m| {
+            let o = &self.objects[m.obj];
+            (o.image.funcs[m.func].name.as_str(), o.module.as_str())
+        });
+        let filter = glob::select(&f.filter, items.clone());
+        let notrace = glob::select(&f.notrace, items);
+        self.records
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| filter.as_ref().is_none_or(|s| s[*i]))
+            .filter(|(i, _)| notrace.as_ref().is_none_or(|s| !s[*i]))
+            .map(|(_, r)| r.ip)
+            .collect()
+    }
+
+    fn retire_hash(&mut self, ops: &FtraceOps) {
+        let h = ops.hash.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !h.is_null() {
+            // SAFETY: h came from Box::into_raw in register_ftrace_function; ownership moves to
+            // `retired`, which keeps it alive for readers that loaded it before the swap.
+            self.retired.push(unsafe { Box::from_raw(h) });
+        }
+    }
+
+    /// The trampoline for `variant`, calling `func` with `ops`, near object `obj`.
+    fn trampoline(
+        &mut self,
+        obj: usize,
+        site: u64,
+        variant: Variant,
+        ops: *const (),
+        func: TrampolineFunc,
+    ) -> Result<u64, FtraceError> {
+        let key = (obj, variant, ops as usize, func as usize);
+        if let Some(&t) = self.tramps.get(&key) {
+            return Ok(t);
+        }
+        let code = variant.instantiate(ops, func);
+        let o = &mut self.objects[obj];
+        let addr = match o.areas.iter_mut().filter(|a| a.reachable_from(site)).find_map(|a| a.alloc(&code)) {
+            Some(a) => a,
+            None => {
+                let mut area = TrampArea::near(o.text.0, o.text.1)?;
+                let a = area.alloc(&code).expect("a new area holds a trampoline");
+                o.areas.push(area);
+                a
+            }
+        };
+        self.tramps.insert(key, addr);
+        Ok(addr)
+    }
+
+    /// Recompute every site's wanted bytes and patch those that differ, in one batch.
+    /// On error no site has changed.
+    fn update_sites(&mut self) -> Result<(), FtraceError> {
+        let mut pokes = Vec::new();
+        let mut new_flags = Vec::new();
+        for i in 0..self.records.len() {
+            let ip = self.records[i].ip;
+            let mut count = 0u64;
+            let mut save_regs = false;
+            let mut ipmodify = false;
+            let mut only: Option<&'static FtraceOps> = None;
+            for &op in &self.registered {
+                // SAFETY: registered ops have a live hash.
+                let h = unsafe { &*op.hash.load(Ordering::Relaxed) };
+                if h.binary_search(&ip).is_ok() {
+                    count += 1;
+                    save_regs |= op.flags & FTRACE_OPS_FL_SAVE_REGS != 0;
+                    ipmodify |= op.flags & FTRACE_OPS_FL_IPMODIFY != 0;
+                    only = Some(op);
+                }
+            }
+            let mut flags = (self.records[i].flags & FTRACE_FL_AFTER_PROLOGUE) | count;
+            let want = if count == 0 {
+                NOP5
+            } else {
+                let variant = Variant {
+                    save_regs,
+                    after_prologue: flags & FTRACE_FL_AFTER_PROLOGUE != 0,
+                };
+                let (ops_ptr, func): (*const (), TrampolineFunc) = match (count, only) {
+                    (1, Some(op)) if op.flags & FTRACE_OPS_FL_RECURSION != 0 => {
+                        (op as *const FtraceOps as *const (), ftrace_ops_assist_func)
+                    }
+                    (1, Some(op)) => (
+                        op as *const FtraceOps as *const (),
+                        // SAFETY: FtraceFunc and TrampolineFunc have the same ABI: the two
+                        // reference parameters are passed as the pointers the trampoline holds.
+                        unsafe { std::mem::transmute::<FtraceFunc, TrampolineFunc>(op.func) },
+                    ),
+                    _ => (std::ptr::null(), ftrace_ops_list_func),
+                };
+                flags |= FTRACE_FL_ENABLED
+                    | if save_regs { FTRACE_FL_REGS } else { 0 }
+                    | if ipmodify { FTRACE_FL_IPMODIFY } else { 0 }
+                    | if count == 1 { FTRACE_FL_DIRECT } else { 0 };
+                let obj = self.meta[i].obj;
+                let tramp = self.trampoline(obj, ip, variant, ops_ptr, func)?;
+                nops::call_rel32(ip, tramp).expect("trampoline areas are within rel32 reach")
+            };
+            new_flags.push(flags);
+            if want != self.current[i] {
+                // SAFETY: ip is a site this state canonicalized; 5 readable bytes.
+                let found = unsafe { std::ptr::read_unaligned(ip as *const [u8; 5]) };
+                if found != self.current[i] {
+                    return Err(FtraceError::SiteCorrupt { ip, found });
+                }
+                pokes.push((i, Poke { addr: ip, old: self.current[i], new: want }));
+            }
+        }
+        let batch: Vec<Poke> = pokes.iter().map(|p| p.1).collect();
+        // SAFETY: every address is a canonicalized 5-byte site in code made writable by init;
+        // the state lock we hold excludes concurrent patching.
+        unsafe { text_poke::text_poke_batch(&batch)? };
+        for (i, p) in pokes {
+            self.current[i] = p.new;
+        }
+        for (r, f) in self.records.iter_mut().zip(new_flags) {
+            r.flags = f;
+        }
+        Ok(())
+    }
+}

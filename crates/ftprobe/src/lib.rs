@@ -1,0 +1,12 @@
+//! ftprobe: the Linux kernel's kprobes + ftrace design for one user-space process on x86-64.
+//!
+//! Layers (DESIGN.md section 1): [`ftrace`] (sites, `ftrace_ops`, patching), [`arch`] (site
+//! formats, NOPs, `text_poke`, trampolines), [`ring`] (per-thread ring buffers shared with the
+//! CLI), [`elf`] (objects on disk), [`process`] (objects in this process), [`sys`] (syscalls).
+
+pub mod arch;
+pub mod elf;
+pub mod ftrace;
+pub mod process;
+pub mod ring;
+pub mod sys;

@@ -1,0 +1,172 @@
+//! The one choke point for system calls (STYLE.md item 5).
+//!
+//! Every call returns `Result<_, SyscallError>` naming the call, so callers can attach context
+//! and tests can see which call failed. The functions marked *probe path* are async-signal-safe
+//! (a raw syscall or a plain load); the others run on the control path only.
+
+use std::io;
+
+/// A failed system call: which call, and the `errno` it returned.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed")]
+pub struct SyscallError {
+    /// The name of the call, e.g. `"mprotect"`.
+    pub call: &'static str,
+    /// The OS error (`errno`).
+    #[source]
+    pub source: io::Error,
+}
+
+impl SyscallError {
+    fn last(call: &'static str) -> Self {
+        SyscallError { call, source: io::Error::last_os_error() }
+    }
+
+    /// The raw `errno`, if any.
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+}
+
+/// Page size of this machine in bytes.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions and touches no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
+/// `mprotect(addr, len, prot)`.
+///
+/// # Safety
+/// Changing protections of memory that Rust code holds references into, or of code that is
+/// running, is only sound if the caller knows no access is invalidated by the change (adding
+/// `PROT_WRITE` to text, as [`crate::arch::x86_64::text_poke`] does, removes no permission).
+pub unsafe fn mprotect(addr: usize, len: usize, prot: i32) -> Result<(), SyscallError> {
+    fault::check("mprotect")?;
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    let r = unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(SyscallError::last("mprotect"))
+    }
+}
+
+/// Map `len` bytes of fresh anonymous memory at exactly `hint` if that range is free
+/// (`MAP_FIXED_NOREPLACE`), else fail. Returns the address.
+pub fn mmap_anon_at(hint: usize, len: usize, prot: i32) -> Result<usize, SyscallError> {
+    fault::check("mmap")?;
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping, so no memory that anything
+    // else uses can be affected; the new mapping is private and anonymous.
+    let p = unsafe {
+        libc::mmap(
+            hint as *mut libc::c_void,
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(SyscallError::last("mmap"));
+    }
+    if p as usize != hint {
+        // Kernels before 4.17 ignore MAP_FIXED_NOREPLACE and treat it as a hint.
+        // SAFETY: p..p+len is the mapping just created, which nothing else references.
+        unsafe { libc::munmap(p, len) };
+        return Err(SyscallError { call: "mmap", source: io::Error::from_raw_os_error(libc::EEXIST) });
+    }
+    Ok(p as usize)
+}
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 1 << 5;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 1 << 6;
+
+fn membarrier(cmd: libc::c_long) -> Result<(), SyscallError> {
+    fault::check("membarrier")?;
+    // SAFETY: membarrier takes no pointers; flags 0 and cpu_id 0 are valid for every command.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(SyscallError::last("membarrier"))
+    }
+}
+
+/// Register this process for the expedited private membarrier commands used by
+/// [`sync_core_all_threads`] and [`memory_barrier_all_threads`]. Needed once per process.
+pub fn membarrier_register() -> Result<(), SyscallError> {
+    membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE)?;
+    membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED)
+}
+
+/// Make every running thread of this process execute a core-serializing instruction before
+/// returning: the user-space form of the kernel's `text_poke_sync()` IPI.
+pub fn sync_core_all_threads() -> Result<(), SyscallError> {
+    membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE)
+}
+
+/// A full memory barrier on every running thread of this process (the heavy side of an
+/// asymmetric fence: threads on the probe path use compiler barriers only).
+pub fn memory_barrier_all_threads() -> Result<(), SyscallError> {
+    membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)
+}
+
+/// The calling thread's id. *Probe path*: one raw syscall.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// The calling thread's name (`comm`, 16 bytes, NUL-padded). *Probe path*: one raw syscall.
+pub fn thread_comm() -> [u8; 16] {
+    let mut buf = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer, which is 16 bytes long.
+    unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr() as libc::c_ulong, 0, 0, 0) };
+    buf
+}
+
+/// Failure injection for tests of error paths (STYLE.md item 5: the choke point tests can fake).
+///
+/// `fail_nth("membarrier", 2)` makes the second `membarrier` call from now fail with `EIO`.
+/// One armed fault at a time; control path only (the probe path makes no faultable call).
+pub mod fault {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Mutex;
+
+    static ARMED: Mutex<Option<&'static str>> = Mutex::new(None);
+    static COUNTDOWN: AtomicU32 = AtomicU32::new(0);
+
+    /// Arm: the `n`th (1-based) next call named `call` fails.
+    pub fn fail_nth(call: &'static str, n: u32) {
+        *ARMED.lock().unwrap_or_else(|e| e.into_inner()) = Some(call);
+        COUNTDOWN.store(n, Ordering::SeqCst);
+    }
+
+    /// Disarm.
+    pub fn clear() {
+        *ARMED.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    pub(super) fn check(call: &'static str) -> Result<(), super::SyscallError> {
+        let mut armed = ARMED.lock().unwrap_or_else(|e| e.into_inner());
+        if *armed != Some(call) {
+            return Ok(());
+        }
+        if COUNTDOWN.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *armed = None;
+            return Err(super::SyscallError {
+                call,
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        Ok(())
+    }
+}
