@@ -1,0 +1,256 @@
+//! Builds the fixtures from source into OUT_DIR (see src/lib.rs for the layout):
+//!
+//! - `fixtures/{calls,threads}-<flavour>` for every flavour, `fixtures/libfxwork-<flavour>.so`
+//!   and `fixtures/calls_lib-<flavour>` for the flavours that support `-fPIC`;
+//! - `libfxsites.a` (patchable entries), linked into this crate;
+//! - `lua/lua-fentry-nop` and `lua/lua-patchable`: Lua 5.4 from the `lua-src` crate.
+//!
+//! Everything is compiled with the system `cc` (gcc); nothing prebuilt is used.
+
+use std::env;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[allow(dead_code)]
+mod flavour {
+    include!("src/flavour.rs");
+}
+use flavour::Flavour;
+
+/// Flags for every C fixture, besides the flavour's own.
+const BASE_CFLAGS: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer"];
+
+/// The C compiler: always the system `cc`, because the flavours' flags are gcc's.
+const CC: &str = "cc";
+
+fn main() {
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    let c_dir = manifest_dir.join("c");
+    let lua_dir = manifest_dir.join("lua");
+
+    for f in [
+        "build.rs",
+        "src/flavour.rs",
+        "c/work.c",
+        "c/calls.c",
+        "c/calls_lib_main.c",
+        "c/threads.c",
+        "c/fxsites.c",
+        "c/lua_driver.c",
+        "lua/tables.lua",
+    ] {
+        println!("cargo:rerun-if-changed={f}");
+    }
+
+    let fixtures = out_dir.join("fixtures");
+    let objs = out_dir.join("obj");
+    fs::create_dir_all(&fixtures).expect("create fixtures dir");
+    fs::create_dir_all(&objs).expect("create obj dir");
+
+    // The C fixtures in a second thread while Lua builds here (Lua is most of the time).
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            build_c_fixtures(&c_dir, &objs, &fixtures);
+            build_fxsites(&c_dir, &objs, &out_dir);
+        });
+        build_lua(&c_dir, &lua_dir, &out_dir);
+    });
+
+    println!(
+        "cargo:rustc-env=FTPROBE_DEV_FIXTURES_DIR={}",
+        fixtures.display()
+    );
+    println!(
+        "cargo:rustc-env=FTPROBE_DEV_TARGET_DIR={}",
+        target_dir(&out_dir).display()
+    );
+}
+
+/// `calls`, `threads` and `calls_lib` (+ `libfxwork`) in every flavour they build in.
+fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
+    // calls_lib's main has no sites; one object serves every flavour.
+    let lib_main = objs.join("calls_lib_main.o");
+    compile(
+        &c_dir.join("calls_lib_main.c"),
+        &lib_main,
+        &[BASE_CFLAGS],
+        &[],
+    );
+
+    for fl in Flavour::ALL {
+        let name = fl.name();
+        for (prog, libs) in [("calls", &[][..]), ("threads", &["-pthread"][..])] {
+            let obj = objs.join(format!("{prog}-{name}.o"));
+            compile(
+                &c_dir.join(format!("{prog}.c")),
+                &obj,
+                &[BASE_CFLAGS, fl.cflags()],
+                &[],
+            );
+            link(
+                &[&obj],
+                &fixtures.join(format!("{prog}-{name}")),
+                &[fl.ldflags(), libs],
+            );
+        }
+
+        if fl.supports_pic() {
+            let obj = objs.join(format!("fxwork-{name}.o"));
+            compile(
+                &c_dir.join("work.c"),
+                &obj,
+                &[BASE_CFLAGS, fl.cflags(), &["-fPIC"]],
+                &[],
+            );
+            let soname = format!("libfxwork-{name}.so");
+            link(
+                &[&obj],
+                &fixtures.join(&soname),
+                &[&["-shared", &format!("-Wl,-soname,{soname}")]],
+            );
+            link(
+                &[&lib_main],
+                &fixtures.join(format!("calls_lib-{name}")),
+                &[&[
+                    &format!("-L{}", fixtures.display()),
+                    &format!("-lfxwork-{name}"),
+                    "-Wl,-rpath,$ORIGIN",
+                ]],
+            );
+        }
+    }
+}
+
+/// `libfxsites.a`, linked into this crate for `ftprobe_dev::fxsites`.
+fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
+    let obj = objs.join("fxsites.o");
+    compile(
+        &c_dir.join("fxsites.c"),
+        &obj,
+        &[&["-O2", "-fPIC", "-fpatchable-function-entry=5"]],
+        &[],
+    );
+    let lib = out_dir.join("libfxsites.a");
+    let _ = fs::remove_file(&lib);
+    run(Command::new("ar").arg("crs").arg(&lib).arg(&obj));
+    println!("cargo:rustc-link-search=native={}", out_dir.display());
+    println!("cargo:rustc-link-lib=static=fxsites");
+}
+
+/// The two Lua builds. `lua_src::Build` compiles the Lua 5.4 sources with the `cc` crate, which
+/// appends `CFLAGS_<target>` after its own flags (`-fPIC` among them), so the flavour's trailing
+/// `-fno-pie` wins where it has one.
+fn build_lua(c_dir: &Path, lua_dir: &Path, out_dir: &Path) {
+    let header = out_dir.join("lua-gen");
+    fs::create_dir_all(&header).expect("create lua-gen dir");
+    let script = fs::read(lua_dir.join("tables.lua")).expect("read lua/tables.lua");
+    fs::write(
+        header.join("tables_lua.h"),
+        c_string_array("tables_lua", &script),
+    )
+    .expect("write tables_lua.h");
+
+    let target = env::var("TARGET").expect("TARGET");
+    let cflags_var = format!("CFLAGS_{target}");
+    let bin_dir = out_dir.join("lua");
+    fs::create_dir_all(&bin_dir).expect("create lua dir");
+
+    for (name, fl) in [
+        ("fentry-nop", Flavour::FentryNop),
+        ("patchable", Flavour::Patchable),
+    ] {
+        // The other thread only spawns processes through `std::process::Command`, which
+        // reads the environment under std's lock, as `set_var` writes it; and the compilers it
+        // runs do not read CFLAGS.
+        env::set_var(&cflags_var, fl.cflags().join(" "));
+        let artifacts = lua_src::Build::new()
+            .out_dir(out_dir.join(format!("lua-src-{name}")))
+            .opt_level("2")
+            .debug(false)
+            .build(lua_src::Lua54);
+        env::remove_var(&cflags_var);
+
+        let obj = out_dir.join("obj").join(format!("lua_driver-{name}.o"));
+        compile(
+            &c_dir.join("lua_driver.c"),
+            &obj,
+            &[&["-O2"], fl.cflags()],
+            &[artifacts.include_dir(), &header],
+        );
+        let lib_dir = format!("-L{}", artifacts.lib_dir().display());
+        let libs: Vec<String> = artifacts.libs().iter().map(|l| format!("-l{l}")).collect();
+        let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
+        link(
+            &[&obj],
+            &bin_dir.join(format!("lua-{name}")),
+            &[fl.ldflags(), &[&lib_dir], &libs, &["-lm", "-ldl"]],
+        );
+    }
+    println!("cargo:rustc-env=FTPROBE_DEV_LUA_DIR={}", bin_dir.display());
+}
+
+/// `static const char NAME[] = "...";` holding `bytes`.
+fn c_string_array(name: &str, bytes: &[u8]) -> String {
+    let mut s = format!("static const char {name}[] =\n\"");
+    for &b in bytes {
+        match b {
+            b'\n' => s.push_str("\\n\"\n\""),
+            b'"' => s.push_str("\\\""),
+            b'\\' => s.push_str("\\\\"),
+            b'?' => s.push_str("\\?"), // no trigraphs
+            0x20..=0x7e => s.push(b as char),
+            _ => write!(s, "\\{b:03o}").expect("write to String"),
+        }
+    }
+    s.push_str("\";\n");
+    s
+}
+
+/// `target/<profile>`: OUT_DIR is `<target>/<profile>/build/<pkg>-<hash>/out`.
+fn target_dir(out_dir: &Path) -> PathBuf {
+    out_dir
+        .ancestors()
+        .nth(3)
+        .expect("OUT_DIR has the form <target>/<profile>/build/<pkg>-<hash>/out")
+        .to_path_buf()
+}
+
+fn compile(src: &Path, obj: &Path, flag_sets: &[&[&str]], includes: &[&Path]) {
+    let mut cmd = Command::new(CC);
+    for flags in flag_sets {
+        cmd.args(*flags);
+    }
+    for inc in includes {
+        cmd.arg("-I").arg(inc);
+    }
+    cmd.arg("-c").arg(src).arg("-o").arg(obj);
+    run(&mut cmd);
+}
+
+/// Links with `cc`, never with `-pg` (no gcrt1.o, no gmon.out).
+fn link(objs: &[&Path], out: &Path, flag_sets: &[&[&str]]) {
+    let mut cmd = Command::new(CC);
+    cmd.args(objs).arg("-o").arg(out);
+    for flags in flag_sets {
+        cmd.args(*flags);
+    }
+    run(&mut cmd);
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Test fixtures for ftprobe, compiled from source by `build.rs` at build time.
+//!
+//! - C programs in every ftrace site flavour ([`Flavour`], DESIGN.md section 2), found with
+//!   [`fixture`]: `calls`, `threads`, and `calls_lib` (whose `work`/`caller` live in
+//!   [`fixture_lib`]);
+//! - Lua 5.4 from the `lua-src` crate's sources in two flavours ([`lua`]), with the scripts
+//!   in `lua/` ([`lua_script`]);
+//! - [`fxsites`]: C functions with patchable entries linked into every test executable that
+//!   depends on this crate;
+//! - [`KillOnDrop`], so a failing test leaves no child behind;
+//! - [`target_dir`], to find the other crates' build outputs.
+//!
+//! The exact outputs the fixtures print are documented on [`fixture`]; FLAVOURS.md shows the
+//! disassembly of each flavour.
+
+use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+
+include!("flavour.rs");
+
+/// The C fixture programs, each built in every flavour (`calls_lib` only where
+/// [`Flavour::supports_pic`]).
+pub const PROGRAMS: [&str; 3] = ["calls", "calls_lib", "threads"];
+
+const FIXTURES_DIR: &str = env!("FTPROBE_DEV_FIXTURES_DIR");
+const LUA_DIR: &str = env!("FTPROBE_DEV_LUA_DIR");
+const TARGET_DIR: &str = env!("FTPROBE_DEV_TARGET_DIR");
+
+/// Path of a C fixture program built in `flavour`, or `None` if `program` is unknown or not
+/// buildable in that flavour.
+///
+/// All of them define `long work(long a, long b)` (returns `3a + b`), `long caller(long n)`
+/// (sums `work(i, i + 1)` for `i` in `0..n`) and `int leaf_unused(int)` (never called):
+///
+/// - `calls [N]` (N = 10 by default): `main` calls `caller(N)` once, which calls `work` N
+///   times; prints `sum=<2N^2 - N>` and exits 0.
+/// - `calls_lib [N]`: the same, but `work`/`caller` are in [`fixture_lib`] (found through
+///   `RUNPATH=$ORIGIN`) and the main program has no sites. Only where
+///   [`Flavour::supports_pic`].
+/// - `threads [N]` (N = 1000 by default): 4 threads released together by a barrier; thread
+///   `t` calls `work(i, t)` for `i` in `0..N` (from `thread_main`); prints `total=<6N^2>`.
+pub fn fixture(program: &str, flavour: Flavour) -> Option<PathBuf> {
+    match program {
+        "calls" | "threads" => {}
+        "calls_lib" if flavour.supports_pic() => {}
+        _ => return None,
+    }
+    Some(PathBuf::from(FIXTURES_DIR).join(format!("{program}-{}", flavour.name())))
+}
+
+/// Path of `libfxwork-<flavour>.so` (`work`, `caller`, `leaf_unused` with the flavour's sites
+/// plus `-fPIC`), loaded by `calls_lib-<flavour>`; `None` where [`Flavour::supports_pic`] is
+/// false.
+pub fn fixture_lib(flavour: Flavour) -> Option<PathBuf> {
+    flavour
+        .supports_pic()
+        .then(|| PathBuf::from(FIXTURES_DIR).join(format!("libfxwork-{}.so", flavour.name())))
+}
+
+/// The two flavours Lua 5.4 is built in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LuaBuild {
+    /// [`Flavour::FentryNop`]: NOP5 at every entry, `__mcount_loc`, `-no-pie`.
+    FentryNop,
+    /// [`Flavour::Patchable`]: five `90` at every entry, `__patchable_function_entries`, PIE.
+    Patchable,
+}
+
+impl LuaBuild {
+    /// Both builds.
+    pub const ALL: [LuaBuild; 2] = [LuaBuild::FentryNop, LuaBuild::Patchable];
+
+    /// The site flavour of every function in this build (Lua's and the driver's).
+    pub fn flavour(&self) -> Flavour {
+        match self {
+            LuaBuild::FentryNop => Flavour::FentryNop,
+            LuaBuild::Patchable => Flavour::Patchable,
+        }
+    }
+}
+
+/// Path of the Lua 5.4 interpreter built in `build` (`lua-fentry-nop` or `lua-patchable`).
+///
+/// Usage: `lua-X [SCRIPT.lua [ARGS...]]`. It opens the standard libraries, sets `arg`, and
+/// runs SCRIPT, or with no argument the bundled `tables.lua`; on error it prints the message
+/// to stderr and exits 1. Both ways compile one chunk and make one `arg` table, so internal
+/// call counts (e.g. `luaH_new`) under `tables.lua` minus those under `empty.lua` are the
+/// script's own: [`LUA_TABLES_CREATED`].
+pub fn lua(build: LuaBuild) -> PathBuf {
+    PathBuf::from(LUA_DIR).join(format!("lua-{}", build.flavour().name()))
+}
+
+/// What `tables.lua` prints (`tables created: 1112`): the number of table constructors it
+/// executes.
+pub const LUA_TABLES_CREATED: u64 = 1112;
+
+/// Absolute path of `crates/ftprobe-dev/lua/<name>`: `tables.lua`, `empty.lua`, or `fib.lua`
+/// (`fib.lua [N]`, N = 27 by default, prints `fib(N) = <value>`, 196418 for 27).
+pub fn lua_script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("lua")
+        .join(name)
+}
+
+/// The cargo profile directory (`<target-dir>/<profile>`, e.g. `target/debug`) this crate was
+/// built into, where the agent `.so` and the `ftprobe` binary land.
+///
+/// Derived at build time from OUT_DIR (`<target-dir>/<profile>/build/ftprobe-dev-<hash>/out`);
+/// `FTPROBE_TARGET_DIR` in the environment at run time overrides it (for a separate
+/// `build-dir`, or a tree that was moved).
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("FTPROBE_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(TARGET_DIR),
+    }
+}
+
+/// C functions with `-fpatchable-function-entry=5` sites (five `90` at each entry, listed in
+/// `__patchable_function_entries`), compiled from `c/fxsites.c` with `-O2 -fPIC` into
+/// `libfxsites.a` and linked into this crate, so any test executable depending on it has them.
+pub mod fxsites {
+    extern "C" {
+        /// Returns `a + b`.
+        pub fn fx_add(a: i64, b: i64) -> i64;
+        /// Returns `a * b`.
+        pub fn fx_mul(a: i64, b: i64) -> i64;
+        /// Returns `x + 1`.
+        pub fn fx_leaf(x: i64) -> i64;
+        /// Calls `fx_leaf(x)` then `fx_leaf(x + 1)` and returns their sum, `2x + 3`.
+        pub fn fx_twice(x: i64) -> i64;
+        /// Returns 42 (for tests that redirect the instruction pointer).
+        pub fn fx_ret_42() -> i64;
+    }
+}
+
+/// A spawned child that is killed (SIGKILL) and reaped when dropped, so a failing test leaves
+/// no process behind.
+#[derive(Debug)]
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    /// Spawns `cmd`.
+    pub fn spawn(cmd: &mut Command) -> std::io::Result<KillOnDrop> {
+        cmd.spawn().map(KillOnDrop)
+    }
+}
+
+impl Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Errors mean it has already exited (kill) or been reaped (wait): nothing to do.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
