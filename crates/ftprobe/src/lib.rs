@@ -6,6 +6,7 @@
 
 pub mod arch;
 pub mod elf;
+pub mod function_tracer;
 pub mod ftrace;
 pub mod process;
 pub mod ring;

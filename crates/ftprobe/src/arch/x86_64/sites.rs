@@ -77,16 +77,18 @@ pub fn classify(bytes: &[u8]) -> Option<SiteKind> {
 }
 
 /// Where a site at `site_off` bytes into a function whose code starts with `func_bytes` stands,
-/// or `None` if that is not a place a compiler puts a site.
+/// or `None` if that is not a place a compiler puts a site. gcc's `-pg` calls `mcount` after
+/// the whole prologue (`push %rbp; mov %rsp,%rbp`, then any register pushes and stack
+/// adjustment), so any offset past a frame-pointer prologue is `AfterPrologue`.
 pub fn place_of(func_bytes: &[u8], site_off: u64) -> Option<SitePlace> {
     let endbr = func_bytes.starts_with(&ENDBR64);
+    let skip = if endbr { 4 } else { 0 };
     match site_off {
         0 => Some(SitePlace::Entry),
         4 if endbr => Some(SitePlace::AfterEndbr),
         _ => {
-            let body = if endbr { &func_bytes[4..] } else { func_bytes };
-            let skip = if endbr { 4 } else { 0 };
-            (prologue_len(body).map(|n| n + skip) == Some(site_off)).then_some(SitePlace::AfterPrologue)
+            let fp = prologue_len(&func_bytes[skip as usize..])? + skip;
+            (site_off >= fp).then_some(SitePlace::AfterPrologue)
         }
     }
 }
@@ -117,19 +119,16 @@ pub fn find_by_decoding(
     func_svma: u64,
     mut is_hook: impl FnMut(CallTarget) -> bool,
 ) -> Option<(u64, SiteKind, SitePlace)> {
-    let mut off = 0u64;
-    if func_bytes.starts_with(&ENDBR64) {
-        off = 4;
-    }
-    let candidates = [Some(off), prologue_len(&func_bytes[off as usize..]).map(|n| off + n)];
-    for site_off in candidates.into_iter().flatten() {
-        let Some(code) = func_bytes.get(site_off as usize..) else { continue };
-        let mut dec = Decoder::with_ip(64, code, func_svma + site_off, DecoderOptions::NONE);
-        let mut insn = Instruction::default();
-        if !dec.can_decode() {
-            continue;
-        }
+    // The hook call is the function's first call: at entry, after endbr64, or after the
+    // prologue. Decode straight-line code up to the first control transfer.
+    let mut dec = Decoder::with_ip(64, func_bytes, func_svma, DecoderOptions::NONE);
+    let mut insn = Instruction::default();
+    while dec.can_decode() && dec.position() < 64 {
         dec.decode_out(&mut insn);
+        if insn.is_invalid() {
+            return None;
+        }
+        let site_off = insn.ip() - func_svma;
         let target = match (insn.code(), insn.len()) {
             (Code::Call_rel32_64, 5) => CallTarget::Direct(insn.near_branch_target()),
             (Code::Call_rm64, 6)
@@ -137,13 +136,15 @@ pub fn find_by_decoding(
             {
                 CallTarget::Got(insn.memory_displacement64())
             }
+            _ if insn.flow_control() != iced_x86::FlowControl::Next => return None,
             _ => continue,
         };
-        if is_hook(target) {
-            let kind = classify(&code[..insn.len()])?;
-            let place = place_of(func_bytes, site_off)?;
-            return Some((site_off, kind, place));
+        if !is_hook(target) {
+            return None;
         }
+        let kind = classify(&func_bytes[site_off as usize..][..insn.len()])?;
+        let place = place_of(func_bytes, site_off)?;
+        return Some((site_off, kind, place));
     }
     None
 }
@@ -202,6 +203,19 @@ mod tests {
         assert_eq!(found, Some((4, SiteKind::CallRel32, SitePlace::AfterPrologue)));
         // A call to something else is not a site.
         assert_eq!(find_by_decoding(&code, 0x1000, |_| false), None);
+    }
+
+    #[test]
+    fn decode_mcount_after_longer_prologue() {
+        // push %rbp; mov %rsp,%rbp; push %rbx; sub $0x8,%rsp; call *0x2fd6(%rip)
+        let code = [
+            0x55, 0x48, 0x89, 0xe5, 0x53, 0x48, 0x83, 0xec, 0x08, 0xff, 0x15, 0xd6, 0x2f, 0, 0,
+        ];
+        let got = 0x1000 + 15 + 0x2fd6;
+        let found = find_by_decoding(&code, 0x1000, |t| t == CallTarget::Got(got));
+        assert_eq!(found, Some((9, SiteKind::CallGot, SitePlace::AfterPrologue)));
+        // Without a frame-pointer prologue a call at +5 is no site.
+        assert_eq!(place_of(&[0x53, 0x48, 0x83, 0xec, 0x08], 5), None);
     }
 
     #[test]

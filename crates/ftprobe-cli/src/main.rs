@@ -1,0 +1,61 @@
+//! `ftprobe`: run a program with the agent and print its ftrace events, or list the functions a
+//! binary has ftrace sites in.
+
+mod output;
+mod symbols;
+mod trace;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ftprobe", version, about = "kprobes + ftrace for user-space processes")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run CMD with the function tracer and print its events in ftrace's `trace` format.
+    Trace(trace::TraceArgs),
+    /// List things in a binary.
+    List {
+        #[command(subcommand)]
+        what: ListWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum ListWhat {
+    /// Functions with an ftrace site (like `available_filter_functions`), with each site's
+    /// kind, place, offset and how it was found.
+    Functions {
+        /// The executable or shared library.
+        bin: PathBuf,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ftprobe: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.cmd {
+        Cmd::Trace(args) => trace::run(args),
+        Cmd::List { what: ListWhat::Functions { bin } } => {
+            output::list_functions(&bin)?;
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Addresses of the traced process to `function+offset`, from the objects table the agent
+//! publishes in the rings' header (path and load bias of every object).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use ftprobe::elf::ElfImage;
+
+/// Symbolizer over the target's objects.
+pub struct Symbols {
+    objects: Vec<(u64, ElfImage)>,
+    cache: HashMap<u64, Option<(String, u64)>>,
+}
+
+impl Symbols {
+    /// Load every object of the table; objects that cannot be read are left out.
+    pub fn new(table: &[(u64, Vec<u8>)]) -> Symbols {
+        let objects = table
+            .iter()
+            .filter_map(|(bias, path)| {
+                let path = PathBuf::from(String::from_utf8_lossy(path).into_owned());
+                Some((*bias, ElfImage::open(&path).ok()?))
+            })
+            .collect();
+        Symbols { objects, cache: HashMap::new() }
+    }
+
+    /// Whether no object is known yet.
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// The function containing `addr` and the offset into it.
+    pub fn lookup(&mut self, addr: u64) -> Option<(&str, u64)> {
+        let objects = &self.objects;
+        let hit = self.cache.entry(addr).or_insert_with(|| {
+            objects.iter().find_map(|(bias, img)| {
+                let svma = addr.checked_sub(*bias)?;
+                if !img.contains(svma) {
+                    return None;
+                }
+                let (i, off) = img.func_at(svma)?;
+                Some((img.funcs[i].name.clone(), off))
+            })
+        });
+        hit.as_ref().map(|(n, o)| (n.as_str(), *o))
+    }
+
+    /// The function name at `addr`, or the address in hex.
+    pub fn name(&mut self, addr: u64) -> String {
+        match self.lookup(addr) {
+            Some((n, _)) => n.to_owned(),
+            None => format!("{addr:#x}"),
+        }
+    }
+}

@@ -1,0 +1,1501 @@
+//! Per-thread single-producer ring buffers in a memfd shared by the traced process (the agent,
+//! which writes) and the `ftprobe` CLI (which reads, live and after the target died).
+//!
+//! The CLI creates the memfd ([`SharedRings::create`]) without close-on-exec, so the target
+//! inherits it through `exec`; the agent maps it with [`SharedRings::attach`]. Both map it
+//! `MAP_SHARED`, so whatever the agent has published stays readable when the target crashes.
+//! The CLI seals the size (`F_SEAL_SHRINK | F_SEAL_GROW`): the target cannot truncate the file
+//! under the CLI's mapping (which would turn the CLI's reads into `SIGBUS`).
+//!
+//! # Memory layout
+//!
+//! All integers little-endian (x86-64), all offsets in bytes from the start of the memfd.
+//!
+//! ```text
+//! offset
+//! 0 +-- Header: HEADER_BYTES = 143360 bytes (35 pages) ------------------------------+
+//!   |   0 magic "FTPRING1"     8 version u32          12 header_bytes u32            |
+//!   |  16 nr_rings u32        20 ring_bytes u32       24 total_bytes u64 (file size) |
+//!   |  32 clock.tsc_ref u64   40 clock.mono_ref_ns u64  48 clock.ns_per_tick_q32 u64 |
+//!   |  56 nr_objects u32      60 reserved u32                                        |
+//!   |  64 claimed u64 (the target's threads fetch_add)   72 lost_no_ring u64         |
+//!   | 128 objects[512], 272 bytes each:                                              |
+//!   |       0 load_bias u64, 8 path_len u32, 12 reserved u32, 16 path[256]           |
+//!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
+//!   |  +0 line 0, written by the producer: 0 head u64, 8 lost u64,                   |
+//!   |          16 tail_cache u64, 24 tid u32, 28 reserved u32, 32 comm[16]           |
+//!   | +64 line 1, written by the reader: 64 tail u64                                 |
+//!   +-- Data at data_offset = DESC_OFFSET + round_up(nr_rings * 128, 4096) ----------+
+//!   | ring 0: ring_bytes | ring 1: ring_bytes | ...  | ring nr_rings-1               |
+//!   +----------------------------------------------------------------- total_bytes --+
+//! ```
+//!
+//! # Records
+//!
+//! A ring's data area holds 8-byte words. A record is one header word, then its payload:
+//!
+//! ```text
+//!  bits 0..16 len (words, header included, >= 1) │ 16..32 rtype │ 32..64 aux (e.g. the CPU)
+//! ```
+//!
+//! Records never wrap: when a record does not fit before the end of the data area, the producer
+//! writes a header word with rtype [`RTYPE_PADDING`] (len 0: padding always runs to the end of
+//! the area) and puts the record at offset 0. `head` and `tail` are byte counters that only
+//! grow; a position is `counter & (ring_bytes - 1)`. `head - tail` bytes are unread.
+//!
+//! Every access to the mapping goes through an atomic type: the peer is another process that
+//! may be buggy or dead, and no value it writes can make this side's code undefined behaviour;
+//! the reader validates what it reads (see [`RingReader::corrupt_bytes`]). On x86-64 a relaxed
+//! atomic load or store is a plain `mov`.
+
+use std::fmt;
+use std::io;
+use std::mem::{align_of, offset_of, size_of};
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
+
+/// The first 8 bytes of the memfd.
+pub const MAGIC: [u8; 8] = *b"FTPRING1";
+/// Layout version; bumped on any change of the layout above.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Smallest data area of one ring, in bytes.
+pub const MIN_RING_BYTES: u32 = 4096;
+/// Largest data area of one ring, in bytes.
+pub const MAX_RING_BYTES: u32 = 1 << 30;
+/// Largest number of rings.
+pub const MAX_RINGS: u32 = 1 << 16;
+/// Entries in the objects table.
+pub const MAX_OBJECTS: usize = 512;
+/// Longest path in the objects table, in bytes (the slot has one more, always 0).
+pub const MAX_OBJECT_PATH: usize = 255;
+/// Record type reserved for padding; [`RingWriter::write`] refuses it.
+pub const RTYPE_PADDING: u16 = u16::MAX;
+/// Longest record, in words, header word included.
+pub const MAX_RECORD_WORDS: usize = u16::MAX as usize;
+
+const PAGE: usize = 4096;
+const CACHE_LINE: usize = 64;
+const MAGIC_U64: u64 = u64::from_le_bytes(MAGIC);
+
+/// One entry of the objects table.
+#[repr(C)]
+struct ObjectSlot {
+    load_bias: AtomicU64,
+    path_len: AtomicU32,
+    _reserved: AtomicU32,
+    path: [AtomicU8; MAX_OBJECT_PATH + 1],
+}
+
+/// The start of the memfd. Only atomics: any bit pattern is valid, and all mutation goes
+/// through `UnsafeCell`, so a `&Header` over memory another process writes is sound.
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    header_bytes: AtomicU32,
+    nr_rings: AtomicU32,
+    ring_bytes: AtomicU32,
+    total_bytes: AtomicU64,
+    clock_tsc_ref: AtomicU64,
+    clock_mono_ref_ns: AtomicU64,
+    clock_ns_per_tick_q32: AtomicU64,
+    nr_objects: AtomicU32,
+    _reserved: AtomicU32,
+    /// Written by the target's threads: on a cache line of its own.
+    counters: CacheLine<Counters>,
+    objects: [ObjectSlot; MAX_OBJECTS],
+}
+
+#[repr(C)]
+struct Counters {
+    claimed: AtomicU64,
+    lost_no_ring: AtomicU64,
+}
+
+#[repr(C, align(64))]
+struct CacheLine<T>(T);
+
+/// Per-ring descriptor: the producer's cache line, then the reader's.
+#[repr(C)]
+struct RingDesc {
+    prod: CacheLine<ProducerLine>,
+    tail: CacheLine<AtomicU64>,
+}
+
+#[repr(C)]
+struct ProducerLine {
+    head: AtomicU64,
+    lost: AtomicU64,
+    /// The producer's last view of `tail` (always <= the real one): it reloads `tail` only
+    /// when this one says the ring is too full, so it rarely touches the reader's cache line.
+    tail_cache: AtomicU64,
+    tid: AtomicU32,
+    _reserved: AtomicU32,
+    comm: [AtomicU8; 16],
+}
+
+const fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// Size of the header area in bytes (page-aligned).
+pub const HEADER_BYTES: usize = round_up(size_of::<Header>(), PAGE);
+const DESC_OFFSET: usize = HEADER_BYTES;
+const DESC_BYTES: usize = size_of::<RingDesc>();
+
+const _: () = {
+    assert!(offset_of!(Header, magic) == 0);
+    assert!(offset_of!(Header, version) == 8);
+    assert!(offset_of!(Header, header_bytes) == 12);
+    assert!(offset_of!(Header, nr_rings) == 16);
+    assert!(offset_of!(Header, ring_bytes) == 20);
+    assert!(offset_of!(Header, total_bytes) == 24);
+    assert!(offset_of!(Header, clock_tsc_ref) == 32);
+    assert!(offset_of!(Header, clock_mono_ref_ns) == 40);
+    assert!(offset_of!(Header, clock_ns_per_tick_q32) == 48);
+    assert!(offset_of!(Header, nr_objects) == 56);
+    assert!(offset_of!(Header, counters) == 64);
+    assert!(offset_of!(Header, counters) + offset_of!(Counters, claimed) == 64);
+    assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_no_ring) == 72);
+    assert!(offset_of!(Header, objects) == 128);
+    assert!(size_of::<ObjectSlot>() == 272);
+    assert!(offset_of!(ObjectSlot, load_bias) == 0);
+    assert!(offset_of!(ObjectSlot, path_len) == 8);
+    assert!(offset_of!(ObjectSlot, path) == 16);
+    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 272);
+    assert!(HEADER_BYTES == 143_360);
+    assert!(align_of::<Header>() <= PAGE);
+    assert!(DESC_BYTES == 128);
+    assert!(align_of::<RingDesc>() == CACHE_LINE);
+    assert!(offset_of!(RingDesc, prod) == 0);
+    assert!(offset_of!(RingDesc, tail) == CACHE_LINE);
+    assert!(offset_of!(ProducerLine, head) == 0);
+    assert!(offset_of!(ProducerLine, lost) == 8);
+    assert!(offset_of!(ProducerLine, tail_cache) == 16);
+    assert!(offset_of!(ProducerLine, tid) == 24);
+    assert!(offset_of!(ProducerLine, comm) == 32);
+    assert!(size_of::<ProducerLine>() <= CACHE_LINE);
+    assert!(MIN_RING_BYTES as usize % PAGE == 0);
+};
+
+/// Sizes of a set of rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingConfig {
+    /// Number of rings, one per traced thread, 1..=[`MAX_RINGS`].
+    pub nr_rings: u32,
+    /// Data bytes per ring: a power of two in [`MIN_RING_BYTES`]..=[`MAX_RING_BYTES`].
+    pub ring_bytes: u32,
+}
+
+impl RingConfig {
+    fn check(self) -> Result<Layout, RingError> {
+        if !(1..=MAX_RINGS).contains(&self.nr_rings) {
+            return Err(RingError::BadRingCount {
+                nr_rings: self.nr_rings,
+            });
+        }
+        if !self.ring_bytes.is_power_of_two()
+            || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&self.ring_bytes)
+        {
+            return Err(RingError::BadRingBytes {
+                ring_bytes: self.ring_bytes,
+            });
+        }
+        let nr = self.nr_rings as usize;
+        let data_offset = DESC_OFFSET + round_up(nr * DESC_BYTES, PAGE);
+        let total_bytes = (self.ring_bytes as usize)
+            .checked_mul(nr)
+            .and_then(|d| d.checked_add(data_offset))
+            .filter(|&t| i64::try_from(t).is_ok())
+            .ok_or(RingError::BadRingCount {
+                nr_rings: self.nr_rings,
+            })?;
+        Ok(Layout {
+            cfg: self,
+            data_offset,
+            total_bytes,
+        })
+    }
+
+    /// Size of the memfd for this configuration, in bytes; `None` if the configuration is
+    /// invalid.
+    pub fn total_bytes(self) -> Option<usize> {
+        self.check().ok().map(|l| l.total_bytes)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    cfg: RingConfig,
+    data_offset: usize,
+    total_bytes: usize,
+}
+
+/// Errors of [`SharedRings`]. None of them is produced on the probe path.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// `nr_rings` is 0, above [`MAX_RINGS`], or makes the memfd too large to address.
+    #[error("ring count {nr_rings} is invalid: must be 1..={MAX_RINGS} and fit in memory")]
+    BadRingCount {
+        /// The rejected count.
+        nr_rings: u32,
+    },
+    /// `ring_bytes` is not a power of two in [`MIN_RING_BYTES`]..=[`MAX_RING_BYTES`].
+    #[error(
+        "ring size {ring_bytes} bytes is invalid: must be a power of two in \
+         {MIN_RING_BYTES}..={MAX_RING_BYTES}"
+    )]
+    BadRingBytes {
+        /// The rejected size.
+        ring_bytes: u32,
+    },
+    /// A system call failed.
+    #[error("{call} failed")]
+    Syscall {
+        /// The call, e.g. `"mmap"`.
+        call: &'static str,
+        /// The `errno` it set.
+        #[source]
+        source: io::Error,
+    },
+    /// [`SharedRings::attach`]: the file is smaller than the header.
+    #[error(
+        "ring memfd is {len} bytes, smaller than the {HEADER_BYTES}-byte header: \
+         not an ftprobe ring buffer"
+    )]
+    TooSmall {
+        /// Size of the file.
+        len: u64,
+    },
+    /// [`SharedRings::attach`]: the file does not start with [`MAGIC`].
+    #[error(
+        "ring memfd starts with \"{}\", not \"FTPRING1\": not an ftprobe ring buffer",
+        .found.escape_ascii()
+    )]
+    BadMagic {
+        /// The first 8 bytes of the file.
+        found: [u8; 8],
+    },
+    /// [`SharedRings::attach`]: the layout version (or the header size it implies) is not
+    /// this build's.
+    #[error(
+        "ring memfd has layout version {found} (header {header_bytes} bytes), this build reads \
+         version {LAYOUT_VERSION} (header {HEADER_BYTES} bytes): CLI and agent are from \
+         different builds"
+    )]
+    BadVersion {
+        /// Version in the file.
+        found: u32,
+        /// Header size in the file.
+        header_bytes: u32,
+    },
+    /// [`SharedRings::attach`]: the file size is not the one the header describes.
+    #[error("ring memfd is {len} bytes but its header describes {expected} bytes")]
+    SizeMismatch {
+        /// Size of the file.
+        len: u64,
+        /// Size computed from `nr_rings` and `ring_bytes` in the header.
+        expected: u64,
+    },
+    /// [`SharedRings::set_objects`]: more objects than table entries.
+    #[error("{count} objects do not fit in the objects table ({MAX_OBJECTS} entries)")]
+    TooManyObjects {
+        /// Number of objects given.
+        count: usize,
+    },
+    /// [`SharedRings::set_objects`]: a path longer than [`MAX_OBJECT_PATH`].
+    #[error("object {index}: path of {len} bytes is longer than the table's {MAX_OBJECT_PATH}")]
+    ObjectPathTooLong {
+        /// Index of the object in the slice given.
+        index: usize,
+        /// Length of its path.
+        len: usize,
+    },
+}
+
+/// The one place where this module calls into the kernel (STYLE.md item 5).
+mod sys {
+    use super::RingError;
+    use std::ffi::CStr;
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+    use std::ptr::NonNull;
+
+    fn check(call: &'static str, ret: libc::c_int) -> Result<libc::c_int, RingError> {
+        if ret < 0 {
+            Err(RingError::Syscall {
+                call,
+                source: io::Error::last_os_error(),
+            })
+        } else {
+            Ok(ret)
+        }
+    }
+
+    pub(super) fn memfd_create(name: &CStr, flags: libc::c_uint) -> Result<OwnedFd, RingError> {
+        // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+        let fd = check("memfd_create", unsafe {
+            libc::memfd_create(name.as_ptr(), flags)
+        })?;
+        // SAFETY: the kernel just returned `fd`, a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    pub(super) fn ftruncate(fd: BorrowedFd<'_>, len: usize) -> Result<(), RingError> {
+        let len = libc::off_t::try_from(len).map_err(|_| RingError::Syscall {
+            call: "ftruncate",
+            source: io::Error::from_raw_os_error(libc::EFBIG),
+        })?;
+        // SAFETY: plain syscall on a descriptor that `fd` keeps open.
+        check("ftruncate", unsafe { libc::ftruncate(fd.as_raw_fd(), len) }).map(drop)
+    }
+
+    pub(super) fn add_seals(fd: BorrowedFd<'_>, seals: libc::c_int) -> Result<(), RingError> {
+        // SAFETY: F_ADD_SEALS takes an int argument; `fd` is open.
+        let ret = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+        check("fcntl(F_ADD_SEALS)", ret).map(drop)
+    }
+
+    pub(super) fn fstat_size(fd: BorrowedFd<'_>) -> Result<u64, RingError> {
+        // SAFETY: `struct stat` is plain data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid, writable `struct stat`; `fd` is open.
+        check("fstat", unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+        Ok(u64::try_from(st.st_size).unwrap_or(0))
+    }
+
+    /// Maps `len` bytes of `fd` read-write, `MAP_SHARED`. The result is page-aligned.
+    pub(super) fn mmap_shared(fd: BorrowedFd<'_>, len: usize) -> Result<NonNull<u8>, RingError> {
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) replaces nothing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(RingError::Syscall {
+                call: "mmap",
+                source: io::Error::last_os_error(),
+            });
+        }
+        NonNull::new(p.cast()).ok_or(RingError::Syscall {
+            call: "mmap",
+            source: io::Error::from_raw_os_error(libc::EINVAL),
+        })
+    }
+
+    /// # Safety
+    ///
+    /// `base..base+len` is a mapping made by [`mmap_shared`] that nothing references any more.
+    pub(super) unsafe fn munmap(base: NonNull<u8>, len: usize) {
+        // SAFETY: the caller guarantees the range is ours and unreferenced.
+        let ret = unsafe { libc::munmap(base.as_ptr().cast(), len) };
+        debug_assert_eq!(ret, 0, "munmap of our own mapping failed");
+    }
+
+    /// CLOCK_MONOTONIC in nanoseconds.
+    pub(super) fn monotonic_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec. CLOCK_MONOTONIC always exists, so the
+        // call cannot fail (and on failure `ts` stays 0).
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(ts.tv_nsec as u64)
+    }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds (the clock [`Clock::tsc_to_mono_ns`] converts to).
+pub fn monotonic_ns() -> u64 {
+    sys::monotonic_ns()
+}
+
+/// The time-stamp counter: the probe path's timestamp, converted by readers with [`Clock`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn read_tsc() -> u64 {
+    // SAFETY: RDTSC exists on every x86-64 CPU and has no memory effects; user space may run
+    // it unless the kernel set CR4.TSD, which Linux does only for seccomp-strict tasks.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// The time-stamp counter and the CPU this thread runs on (`rdtscp`; Linux keeps the CPU
+/// number in the low 12 bits of `TSC_AUX`). Probe path.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn read_tsc_cpu() -> (u64, u32) {
+    let mut aux = 0u32;
+    // SAFETY: RDTSCP exists on every x86-64 CPU Linux runs on with the `rdtscp` flag (all since
+    // 2006) and only writes `aux`, a local.
+    let tsc = unsafe { core::arch::x86_64::__rdtscp(&mut aux) };
+    (tsc, aux & 0xfff)
+}
+
+/// Conversion from TSC ticks to CLOCK_MONOTONIC nanoseconds: a reference pair and a rate, stored
+/// in the header by [`SharedRings::create`].
+///
+/// The rate is measured over 20 ms, to about 1 ppm: converted times drift from CLOCK_MONOTONIC
+/// by about 1 µs per second away from the reference (which NTP slewing of CLOCK_MONOTONIC adds
+/// to). Assumes an invariant TSC, synchronized across CPUs (any x86-64 of the last 15 years).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clock {
+    tsc_ref: u64,
+    mono_ref_ns: u64,
+    /// Nanoseconds per tick, fixed point with 32 fraction bits.
+    ns_per_tick_q32: u64,
+}
+
+impl Clock {
+    /// Measures the TSC rate against CLOCK_MONOTONIC over about 20 ms (sleeps).
+    pub fn calibrate() -> Clock {
+        let (tsc0, ns0) = Self::sample();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (tsc1, ns1) = Self::sample();
+        let ticks = u128::from(tsc1.wrapping_sub(tsc0).max(1));
+        let ns = u128::from(ns1.saturating_sub(ns0));
+        let q32 = u64::try_from((ns << 32) / ticks).unwrap_or(u64::MAX);
+        Clock {
+            tsc_ref: tsc1,
+            mono_ref_ns: ns1,
+            ns_per_tick_q32: q32,
+        }
+    }
+
+    /// A (tsc, monotonic ns) pair taken as close together as this CPU allows: the best of a few
+    /// tries, the clock read bracketed by two TSC reads, attributed to their midpoint.
+    fn sample() -> (u64, u64) {
+        let mut best = (u64::MAX, 0, 0);
+        for _ in 0..16 {
+            let t0 = read_tsc();
+            let ns = monotonic_ns();
+            let t1 = read_tsc();
+            let width = t1.wrapping_sub(t0);
+            if width < best.0 {
+                best = (width, t0.wrapping_add(width / 2), ns);
+            }
+        }
+        (best.1, best.2)
+    }
+
+    /// CLOCK_MONOTONIC nanoseconds at TSC value `tsc`.
+    pub fn tsc_to_mono_ns(&self, tsc: u64) -> u64 {
+        let ticks = i128::from(tsc) - i128::from(self.tsc_ref);
+        let ns = i128::from(self.mono_ref_ns) + ((ticks * i128::from(self.ns_per_tick_q32)) >> 32);
+        u64::try_from(ns.max(0)).unwrap_or(u64::MAX)
+    }
+
+    /// The measured TSC frequency in Hz.
+    pub fn tsc_hz(&self) -> u64 {
+        let hz = (1_000_000_000u128 << 32) / u128::from(self.ns_per_tick_q32.max(1));
+        u64::try_from(hz).unwrap_or(u64::MAX)
+    }
+}
+
+/// A read-write `MAP_SHARED` mapping, unmapped on drop.
+struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base..base+len` came from `mmap_shared`; everything that borrows from it
+        // (`&Header`, writers, readers) borrows the `SharedRings` that owns `self`, so none is
+        // left.
+        unsafe { sys::munmap(self.base, self.len) }
+    }
+}
+
+/// The rings of one trace, mapped in this process.
+pub struct SharedRings {
+    map: Mapping,
+    layout: Layout,
+}
+
+// SAFETY: the mapping is process-wide memory, valid until `drop`, and this type hands out
+// access to it only through atomics; no thread-local state.
+unsafe impl Send for SharedRings {}
+// SAFETY: as above: all shared access is through atomic types.
+unsafe impl Sync for SharedRings {}
+
+impl fmt::Debug for SharedRings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedRings")
+            .field("base", &self.map.base)
+            .field("len", &self.map.len)
+            .field("config", &self.layout.cfg)
+            .finish()
+    }
+}
+
+impl SharedRings {
+    /// CLI side: creates the memfd (inherited across `exec`: no `MFD_CLOEXEC`), sizes and seals
+    /// it, maps it, writes the header with a freshly calibrated [`Clock`] (takes ~20 ms).
+    pub fn create(cfg: RingConfig) -> Result<(Self, OwnedFd), RingError> {
+        let layout = cfg.check()?;
+        let fd = sys::memfd_create(c"ftprobe-rings", libc::MFD_ALLOW_SEALING)?;
+        sys::ftruncate(fd_ref(&fd), layout.total_bytes)?;
+        sys::add_seals(
+            fd_ref(&fd),
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )?;
+        let base = sys::mmap_shared(fd_ref(&fd), layout.total_bytes)?;
+        let rings = SharedRings {
+            map: Mapping {
+                base,
+                len: layout.total_bytes,
+            },
+            layout,
+        };
+        let h = rings.header();
+        let clock = Clock::calibrate();
+        h.version.store(LAYOUT_VERSION, Relaxed);
+        h.header_bytes.store(HEADER_BYTES as u32, Relaxed);
+        h.nr_rings.store(cfg.nr_rings, Relaxed);
+        h.ring_bytes.store(cfg.ring_bytes, Relaxed);
+        h.total_bytes.store(layout.total_bytes as u64, Relaxed);
+        h.clock_tsc_ref.store(clock.tsc_ref, Relaxed);
+        h.clock_mono_ref_ns.store(clock.mono_ref_ns, Relaxed);
+        h.clock_ns_per_tick_q32
+            .store(clock.ns_per_tick_q32, Relaxed);
+        // Release: publishes the fields above; pairs with the Acquire load in `attach`.
+        h.magic.store(MAGIC_U64, Release);
+        Ok((rings, fd))
+    }
+
+    /// Agent side: maps the memfd `fd` and checks magic, version and sizes.
+    pub fn attach(fd: BorrowedFd<'_>) -> Result<Self, RingError> {
+        let len = sys::fstat_size(fd)?;
+        if len < HEADER_BYTES as u64 {
+            return Err(RingError::TooSmall { len });
+        }
+        let map_len =
+            usize::try_from(len).map_err(|_| RingError::SizeMismatch { len, expected: 0 })?;
+        let base = sys::mmap_shared(fd, map_len)?;
+        let map = Mapping { base, len: map_len };
+        // SAFETY: `map` is page-aligned and at least HEADER_BYTES long (checked above).
+        let h = unsafe { header_at(&map) };
+        // Acquire: pairs with the Release store of `magic` in `create`.
+        let magic = h.magic.load(Acquire);
+        if magic != MAGIC_U64 {
+            return Err(RingError::BadMagic {
+                found: magic.to_le_bytes(),
+            });
+        }
+        let (version, header_bytes) = (h.version.load(Relaxed), h.header_bytes.load(Relaxed));
+        if version != LAYOUT_VERSION || header_bytes as usize != HEADER_BYTES {
+            return Err(RingError::BadVersion {
+                found: version,
+                header_bytes,
+            });
+        }
+        let cfg = RingConfig {
+            nr_rings: h.nr_rings.load(Relaxed),
+            ring_bytes: h.ring_bytes.load(Relaxed),
+        };
+        // From here on only this validated copy of the sizes is used, never the header's.
+        let layout = cfg.check()?;
+        let expected = layout.total_bytes as u64;
+        if expected != len || h.total_bytes.load(Relaxed) != len {
+            return Err(RingError::SizeMismatch { len, expected });
+        }
+        Ok(SharedRings { map, layout })
+    }
+
+    /// The sizes (validated at `create` / `attach`).
+    pub fn config(&self) -> RingConfig {
+        self.layout.cfg
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: `create` and `attach` only build a `SharedRings` whose mapping is
+        // page-aligned and at least HEADER_BYTES long.
+        unsafe { header_at(&self.map) }
+    }
+
+    fn desc(&self, i: u32) -> Option<&RingDesc> {
+        if i >= self.layout.cfg.nr_rings {
+            return None;
+        }
+        let off = DESC_OFFSET + i as usize * DESC_BYTES;
+        // SAFETY: `i < nr_rings`, so `off + DESC_BYTES <= data_offset <= len` (from
+        // `RingConfig::check`, which the mapping's length was matched against); `off` is a
+        // multiple of 64 from a page-aligned base; `RingDesc` holds only atomics.
+        Some(unsafe { &*self.map.base.as_ptr().add(off).cast::<RingDesc>() })
+    }
+
+    fn data(&self, i: u32) -> Option<&[AtomicU64]> {
+        if i >= self.layout.cfg.nr_rings {
+            return None;
+        }
+        let ring_bytes = self.layout.cfg.ring_bytes as usize;
+        let off = self.layout.data_offset + i as usize * ring_bytes;
+        // SAFETY: `i < nr_rings`, so `off + ring_bytes <= total_bytes == len`; `off` is a
+        // multiple of 4096 from a page-aligned base; `AtomicU64` accepts any bits.
+        Some(unsafe {
+            std::slice::from_raw_parts(
+                self.map.base.as_ptr().add(off).cast::<AtomicU64>(),
+                ring_bytes / 8,
+            )
+        })
+    }
+
+    /// Probe path, async-signal-safe: takes the next free ring for thread `tid` (never 0) named
+    /// `comm`. `None` when all rings are taken; the caller then counts each event it drops with
+    /// [`note_lost_no_ring`](Self::note_lost_no_ring).
+    ///
+    /// The writer is for this thread only, and must not be re-entered from a signal handler
+    /// on the same thread (the agent's recursion guard): one producer per ring. After `fork`
+    /// the child must claim a ring of its own.
+    pub fn claim(&self, tid: u32, comm: [u8; 16]) -> Option<RingWriter<'_>> {
+        // Relaxed: only hands out unique indexes; the descriptor is published by `tid` below.
+        let i = self.header().counters.0.claimed.fetch_add(1, Relaxed);
+        let i = u32::try_from(i).ok()?;
+        let (desc, data) = (self.desc(i)?, self.data(i)?);
+        for (slot, byte) in desc.prod.0.comm.iter().zip(comm) {
+            slot.store(byte, Relaxed);
+        }
+        // Release: publishes `comm`; pairs with the Acquire load in `RingReader::tid`.
+        desc.prod.0.tid.store(tid, Release);
+        Some(RingWriter {
+            desc: &desc.prod.0,
+            tail: &desc.tail.0,
+            data,
+        })
+    }
+
+    /// Probe path: counts one event dropped because its thread has no ring.
+    pub fn note_lost_no_ring(&self) {
+        // Relaxed: a statistic, read with `lost_no_ring`.
+        self.header().counters.0.lost_no_ring.fetch_add(1, Relaxed);
+    }
+
+    /// Events dropped because their thread had no ring.
+    pub fn lost_no_ring(&self) -> u64 {
+        // Relaxed: a statistic, pairs with nothing (see `note_lost_no_ring`).
+        self.header().counters.0.lost_no_ring.load(Relaxed)
+    }
+
+    /// Rings claimed so far (at most `nr_rings`); readers of rings `0..claimed()` see data.
+    pub fn claimed(&self) -> u32 {
+        // Relaxed: an index bound; each ring's own identity is published by its `tid`.
+        let n = self.header().counters.0.claimed.load(Relaxed);
+        n.min(u64::from(self.layout.cfg.nr_rings)) as u32
+    }
+
+    /// Agent side, once at start before any event: the loaded objects, as (load bias, path).
+    /// Fails, writing nothing, when there are more than [`MAX_OBJECTS`] or a path is longer
+    /// than [`MAX_OBJECT_PATH`].
+    pub fn set_objects(&self, objs: &[(u64, &[u8])]) -> Result<(), RingError> {
+        if objs.len() > MAX_OBJECTS {
+            return Err(RingError::TooManyObjects { count: objs.len() });
+        }
+        if let Some((index, (_, p))) = objs
+            .iter()
+            .enumerate()
+            .find(|(_, (_, p))| p.len() > MAX_OBJECT_PATH)
+        {
+            return Err(RingError::ObjectPathTooLong {
+                index,
+                len: p.len(),
+            });
+        }
+        let h = self.header();
+        for (slot, &(bias, path)) in h.objects.iter().zip(objs) {
+            slot.load_bias.store(bias, Relaxed);
+            slot.path_len.store(path.len() as u32, Relaxed);
+            for (dst, &b) in slot.path.iter().zip(path) {
+                dst.store(b, Relaxed);
+            }
+        }
+        // Release: publishes the entries; pairs with the Acquire load in `objects`.
+        h.nr_objects.store(objs.len() as u32, Release);
+        Ok(())
+    }
+
+    /// CLI side: the objects table written by [`set_objects`](Self::set_objects).
+    pub fn objects(&self) -> Vec<(u64, Vec<u8>)> {
+        let h = self.header();
+        // Acquire: pairs with the Release store in `set_objects`.
+        let n = (h.nr_objects.load(Acquire) as usize).min(MAX_OBJECTS);
+        h.objects
+            .iter()
+            .take(n)
+            .map(|slot| {
+                let len = (slot.path_len.load(Relaxed) as usize).min(MAX_OBJECT_PATH);
+                let path = slot
+                    .path
+                    .iter()
+                    .take(len)
+                    .map(|b| b.load(Relaxed))
+                    .collect();
+                (slot.load_bias.load(Relaxed), path)
+            })
+            .collect()
+    }
+
+    /// The TSC conversion written by [`create`](Self::create).
+    pub fn clock(&self) -> Clock {
+        let h = self.header();
+        // Relaxed: written before `magic`'s Release store, which `attach` Acquire-loaded (or
+        // this process wrote them itself).
+        Clock {
+            tsc_ref: h.clock_tsc_ref.load(Relaxed),
+            mono_ref_ns: h.clock_mono_ref_ns.load(Relaxed),
+            ns_per_tick_q32: h.clock_ns_per_tick_q32.load(Relaxed),
+        }
+    }
+
+    /// CLI side: the reader of ring `i`; `None` if `i >= nr_rings`. One reader per ring at a
+    /// time (two would read the same records).
+    pub fn reader(&self, i: u32) -> Option<RingReader<'_>> {
+        let (desc, data) = (self.desc(i)?, self.data(i)?);
+        Some(RingReader {
+            prod: &desc.prod.0,
+            tail_slot: &desc.tail.0,
+            data,
+            // Acquire: pairs with the Release store of an earlier reader's `drain`.
+            tail: desc.tail.0.load(Acquire),
+            scratch: Vec::new(),
+            corrupt_bytes: 0,
+        })
+    }
+}
+
+/// # Safety
+///
+/// `map` is page-aligned and at least [`HEADER_BYTES`] long.
+unsafe fn header_at(map: &Mapping) -> &Header {
+    debug_assert!(map.len >= HEADER_BYTES);
+    // SAFETY: per the contract, the memory is in bounds and aligned (4096 >= align of
+    // Header); `Header` holds only atomics, for which every bit pattern is valid and shared
+    // mutation is allowed; the borrow is tied to `map`, which unmaps only on drop.
+    unsafe { &*map.base.as_ptr().cast::<Header>() }
+}
+
+fn fd_ref(fd: &OwnedFd) -> BorrowedFd<'_> {
+    use std::os::fd::AsFd;
+    fd.as_fd()
+}
+
+#[inline(always)]
+const fn record_header(nwords: usize, rtype: u16) -> u64 {
+    (nwords as u64 & 0xffff) | ((rtype as u64) << 16)
+}
+
+const fn record_header_aux(nwords: usize, rtype: u16, aux: u32) -> u64 {
+    record_header(nwords, rtype) | ((aux as u64) << 32)
+}
+
+/// The producer end of one ring: `Copy`, no allocation, no lock, no syscall, no panic;
+/// async-signal-safe. Borrowing the [`SharedRings`] keeps the mapping alive: the agent keeps
+/// its `SharedRings` in a `static`, so its writers are `RingWriter<'static>`.
+#[derive(Clone, Copy)]
+pub struct RingWriter<'a> {
+    desc: &'a ProducerLine,
+    tail: &'a AtomicU64,
+    /// Length is a power of two >= 512 (the ring's bytes / 8).
+    data: &'a [AtomicU64],
+}
+
+impl fmt::Debug for RingWriter<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RingWriter")
+            .field("data", &self.data.as_ptr())
+            .field("ring_bytes", &(self.data.len() * 8))
+            .finish()
+    }
+}
+
+impl RingWriter<'_> {
+    /// Writes one record: the header word, then `words`. Returns false, and counts one in
+    /// this ring's `lost`, when it does not fit in the free space (the newest event is dropped,
+    /// never one already written), when `words.len() + 1 > MAX_RECORD_WORDS` or the ring, or
+    /// when `rtype` is [`RTYPE_PADDING`].
+    #[inline]
+    pub fn write(&self, rtype: u16, words: &[u64]) -> bool {
+        let nwords = words.len() + 1;
+        if nwords > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
+            return self.drop_one();
+        }
+        let Some((start, new_head)) = self.reserve(nwords) else {
+            return self.drop_one();
+        };
+        let Some((hdr, body)) = self
+            .data
+            .get(start..start + nwords)
+            .and_then(|s| s.split_first())
+        else {
+            debug_assert!(false, "reserve returned an out-of-range slot");
+            return self.drop_one();
+        };
+        hdr.store(record_header(nwords, rtype), Relaxed);
+        for (slot, &w) in body.iter().zip(words) {
+            slot.store(w, Relaxed);
+        }
+        self.publish(new_head)
+    }
+
+    /// [`write`](Self::write) of exactly three payload words (the function tracer's
+    /// timestamp, ip, parent ip), without a loop.
+    #[inline]
+    pub fn write3(&self, rtype: u16, a: u64, b: u64, c: u64) -> bool {
+        self.write3_aux(rtype, 0, a, b, c)
+    }
+
+    /// [`write3`](Self::write3) with a 32-bit `aux` value in the header word (the CPU, for
+    /// the function tracer), read back by [`RingReader::drain_aux`].
+    #[inline]
+    pub fn write3_aux(&self, rtype: u16, aux: u32, a: u64, b: u64, c: u64) -> bool {
+        if rtype == RTYPE_PADDING {
+            return self.drop_one();
+        }
+        let Some((start, new_head)) = self.reserve(4) else {
+            return self.drop_one();
+        };
+        let Some([hdr, sa, sb, sc]) = self.data.get(start..start + 4) else {
+            debug_assert!(false, "reserve returned an out-of-range slot");
+            return self.drop_one();
+        };
+        hdr.store(record_header_aux(4, rtype, aux), Relaxed);
+        sa.store(a, Relaxed);
+        sb.store(b, Relaxed);
+        sc.store(c, Relaxed);
+        self.publish(new_head)
+    }
+
+    /// Finds room for `nwords` words at `head` and writes the padding word if the record has to
+    /// go to offset 0. Returns the record's first word index and the head after it.
+    #[inline(always)]
+    fn reserve(&self, nwords: usize) -> Option<(usize, u64)> {
+        let ring_bytes = (self.data.len() * 8) as u64;
+        // Relaxed: only this producer stores `head`.
+        let head = self.desc.head.load(Relaxed);
+        let need = nwords as u64 * 8;
+        let pos = head & (ring_bytes - 1);
+        let to_end = ring_bytes - pos;
+        let (start, total) = if need <= to_end {
+            (pos, need)
+        } else {
+            (0, to_end + need)
+        };
+        if !self.has_room(head, total, ring_bytes) {
+            return None;
+        }
+        if start != pos {
+            let pad = self.data.get((pos / 8) as usize)?;
+            pad.store(record_header(0, RTYPE_PADDING), Relaxed);
+        }
+        Some(((start / 8) as usize, head.wrapping_add(total)))
+    }
+
+    #[inline(always)]
+    fn has_room(&self, head: u64, total: u64, ring_bytes: u64) -> bool {
+        // A tail "ahead" of head or more than a ring behind (a corrupted reader) means full.
+        let fits = |tail: u64| {
+            let free = ring_bytes.checked_sub(head.wrapping_sub(tail));
+            free.is_some_and(|free| total <= free)
+        };
+        // Relaxed: the producer's own copy of a value it loaded with Acquire below.
+        if fits(self.desc.tail_cache.load(Relaxed)) {
+            return true;
+        }
+        // Acquire: pairs with the Release store in `RingReader::drain`: the reader's loads of
+        // the bytes it freed happen before our stores that reuse them.
+        let tail = self.tail.load(Acquire);
+        // Relaxed: producer-private.
+        self.desc.tail_cache.store(tail, Relaxed);
+        fits(tail)
+    }
+
+    #[inline(always)]
+    fn publish(&self, new_head: u64) -> bool {
+        // Release: publishes the record's words; pairs with the Acquire load in
+        // `RingReader::drain`.
+        self.desc.head.store(new_head, Release);
+        true
+    }
+
+    #[cold]
+    fn drop_one(&self) -> bool {
+        // Relaxed: a statistic, read by `RingReader::lost`.
+        self.desc.lost.fetch_add(1, Relaxed);
+        false
+    }
+}
+
+/// The consumer end of one ring (CLI side).
+pub struct RingReader<'a> {
+    prod: &'a ProducerLine,
+    tail_slot: &'a AtomicU64,
+    data: &'a [AtomicU64],
+    /// This reader's tail; published to `tail_slot` at the end of each `drain`.
+    tail: u64,
+    scratch: Vec<u64>,
+    corrupt_bytes: u64,
+}
+
+impl fmt::Debug for RingReader<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RingReader")
+            .field("tid", &self.tid())
+            .field("tail", &self.tail)
+            .field("corrupt_bytes", &self.corrupt_bytes)
+            .finish()
+    }
+}
+
+impl RingReader<'_> {
+    /// Thread id of the ring's owner; 0 while unclaimed (or claimed but not yet published).
+    pub fn tid(&self) -> u32 {
+        // Acquire: pairs with the Release store in `SharedRings::claim`.
+        self.prod.tid.load(Acquire)
+    }
+
+    /// The owner's `comm` as given to `claim` (valid once `tid() != 0`).
+    pub fn comm(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        // Relaxed: published by `tid`'s Release store (load `tid()` first).
+        for (o, b) in out.iter_mut().zip(&self.prod.comm) {
+            *o = b.load(Relaxed);
+        }
+        out
+    }
+
+    /// Records the producer dropped because the ring was full.
+    pub fn lost(&self) -> u64 {
+        // Relaxed: a statistic (see `RingWriter::drop_one`).
+        self.prod.lost.load(Relaxed)
+    }
+
+    /// Bytes skipped because they did not parse as records (a buggy or hostile writer): after
+    /// such bytes the reader resynchronizes at the producer's `head`, which is always a record
+    /// boundary. 0 with a correct writer.
+    pub fn corrupt_bytes(&self) -> u64 {
+        self.corrupt_bytes
+    }
+
+    /// Calls `f(rtype, payload)` for every record published so far, then frees their space.
+    /// Returns the number of records.
+    pub fn drain(&mut self, mut f: impl FnMut(u16, &[u64])) -> usize {
+        self.drain_aux(|rtype, _aux, words| f(rtype, words))
+    }
+
+    /// [`drain`](Self::drain), also passing each record's `aux` header bits:
+    /// `f(rtype, aux, payload)`.
+    pub fn drain_aux(&mut self, mut f: impl FnMut(u16, u32, &[u64])) -> usize {
+        let ring_bytes = (self.data.len() * 8) as u64;
+        // Acquire: pairs with the Release store in `RingWriter::publish`: the record words
+        // before `head` are visible.
+        let head = self.prod.head.load(Acquire);
+        let mut count = 0;
+        let avail = head.wrapping_sub(self.tail);
+        if avail > ring_bytes || avail % 8 != 0 {
+            self.resync(head, avail);
+        }
+        while self.tail != head {
+            let left = head.wrapping_sub(self.tail);
+            let pos = self.tail & (ring_bytes - 1);
+            let to_end = ring_bytes - pos;
+            let idx = (pos / 8) as usize;
+            let Some(hdr) = self.data.get(idx).map(|w| w.load(Relaxed)) else {
+                break;
+            };
+            let len = (hdr & 0xffff) as usize;
+            let rtype = (hdr >> 16) as u16;
+            if rtype == RTYPE_PADDING {
+                if to_end > left {
+                    self.resync(head, left);
+                    break;
+                }
+                self.tail = self.tail.wrapping_add(to_end);
+                continue;
+            }
+            let bytes = len as u64 * 8;
+            let record = self.data.get(idx..idx + len);
+            let Some((_, body)) = record
+                .filter(|_| len > 0 && bytes <= left && bytes <= to_end)
+                .and_then(|r| r.split_first())
+            else {
+                self.resync(head, left);
+                break;
+            };
+            self.scratch.clear();
+            self.scratch.extend(body.iter().map(|w| w.load(Relaxed)));
+            f(rtype, (hdr >> 32) as u32, &self.scratch);
+            self.tail = self.tail.wrapping_add(bytes);
+            count += 1;
+        }
+        // Release: our loads of the consumed words happen before the producer reuses them;
+        // pairs with the Acquire load in `RingWriter::has_room`.
+        self.tail_slot.store(self.tail, Release);
+        count
+    }
+
+    #[cold]
+    fn resync(&mut self, head: u64, skipped: u64) {
+        self.corrupt_bytes = self.corrupt_bytes.wrapping_add(skipped);
+        self.tail = head;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    const COMM: [u8; 16] = *b"worker-1\0\0\0\0\0\0\0\0";
+
+    fn rings(nr_rings: u32, ring_bytes: u32) -> SharedRings {
+        SharedRings::create(RingConfig {
+            nr_rings,
+            ring_bytes,
+        })
+        .expect("create")
+        .0
+    }
+
+    fn drain_all(r: &mut RingReader<'_>) -> Vec<(u16, Vec<u64>)> {
+        let mut out = Vec::new();
+        r.drain(|t, w| out.push((t, w.to_vec())));
+        out
+    }
+
+    fn head_of(r: &RingReader<'_>) -> u64 {
+        r.prod.head.load(Relaxed)
+    }
+
+    #[test]
+    fn round_trip_exact_values() {
+        let sr = rings(2, 4096);
+        let w = sr.claim(1234, COMM).unwrap();
+        assert!(w.write(7, &[1, 2, 3]));
+        assert!(w.write(8, &[]));
+        assert!(w.write3(9, 10, 11, 12));
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(r.tid(), 1234);
+        assert_eq!(r.comm(), COMM);
+        assert_eq!(
+            drain_all(&mut r),
+            vec![(7, vec![1, 2, 3]), (8, vec![]), (9, vec![10, 11, 12])]
+        );
+        assert_eq!(head_of(&r), (4 + 1 + 4) * 8);
+        assert_eq!(r.lost(), 0);
+        assert_eq!(r.corrupt_bytes(), 0);
+        assert_eq!(drain_all(&mut r), vec![]);
+        // Raw words as the layout doc says: len | rtype << 16, then the payload.
+        let d = sr.data(0).unwrap();
+        let words: Vec<u64> = d[..9].iter().map(|w| w.load(Relaxed)).collect();
+        assert_eq!(
+            words,
+            [4 | 7 << 16, 1, 2, 3, 1 | 8 << 16, 4 | 9 << 16, 10, 11, 12]
+        );
+    }
+
+    /// Many records of lengths 1..=13 words across ~40 wraps of a 4 KiB ring, drained every few
+    /// records; checks every value and the head against a model of the padding rule.
+    #[test]
+    fn wrap_around_with_padding_mixed_lengths() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        let (mut model_head, mut pads, mut seq) = (0u64, 0, 0u64);
+        let mut expected = Vec::new();
+        let mut got = Vec::new();
+        for i in 0..20_000u64 {
+            let payload_len = (i % 13) as usize;
+            let payload: Vec<u64> = (0..payload_len as u64).map(|k| seq * 100 + k).collect();
+            let need = (payload_len as u64 + 1) * 8;
+            let to_end = 4096 - model_head % 4096;
+            if need > to_end {
+                model_head += to_end;
+                pads += 1;
+            }
+            model_head += need;
+            let rtype = (i % 5) as u16;
+            assert!(w.write(rtype, &payload), "record {i}");
+            expected.push((rtype, payload));
+            seq += 1;
+            if i % 7 == 6 {
+                r.drain(|t, p| got.push((t, p.to_vec())));
+                assert_eq!(head_of(&r), model_head);
+            }
+        }
+        r.drain(|t, p| got.push((t, p.to_vec())));
+        assert_eq!(got.len(), 20_000);
+        assert_eq!(got, expected);
+        assert_eq!(head_of(&r), model_head);
+        assert!(
+            pads > 30 && model_head > 40 * 4096,
+            "pads {pads} head {model_head}"
+        );
+        assert_eq!((r.lost(), r.corrupt_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn record_of_whole_ring_and_too_large() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        let big: Vec<u64> = (0..511).collect();
+        assert!(w.write(3, &big));
+        assert!(!w.write(3, &[]), "ring is exactly full");
+        assert_eq!(drain_all(&mut r), vec![(3, big.clone())]);
+        let too_big: Vec<u64> = (0..512).collect();
+        assert!(!w.write(3, &too_big));
+        assert!(!w.write(RTYPE_PADDING, &[1]));
+        assert!(!w.write3(RTYPE_PADDING, 1, 2, 3));
+        assert_eq!(r.lost(), 4);
+        // After a wrap to a non-zero position, a whole-ring record needs padding too.
+        assert!(w.write(1, &[42]));
+        assert_eq!(drain_all(&mut r), vec![(1, vec![42])]);
+        assert!(!w.write(3, &big), "needs 4096 + padding");
+        assert!(w.write(3, &big[..509]), "4080 bytes fit before the end");
+        assert_eq!(drain_all(&mut r), vec![(3, big[..509].to_vec())]);
+        assert_eq!(r.lost(), 5);
+    }
+
+    #[test]
+    fn full_ring_drops_newest_and_counts() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        // 4-word records: exactly 128 fit in 4096 bytes.
+        let ok: Vec<bool> = (0..200u64).map(|i| w.write3(5, i, i * 2, i * 3)).collect();
+        assert_eq!(ok.iter().filter(|&&b| b).count(), 128);
+        assert!(ok[..128].iter().all(|&b| b) && ok[128..].iter().all(|&b| !b));
+        assert_eq!(r.lost(), 72);
+        let got = drain_all(&mut r);
+        let want: Vec<(u16, Vec<u64>)> = (0..128u64).map(|i| (5, vec![i, i * 2, i * 3])).collect();
+        assert_eq!(got, want);
+        // Space is back; the count stays.
+        assert!(w.write(6, &[99]));
+        assert_eq!(drain_all(&mut r), vec![(6, vec![99])]);
+        assert_eq!(r.lost(), 72);
+    }
+
+    #[test]
+    fn concurrent_producer_and_reader_million() {
+        const N: u64 = 1_000_000;
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        std::thread::scope(|s| {
+            let producer = s.spawn(move || {
+                let mut fails = 0u64;
+                for n in 0..N {
+                    // Lengths 2..=6 words, so padding happens often.
+                    let extra = (n % 5) as usize;
+                    let payload = [n; 5];
+                    while !w.write(1, &payload[..=extra]) {
+                        fails += 1;
+                        std::hint::spin_loop();
+                    }
+                }
+                fails
+            });
+            let mut next = 0u64;
+            let mut bad = 0u64;
+            while next < N {
+                r.drain(|t, p| {
+                    let extra = (next % 5) as usize;
+                    if t != 1 || p.len() != extra + 1 || p.iter().any(|&x| x != next) {
+                        bad += 1;
+                    }
+                    next += 1;
+                });
+            }
+            let fails = producer.join().unwrap();
+            assert_eq!(bad, 0);
+            assert_eq!(next, N);
+            assert_eq!(r.drain(|_, _| {}), 0);
+            assert_eq!(r.lost(), fails);
+            assert_eq!(r.corrupt_bytes(), 0);
+        });
+    }
+
+    /// Runs in a forked child: only async-signal-safe work, then `_exit`.
+    fn child_write(fd: i32, n: u64, tid: u32, kill_self: bool) -> ! {
+        // SAFETY: `fd` is the memfd the parent created before forking; the child has its own
+        // copy of the descriptor table, and the descriptor stays open while it runs.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let code = match SharedRings::attach(fd) {
+            Ok(sr) => match sr.claim(tid, *b"child\0\0\0\0\0\0\0\0\0\0\0") {
+                Some(w) => {
+                    let mut code = 0;
+                    for i in 0..n {
+                        if !w.write(2, &[i, !i]) {
+                            code = 3;
+                        }
+                    }
+                    code
+                }
+                None => 2,
+            },
+            Err(_) => 1,
+        };
+        if kill_self {
+            // SAFETY: plain syscalls; the process dies here, as in a crash.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        // SAFETY: `_exit` ends the child without running the parent's atexit handlers.
+        unsafe { libc::_exit(code) }
+    }
+
+    fn fork_child(fd: i32, n: u64, tid: u32, kill_self: bool) -> libc::c_int {
+        // SAFETY: the child runs only `child_write` (syscalls, atomics, no allocation on
+        // the success path) and leaves with `_exit`/SIGKILL.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            child_write(fd, n, tid, kill_self);
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out-pointer.
+        let ret = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(ret, pid);
+        status
+    }
+
+    #[test]
+    fn cross_process_dead_writer_loses_nothing() {
+        const N: u64 = 400; // 400 records × 24 bytes fit in 16 KiB: no reader runs meanwhile
+        let (sr, fd) = SharedRings::create(RingConfig {
+            nr_rings: 4,
+            ring_bytes: 16384,
+        })
+        .unwrap();
+        // Inherited across exec: no FD_CLOEXEC.
+        // SAFETY: F_GETFD on an open descriptor.
+        let fd_flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(fd_flags & libc::FD_CLOEXEC, 0);
+
+        let status = fork_child(fd.as_raw_fd(), N, 4242, false);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        let status = fork_child(fd.as_raw_fd(), 100, 4343, true);
+        assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
+
+        assert_eq!(sr.claimed(), 2);
+        let mut r0 = sr.reader(0).unwrap();
+        assert_eq!((r0.tid(), &r0.comm()[..6]), (4242, &b"child\0"[..]));
+        let got = drain_all(&mut r0);
+        let want: Vec<(u16, Vec<u64>)> = (0..N).map(|i| (2, vec![i, !i])).collect();
+        assert_eq!(got, want);
+        let mut r1 = sr.reader(1).unwrap();
+        assert_eq!(r1.tid(), 4343);
+        assert_eq!(drain_all(&mut r1).len(), 100);
+        assert_eq!((r0.lost(), r1.lost()), (0, 0));
+    }
+
+    #[test]
+    fn create_seals_size() {
+        let (_sr, fd) = SharedRings::create(RingConfig {
+            nr_rings: 1,
+            ring_bytes: 4096,
+        })
+        .unwrap();
+        let err = sys::ftruncate(fd.as_fd(), 4096).unwrap_err();
+        let RingError::Syscall { call, source } = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(call, "ftruncate");
+        assert_eq!(source.raw_os_error(), Some(libc::EPERM));
+    }
+
+    fn raw_memfd(len: usize, prefix: &[u8]) -> OwnedFd {
+        let fd = sys::memfd_create(c"ftprobe-test", 0).unwrap();
+        sys::ftruncate(fd.as_fd(), len).unwrap();
+        // SAFETY: `prefix` is valid for reads of its length; `fd` is open.
+        let n = unsafe { libc::pwrite(fd.as_raw_fd(), prefix.as_ptr().cast(), prefix.len(), 0) };
+        assert_eq!(n as usize, prefix.len());
+        fd
+    }
+
+    #[test]
+    fn attach_rejects_bad_files() {
+        let cfg = RingConfig {
+            nr_rings: 2,
+            ring_bytes: 8192,
+        };
+        let total = cfg.total_bytes().unwrap();
+        assert_eq!(total, HEADER_BYTES + 4096 + 2 * 8192);
+
+        let err = SharedRings::attach(raw_memfd(100, &[]).as_fd()).unwrap_err();
+        assert!(matches!(err, RingError::TooSmall { len: 100 }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "ring memfd is 100 bytes, smaller than the 143360-byte header: \
+             not an ftprobe ring buffer"
+        );
+
+        let err = SharedRings::attach(raw_memfd(total, b"ELF\x7f").as_fd()).unwrap_err();
+        assert!(matches!(err, RingError::BadMagic { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "ring memfd starts with \"ELF\\x7f\\x00\\x00\\x00\\x00\", not \"FTPRING1\": \
+             not an ftprobe ring buffer"
+        );
+
+        // A real header in a file of the wrong size.
+        let (sr, _fd) = SharedRings::create(cfg).unwrap();
+        let hdr: Vec<u8> = {
+            // SAFETY: the mapping is at least HEADER_BYTES long; reading its bytes while no
+            // other thread writes them (nothing has claimed a ring).
+            unsafe { std::slice::from_raw_parts(sr.map.base.as_ptr(), 128) }.to_vec()
+        };
+        for len in [total - 8192, total + 4096] {
+            let err = SharedRings::attach(raw_memfd(len, &hdr).as_fd()).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    RingError::SizeMismatch { len: l, expected }
+                        if l == len as u64 && expected == total as u64
+                ),
+                "{err:?}"
+            );
+        }
+        let mut wrong_version = hdr.clone();
+        wrong_version[8] = 2;
+        let err = SharedRings::attach(raw_memfd(total, &wrong_version).as_fd()).unwrap_err();
+        assert!(
+            matches!(err, RingError::BadVersion { found: 2, .. }),
+            "{err:?}"
+        );
+        let mut wrong_rings = hdr.clone();
+        wrong_rings[20..24].copy_from_slice(&5000u32.to_le_bytes());
+        let err = SharedRings::attach(raw_memfd(total, &wrong_rings).as_fd()).unwrap_err();
+        assert!(
+            matches!(err, RingError::BadRingBytes { ring_bytes: 5000 }),
+            "{err:?}"
+        );
+
+        // And the same header at the right size attaches.
+        let ok = SharedRings::attach(raw_memfd(total, &hdr).as_fd()).unwrap();
+        assert_eq!(ok.config(), cfg);
+        assert_eq!(ok.clock(), sr.clock());
+    }
+
+    #[test]
+    fn create_rejects_bad_configs() {
+        for (nr_rings, ring_bytes) in [(0, 4096), (MAX_RINGS + 1, 4096), (1, 2048), (1, 6000)] {
+            let err = SharedRings::create(RingConfig {
+                nr_rings,
+                ring_bytes,
+            })
+            .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    RingError::BadRingCount { .. } | RingError::BadRingBytes { .. }
+                ),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn claim_until_exhausted() {
+        let sr = rings(3, 4096);
+        assert_eq!(sr.claimed(), 0);
+        let ws: Vec<_> = (0..3).map(|t| sr.claim(100 + t, COMM)).collect();
+        assert!(ws.iter().all(Option::is_some));
+        assert!(sr.claim(103, COMM).is_none());
+        assert!(sr.claim(104, COMM).is_none());
+        assert_eq!(sr.claimed(), 3);
+        assert_eq!(sr.lost_no_ring(), 0);
+        for _ in 0..5 {
+            sr.note_lost_no_ring();
+        }
+        assert_eq!(sr.lost_no_ring(), 5);
+        // Each writer has its own ring.
+        for (t, w) in ws.iter().enumerate() {
+            assert!(w.unwrap().write(1, &[t as u64]));
+        }
+        for i in 0..3 {
+            let mut r = sr.reader(i).unwrap();
+            assert_eq!(r.tid(), 100 + i);
+            assert_eq!(drain_all(&mut r), vec![(1, vec![u64::from(i)])]);
+        }
+        assert!(sr.reader(3).is_none());
+    }
+
+    #[test]
+    fn objects_table() {
+        let sr = rings(1, 4096);
+        assert_eq!(sr.objects(), vec![]);
+        let long = [b'x'; MAX_OBJECT_PATH];
+        let objs: [(u64, &[u8]); 3] = [
+            (0x5555_5555_4000, b"/usr/bin/true"),
+            (0x7f00_0000_0000, b"/lib/x86_64-linux-gnu/libc.so.6"),
+            (0, &long),
+        ];
+        sr.set_objects(&objs).unwrap();
+        let got = sr.objects();
+        assert_eq!(got.len(), 3);
+        for ((b, p), (gb, gp)) in objs.iter().zip(&got) {
+            assert_eq!((b, *p), (gb, gp.as_slice()));
+        }
+        let too_long = [b'y'; MAX_OBJECT_PATH + 1];
+        let err = sr.set_objects(&[(1, b"/a"), (2, &too_long)]).unwrap_err();
+        assert!(matches!(
+            err,
+            RingError::ObjectPathTooLong { index: 1, len: 256 }
+        ));
+        let many = vec![(1u64, &b"/a"[..]); MAX_OBJECTS + 1];
+        let err = sr.set_objects(&many).unwrap_err();
+        assert!(matches!(err, RingError::TooManyObjects { count: 513 }));
+        assert_eq!(sr.objects(), got, "failed calls wrote nothing");
+        sr.set_objects(&many[..MAX_OBJECTS]).unwrap();
+        assert_eq!(sr.objects().len(), MAX_OBJECTS);
+    }
+
+    #[test]
+    fn clock_matches_monotonic() {
+        let clock = Clock::calibrate();
+        let hz = clock.tsc_hz();
+        assert!((100_000_000..10_000_000_000).contains(&hz), "{hz} Hz");
+        for _ in 0..2 {
+            let (tsc, mono) = (read_tsc(), monotonic_ns());
+            let conv = clock.tsc_to_mono_ns(tsc);
+            assert!(conv.abs_diff(mono) < 1_000_000, "{conv} vs {mono}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let sr = rings(1, 4096);
+        let c = sr.clock();
+        let conv = c.tsc_to_mono_ns(read_tsc());
+        assert!(conv.abs_diff(monotonic_ns()) < 1_000_000);
+        // Before the reference, the conversion goes back in time (saturating at 0).
+        assert_eq!(c.tsc_to_mono_ns(c.tsc_ref), c.mono_ref_ns);
+        assert!(c.tsc_to_mono_ns(c.tsc_ref - 1_000_000) < c.mono_ref_ns);
+    }
+
+    /// A writer that scribbles over the ring must not crash the reader; it resyncs at head.
+    #[test]
+    fn reader_survives_garbage() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        assert!(w.write(1, &[1, 2]));
+        sr.data(0).unwrap()[0].store(0xffff_0000_0000_0123, Relaxed); // len 0x123 > left
+        assert_eq!(drain_all(&mut r), vec![]);
+        assert_eq!(r.corrupt_bytes(), 24);
+        assert!(w.write(1, &[3]));
+        assert_eq!(drain_all(&mut r), vec![(1, vec![3])]);
+        // A head more than a ring ahead.
+        w.desc.head.store(head_of(&r) + 10_000, Relaxed);
+        assert_eq!(drain_all(&mut r), vec![]);
+        assert_eq!(r.corrupt_bytes(), 24 + 10_000);
+        assert!(w.write(1, &[4]));
+        assert_eq!(drain_all(&mut r), vec![(1, vec![4])]);
+    }
+}
