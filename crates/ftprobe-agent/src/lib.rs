@@ -21,8 +21,12 @@ use ftprobe::{ftrace, function_tracer};
 static AGENT_INIT: extern "C" fn() = agent_init;
 
 extern "C" fn agent_init() {
-    let Ok(fd) = std::env::var("FTPROBE_RING_FD") else { return };
-    let cli_pid = std::env::var("FTPROBE_CLI_PID").ok().and_then(|p| p.parse::<i32>().ok());
+    let Ok(fd) = std::env::var("FTPROBE_RING_FD") else {
+        return;
+    };
+    let cli_pid = std::env::var("FTPROBE_CLI_PID")
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok());
     // SAFETY: getppid has no preconditions.
     if cli_pid != Some(unsafe { libc::getppid() }) {
         return;
@@ -42,7 +46,9 @@ fn patterns(var: &str) -> Vec<String> {
 }
 
 fn start(fd: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let fd: i32 = fd.parse().map_err(|_| format!("FTPROBE_RING_FD={fd:?} is not a file descriptor"))?;
+    let fd: i32 = fd
+        .parse()
+        .map_err(|_| format!("FTPROBE_RING_FD={fd:?} is not a file descriptor"))?;
     // SAFETY: the CLI passed this fd open to us; it stays open for the life of the process
     // (we never close it) and the mapping outlives every use.
     let rings = SharedRings::attach(unsafe { BorrowedFd::borrow_raw(fd) })?;
@@ -52,9 +58,15 @@ fn start(fd: &str) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("ftprobe-agent: skipped an object: {e}");
     }
     let objects = ftrace::objects()?;
-    let table: Vec<(u64, &[u8])> =
-        objects.iter().map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes())).collect();
+    let table: Vec<(u64, &[u8])> = objects
+        .iter()
+        .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
+        .collect();
     rings.set_objects(&table)?;
-    function_tracer::start(rings, &patterns("FTPROBE_FILTER"), &patterns("FTPROBE_NOTRACE"))?;
+    function_tracer::start(
+        rings,
+        &patterns("FTPROBE_FILTER"),
+        &patterns("FTPROBE_NOTRACE"),
+    )?;
     Ok(())
 }

@@ -11,7 +11,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ftprobe", version, about = "kprobes + ftrace for user-space processes")]
+#[command(
+    name = "ftprobe",
+    version,
+    about = "kprobes + ftrace for user-space processes"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -53,7 +57,9 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Trace(args) => trace::run(args),
-        Cmd::List { what: ListWhat::Functions { bin } } => {
+        Cmd::List {
+            what: ListWhat::Functions { bin },
+        } => {
             output::list_functions(&bin)?;
             Ok(0)
         }

@@ -9,8 +9,19 @@ use ftprobe::elf::ElfImage;
 /// The `TASK-PID [CPU] TIMESTAMP:` prefix of a line of ftrace's `trace` file
 /// (kernel/trace/trace_output.c, `trace_print_context()`): comm right-aligned in 16 columns,
 /// pid left-aligned in 7, CPU in 3 digits, seconds.microseconds.
-pub fn context(out: &mut (impl Write + ?Sized), comm: &str, pid: u32, cpu: u32, ts_ns: u64) -> std::io::Result<()> {
-    write!(out, "{comm:>16}-{pid:<7} [{cpu:03}] {:5}.{:06}: ", ts_ns / 1_000_000_000, ts_ns % 1_000_000_000 / 1000)
+pub fn context(
+    out: &mut (impl Write + ?Sized),
+    comm: &str,
+    pid: u32,
+    cpu: u32,
+    ts_ns: u64,
+) -> std::io::Result<()> {
+    write!(
+        out,
+        "{comm:>16}-{pid:<7} [{cpu:03}] {:5}.{:06}: ",
+        ts_ns / 1_000_000_000,
+        ts_ns % 1_000_000_000 / 1000
+    )
 }
 
 /// The header ftrace prints above the function tracer's output.
@@ -26,7 +37,12 @@ pub fn list_functions(bin: &Path) -> Result<()> {
     let img = ElfImage::open(bin).with_context(|| format!("reading {}", bin.display()))?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    writeln!(out, "# {} functions with an ftrace site in {}", img.sites.len(), bin.display())?;
+    writeln!(
+        out,
+        "# {} functions with an ftrace site in {}",
+        img.sites.len(),
+        bin.display()
+    )?;
     writeln!(out, "# FUNCTION                       SITE                       KIND      PLACE           FOUND IN")?;
     for s in &img.sites {
         let f = &img.funcs[s.func];
@@ -42,7 +58,11 @@ pub fn list_functions(bin: &Path) -> Result<()> {
         )?;
     }
     if !img.rejected.is_empty() {
-        writeln!(out, "# {} recorded addresses hold no recognisable site (not patchable):", img.rejected.len())?;
+        writeln!(
+            out,
+            "# {} recorded addresses hold no recognisable site (not patchable):",
+            img.rejected.len()
+        )?;
         for a in &img.rejected {
             writeln!(out, "#   {a:#x}")?;
         }

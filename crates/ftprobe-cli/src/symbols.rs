@@ -22,7 +22,10 @@ impl Symbols {
                 Some((*bias, ElfImage::open(&path).ok()?))
             })
             .collect();
-        Symbols { objects, cache: HashMap::new() }
+        Symbols {
+            objects,
+            cache: HashMap::new(),
+        }
     }
 
     /// Whether no object is known yet.

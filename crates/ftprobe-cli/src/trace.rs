@@ -52,12 +52,19 @@ fn agent_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the ftprobe executable")?;
     let dir = exe.parent().context("ftprobe has no directory")?;
-    for cand in [dir.join("libftprobe_agent.so"), dir.join("deps/libftprobe_agent.so"), dir.join("../lib/libftprobe_agent.so")] {
+    for cand in [
+        dir.join("libftprobe_agent.so"),
+        dir.join("deps/libftprobe_agent.so"),
+        dir.join("../lib/libftprobe_agent.so"),
+    ] {
         if cand.exists() {
             return Ok(cand);
         }
     }
-    bail!("cannot find libftprobe_agent.so next to {} (build it with `cargo build`, or pass --agent)", exe.display())
+    bail!(
+        "cannot find libftprobe_agent.so next to {} (build it with `cargo build`, or pass --agent)",
+        exe.display()
+    )
 }
 
 /// Run the command; returns the exit code to exit with.
@@ -65,11 +72,21 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     for p in args.filter.iter().chain(&args.notrace) {
         ftprobe::ftrace::glob::FilterEntry::parse(p)?;
     }
-    let agent = agent_path(args.agent)?.canonicalize().context("agent library")?;
-    let ring_bytes = args.buffer_size_kb.checked_mul(1024).context("--buffer-size-kb too large")?;
-    let (rings, fd) = SharedRings::create(RingConfig { nr_rings: args.rings, ring_bytes })?;
+    let agent = agent_path(args.agent)?
+        .canonicalize()
+        .context("agent library")?;
+    let ring_bytes = args
+        .buffer_size_kb
+        .checked_mul(1024)
+        .context("--buffer-size-kb too large")?;
+    let (rings, fd) = SharedRings::create(RingConfig {
+        nr_rings: args.rings,
+        ring_bytes,
+    })?;
     let mut out: Box<dyn Write> = match &args.output {
-        Some(p) => Box::new(BufWriter::new(File::create(p).with_context(|| format!("creating {}", p.display()))?)),
+        Some(p) => Box::new(BufWriter::new(
+            File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
         None => Box::new(BufWriter::new(std::io::stdout())),
     };
     let preload = match std::env::var("LD_PRELOAD") {
@@ -87,7 +104,11 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .with_context(|| format!("cannot run {:?}", args.cmd[0]))?;
     drop(fd);
     output::function_header(&mut out)?;
-    let mut printer = Printer { clock: rings.clock(), symbols: None, batch: Vec::new() };
+    let mut printer = Printer {
+        clock: rings.clock(),
+        symbols: None,
+        batch: Vec::new(),
+    };
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
@@ -99,7 +120,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     printer.poll(&rings, &mut out)?;
     printer.print_lost(&rings, &mut out)?;
     out.flush()?;
-    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Ok(status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
 struct Event {
@@ -121,11 +144,19 @@ impl Printer {
     fn poll(&mut self, rings: &SharedRings, out: &mut dyn Write) -> Result<()> {
         self.batch.clear();
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
-            let Some(mut r) = rings.reader(i) else { continue };
+            let Some(mut r) = rings.reader(i) else {
+                continue;
+            };
             let batch = &mut self.batch;
             r.drain_aux(|rtype, cpu, w| {
                 if rtype == RTYPE_FUNC && w.len() == 3 {
-                    batch.push(Event { ts: w[0], ring: i, cpu, ip: w[1], parent: w[2] });
+                    batch.push(Event {
+                        ts: w[0],
+                        ring: i,
+                        cpu,
+                        ip: w[1],
+                        parent: w[2],
+                    });
                 }
             });
         }
@@ -158,12 +189,21 @@ impl Printer {
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
             let Some(r) = rings.reader(i) else { continue };
             if r.lost() > 0 {
-                writeln!(out, "# tid {}: {} events lost (ring full)", r.tid(), r.lost())?;
+                writeln!(
+                    out,
+                    "# tid {}: {} events lost (ring full)",
+                    r.tid(),
+                    r.lost()
+                )?;
             }
             total += r.lost();
         }
         if rings.lost_no_ring() > 0 {
-            writeln!(out, "# {} events lost: more threads than rings (--rings)", rings.lost_no_ring())?;
+            writeln!(
+                out,
+                "# {} events lost: more threads than rings (--rings)",
+                rings.lost_no_ring()
+            )?;
         }
         writeln!(out, "# lost events: {total}")?;
         Ok(())

@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use object::elf::{R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT};
-use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget, SymbolKind};
+use object::{
+    Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
+    SymbolKind,
+};
 
 use crate::arch::x86_64::sites::{self, CallTarget, SiteKind, SitePlace};
 
@@ -121,17 +124,23 @@ pub struct ElfImage {
 impl ElfImage {
     /// Read and parse a file.
     pub fn open(path: &Path) -> Result<ElfImage, ElfError> {
-        let data = std::fs::read(path)
-            .map_err(|source| ElfError::Read { path: path.to_owned(), source })?;
+        let data = std::fs::read(path).map_err(|source| ElfError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         ElfImage::parse(path, &data)
     }
 
     /// Parse file contents.
     pub fn parse(path: &Path, data: &[u8]) -> Result<ElfImage, ElfError> {
-        let file = object::File::parse(data)
-            .map_err(|source| ElfError::Parse { path: path.to_owned(), source })?;
+        let file = object::File::parse(data).map_err(|source| ElfError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
         if file.architecture() != object::Architecture::X86_64 {
-            return Err(ElfError::Arch { path: path.to_owned() });
+            return Err(ElfError::Arch {
+                path: path.to_owned(),
+            });
         }
         let relocatable = file.kind() == object::ObjectKind::Dynamic;
         let funcs = func_symbols(&file);
@@ -150,7 +159,10 @@ impl ElfImage {
 
     /// The function containing `svma`, with the offset into it.
     pub fn func_at(&self, svma: u64) -> Option<(usize, u64)> {
-        let i = self.funcs.partition_point(|f| f.svma <= svma).checked_sub(1)?;
+        let i = self
+            .funcs
+            .partition_point(|f| f.svma <= svma)
+            .checked_sub(1)?;
         let f = &self.funcs[i];
         let off = svma - f.svma;
         (off < f.size.max(1)).then_some((i, off))
@@ -158,7 +170,9 @@ impl ElfImage {
 
     /// Whether `svma` lies in one of the file's loadable segments.
     pub fn contains(&self, svma: u64) -> bool {
-        self.segments.iter().any(|s| svma >= s.svma && svma - s.svma < s.memsz)
+        self.segments
+            .iter()
+            .any(|s| svma >= s.svma && svma - s.svma < s.memsz)
     }
 
     fn find_sites(&mut self, file: &object::File<'_>) {
@@ -181,7 +195,10 @@ impl ElfImage {
                         .enumerate()
                         .map(|(i, c)| {
                             let in_place = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-                            relative.get(&(base + 8 * i as u64)).copied().unwrap_or(in_place)
+                            relative
+                                .get(&(base + 8 * i as u64))
+                                .copied()
+                                .unwrap_or(in_place)
                         })
                         .filter(|&a| a != 0)
                         .map(|a| (a, source)),
@@ -208,7 +225,13 @@ impl ElfImage {
         let code = bytes_at(file, f.svma, (off + 8).max(16))?;
         let kind = sites::classify(code.get(off as usize..)?)?;
         let place = sites::place_of(code, off)?;
-        Some(SiteInfo { svma, kind, place, source, func })
+        Some(SiteInfo {
+            svma,
+            kind,
+            place,
+            source,
+            func,
+        })
     }
 
     fn find_sites_by_decoding(&mut self, file: &object::File<'_>) {
@@ -218,14 +241,19 @@ impl ElfImage {
             .filter(|s| s.name().is_ok_and(|n| n.starts_with(".plt")))
             .filter_map(|s| Some((s.address(), s.data().ok()?)))
             .collect();
-        let hook_syms: Vec<u64> =
-            self.funcs.iter().filter(|f| sites::is_hook_name(&f.name)).map(|f| f.svma).collect();
+        let hook_syms: Vec<u64> = self
+            .funcs
+            .iter()
+            .filter(|f| sites::is_hook_name(&f.name))
+            .map(|f| f.svma)
+            .collect();
         let is_hook = |t: CallTarget| match t {
             CallTarget::Got(slot) => got_names.get(&slot).is_some_and(|n| sites::is_hook_name(n)),
             CallTarget::Direct(addr) => {
                 hook_syms.contains(&addr)
                     || plt.iter().any(|&(start, data)| {
-                        let Some(code) = addr.checked_sub(start).and_then(|o| data.get(o as usize..))
+                        let Some(code) =
+                            addr.checked_sub(start).and_then(|o| data.get(o as usize..))
                         else {
                             return false;
                         };
@@ -236,7 +264,9 @@ impl ElfImage {
             }
         };
         for (i, f) in self.funcs.iter().enumerate() {
-            let Some(code) = bytes_at(file, f.svma, f.size.min(32)) else { continue };
+            let Some(code) = bytes_at(file, f.svma, f.size.min(32)) else {
+                continue;
+            };
             if let Some((off, kind, place)) = sites::find_by_decoding(code, f.svma, is_hook) {
                 self.sites.push(SiteInfo {
                     svma: f.svma + off,
@@ -285,9 +315,16 @@ fn func_symbols(file: &object::File<'_>) -> Vec<FuncSym> {
 
 /// Place -> addend of every R_X86_64_RELATIVE dynamic relocation.
 fn relative_relocs(file: &object::File<'_>) -> HashMap<u64, u64> {
-    let Some(relocs) = file.dynamic_relocations() else { return HashMap::new() };
+    let Some(relocs) = file.dynamic_relocations() else {
+        return HashMap::new();
+    };
     relocs
-        .filter(|(_, r)| r.flags() == RelocationFlags::Elf { r_type: object::elf::R_X86_64_RELATIVE })
+        .filter(|(_, r)| {
+            r.flags()
+                == RelocationFlags::Elf {
+                    r_type: object::elf::R_X86_64_RELATIVE,
+                }
+        })
         .map(|(off, r)| (off, r.addend() as u64))
         .collect()
 }
@@ -295,13 +332,19 @@ fn relative_relocs(file: &object::File<'_>) -> HashMap<u64, u64> {
 /// GOT slot address -> name of the symbol the dynamic linker writes there.
 fn got_slot_names(file: &object::File<'_>) -> HashMap<u64, String> {
     let mut names = HashMap::new();
-    let Some(relocs) = file.dynamic_relocations() else { return names };
+    let Some(relocs) = file.dynamic_relocations() else {
+        return names;
+    };
     for (offset, reloc) in relocs {
-        let RelocationFlags::Elf { r_type } = reloc.flags() else { continue };
+        let RelocationFlags::Elf { r_type } = reloc.flags() else {
+            continue;
+        };
         if r_type != R_X86_64_GLOB_DAT && r_type != R_X86_64_JUMP_SLOT {
             continue;
         }
-        let RelocationTarget::Symbol(idx) = reloc.target() else { continue };
+        let RelocationTarget::Symbol(idx) = reloc.target() else {
+            continue;
+        };
         let Some(name) = file
             .dynamic_symbol_table()
             .and_then(|t| t.symbol_by_index(idx).ok())
@@ -319,8 +362,12 @@ fn load_segments(data: &[u8]) -> Vec<Segment> {
     let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) else {
         return Vec::new();
     };
-    let Ok(endian) = hdr.endian() else { return Vec::new() };
-    let Ok(phdrs) = hdr.program_headers(endian, data) else { return Vec::new() };
+    let Ok(endian) = hdr.endian() else {
+        return Vec::new();
+    };
+    let Ok(phdrs) = hdr.program_headers(endian, data) else {
+        return Vec::new();
+    };
     phdrs
         .iter()
         .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)

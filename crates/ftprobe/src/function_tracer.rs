@@ -56,7 +56,12 @@ fn this_thread_ring() -> Option<RingWriter<'static>> {
 }
 
 /// Probe path: the callback.
-unsafe extern "C" fn function_trace_call(ip: u64, parent_ip: u64, _op: &FtraceOps, _regs: &mut PtRegs) {
+unsafe extern "C" fn function_trace_call(
+    ip: u64,
+    parent_ip: u64,
+    _op: &FtraceOps,
+    _regs: &mut PtRegs,
+) {
     let (tsc, cpu) = ring::read_tsc_cpu();
     match this_thread_ring() {
         Some(w) => {

@@ -6,8 +6,8 @@
 
 pub mod arch;
 pub mod elf;
-pub mod function_tracer;
 pub mod ftrace;
+pub mod function_tracer;
 pub mod process;
 pub mod ring;
 pub mod sys;

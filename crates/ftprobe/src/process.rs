@@ -16,7 +16,11 @@ pub struct LoadedObject {
 /// left out.
 pub fn loaded_objects() -> Vec<LoadedObject> {
     let mut out: Vec<LoadedObject> = Vec::new();
-    unsafe extern "C" fn cb(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
+    unsafe extern "C" fn cb(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> i32 {
         // SAFETY: dl_iterate_phdr passes a valid info for the duration of the call, and `data`
         // is the &mut Vec passed below, used by this thread only.
         let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<LoadedObject>)) };
@@ -37,7 +41,10 @@ pub fn loaded_objects() -> Vec<LoadedObject> {
         if path.as_os_str().is_empty() || path.to_string_lossy().starts_with("linux-vdso") {
             return 0;
         }
-        out.push(LoadedObject { path, bias: info.dlpi_addr });
+        out.push(LoadedObject {
+            path,
+            bias: info.dlpi_addr,
+        });
         0
     }
     // SAFETY: the callback matches dl_iterate_phdr's contract and only touches `out`.

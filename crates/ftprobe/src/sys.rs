@@ -19,7 +19,10 @@ pub struct SyscallError {
 
 impl SyscallError {
     fn last(call: &'static str) -> Self {
-        SyscallError { call, source: io::Error::last_os_error() }
+        SyscallError {
+            call,
+            source: io::Error::last_os_error(),
+        }
     }
 
     /// The raw `errno`, if any.
@@ -79,7 +82,10 @@ pub fn mmap_anon_at(hint: usize, len: usize, prot: i32) -> Result<usize, Syscall
         // Kernels before 4.17 ignore MAP_FIXED_NOREPLACE and treat it as a hint.
         // SAFETY: p..p+len is the mapping just created, which nothing else references.
         unsafe { libc::munmap(p, len) };
-        return Err(SyscallError { call: "mmap", source: io::Error::from_raw_os_error(libc::EEXIST) });
+        return Err(SyscallError {
+            call: "mmap",
+            source: io::Error::from_raw_os_error(libc::EEXIST),
+        });
     }
     Ok(p as usize)
 }
@@ -92,7 +98,14 @@ const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 1 << 6
 fn membarrier(cmd: libc::c_long) -> Result<(), SyscallError> {
     fault::check("membarrier")?;
     // SAFETY: membarrier takes no pointers; flags 0 and cpu_id 0 are valid for every command.
-    let r = unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
     if r == 0 {
         Ok(())
     } else {
@@ -129,7 +142,15 @@ pub fn gettid() -> u32 {
 pub fn thread_comm() -> [u8; 16] {
     let mut buf = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer, which is 16 bytes long.
-    unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr() as libc::c_ulong, 0, 0, 0) };
+    unsafe {
+        libc::prctl(
+            libc::PR_GET_NAME,
+            buf.as_mut_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
     buf
 }
 

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ftprobe::arch::x86_64::nops::NOP5;
 use ftprobe::ftrace::{
-    self, FtraceError, FtraceOps, PtRegs, FTRACE_FL_DIRECT, FTRACE_FL_ENABLED, FTRACE_OPS_FL_IPMODIFY,
-    FTRACE_OPS_FL_RECURSION, FTRACE_OPS_FL_SAVE_REGS,
+    self, FtraceError, FtraceOps, PtRegs, FTRACE_FL_DIRECT, FTRACE_FL_ENABLED,
+    FTRACE_OPS_FL_IPMODIFY, FTRACE_OPS_FL_RECURSION, FTRACE_OPS_FL_SAVE_REGS,
 };
 use ftprobe_dev::fxsites::*;
 
@@ -55,7 +55,11 @@ counter_ops!(OPS_A, COUNT_A, 0);
 counter_ops!(OPS_B, COUNT_B, 0);
 counter_ops!(OPS_GLOB, COUNT_GLOB, 0);
 counter_ops!(OPS_FAIL, COUNT_FAIL, 0);
-counter_ops!(OPS_IPM2, COUNT_IPM2, FTRACE_OPS_FL_SAVE_REGS | FTRACE_OPS_FL_IPMODIFY);
+counter_ops!(
+    OPS_IPM2,
+    COUNT_IPM2,
+    FTRACE_OPS_FL_SAVE_REGS | FTRACE_OPS_FL_IPMODIFY
+);
 counter_ops!(OPS_BADFLAGS, COUNT_BADFLAGS, FTRACE_OPS_FL_IPMODIFY);
 
 fn reset() {
@@ -67,8 +71,14 @@ fn reset() {
 fn sites_are_canonical_nops() {
     let funcs = ftrace::functions().unwrap();
     for f in ["fx_add", "fx_mul", "fx_leaf", "fx_twice", "fx_ret_42"] {
-        let s = funcs.iter().find(|s| s.name == f).unwrap_or_else(|| panic!("{f} has a site"));
-        assert_eq!(s.ip, s.func_addr, "{f}: patchable entry site is the first instruction");
+        let s = funcs
+            .iter()
+            .find(|s| s.name == f)
+            .unwrap_or_else(|| panic!("{f} has a site"));
+        assert_eq!(
+            s.ip, s.func_addr,
+            "{f}: patchable entry site is the first instruction"
+        );
         assert_eq!(s.kind.name(), "nop1x5");
         // nop; nop; nop; nop; nop  ->  nopl 0x0(%rax,%rax,1)
         assert_eq!(bytes(s.ip), NOP5, "{f} converted to NOP5");
@@ -93,24 +103,56 @@ fn two_ops_one_site() {
     for _ in 0..10 {
         assert_eq!(call_all(), ALL);
     }
-    assert_eq!((COUNT_A.load(Ordering::Relaxed), COUNT_B.load(Ordering::Relaxed)), (10, 10));
+    assert_eq!(
+        (
+            COUNT_A.load(Ordering::Relaxed),
+            COUNT_B.load(Ordering::Relaxed)
+        ),
+        (10, 10)
+    );
     ftrace::unregister_ftrace_function(&OPS_A).unwrap();
     for _ in 0..5 {
         assert_eq!(call_all(), ALL);
     }
-    assert_eq!((COUNT_A.load(Ordering::Relaxed), COUNT_B.load(Ordering::Relaxed)), (10, 15));
-    assert_ne!(ftrace::record(addr(fx_add)).unwrap().flags & FTRACE_FL_DIRECT, 0);
+    assert_eq!(
+        (
+            COUNT_A.load(Ordering::Relaxed),
+            COUNT_B.load(Ordering::Relaxed)
+        ),
+        (10, 15)
+    );
+    assert_ne!(
+        ftrace::record(addr(fx_add)).unwrap().flags & FTRACE_FL_DIRECT,
+        0
+    );
     ftrace::unregister_ftrace_function(&OPS_B).unwrap();
     assert_eq!(call_all(), ALL);
-    assert_eq!((COUNT_A.load(Ordering::Relaxed), COUNT_B.load(Ordering::Relaxed)), (10, 15));
+    assert_eq!(
+        (
+            COUNT_A.load(Ordering::Relaxed),
+            COUNT_B.load(Ordering::Relaxed)
+        ),
+        (10, 15)
+    );
     assert_eq!(bytes(addr(fx_add)), NOP5);
-    assert_eq!(ftrace::record(addr(fx_add)).unwrap().flags & (0xff | FTRACE_FL_ENABLED), 0);
-    assert!(matches!(ftrace::unregister_ftrace_function(&OPS_B), Err(FtraceError::NotRegistered)));
+    assert_eq!(
+        ftrace::record(addr(fx_add)).unwrap().flags & (0xff | FTRACE_FL_ENABLED),
+        0
+    );
+    assert!(matches!(
+        ftrace::unregister_ftrace_function(&OPS_B),
+        Err(FtraceError::NotRegistered)
+    ));
 }
 
 fn filter_globs() {
     reset();
-    let module = std::env::current_exe().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    let module = std::env::current_exe()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     // fx_* minus fx_mul, minus notrace fx_leaf: fx_add, fx_twice, fx_ret_42.
     ftrace::ftrace_set_filter(&OPS_GLOB, "fx_*", true).unwrap();
     ftrace::ftrace_set_filter(&OPS_GLOB, "!fx_mul", false).unwrap();
@@ -128,7 +170,10 @@ fn filter_globs() {
     assert_eq!(e.errno(), libc::EINVAL);
     ftrace::register_ftrace_function(&OPS_GLOB).unwrap();
     // Filters cannot change while registered.
-    assert!(matches!(ftrace::ftrace_set_filter(&OPS_GLOB, "fx_add", true), Err(FtraceError::OpsBusy)));
+    assert!(matches!(
+        ftrace::ftrace_set_filter(&OPS_GLOB, "fx_add", true),
+        Err(FtraceError::OpsBusy)
+    ));
     reset();
     assert_eq!(call_all(), ALL);
     assert_eq!(COUNT_GLOB.load(Ordering::Relaxed), 2, "fx_add and fx_mul");
@@ -140,8 +185,10 @@ unsafe extern "C" fn redirect_to_42(_ip: u64, _p: u64, _op: &FtraceOps, regs: &m
     REDIRECTS.fetch_add(1, Ordering::Relaxed);
     regs.ip = fx_ret_42 as *const () as u64;
 }
-static OPS_IPMODIFY: FtraceOps =
-    FtraceOps::new(redirect_to_42, FTRACE_OPS_FL_SAVE_REGS | FTRACE_OPS_FL_IPMODIFY);
+static OPS_IPMODIFY: FtraceOps = FtraceOps::new(
+    redirect_to_42,
+    FTRACE_OPS_FL_SAVE_REGS | FTRACE_OPS_FL_IPMODIFY,
+);
 
 fn ipmodify_redirect_and_exclusive() {
     reset();
@@ -156,7 +203,10 @@ fn ipmodify_redirect_and_exclusive() {
     // A second IPMODIFY ops on fx_mul: EBUSY; nothing of it is enabled.
     ftrace::ftrace_set_filter(&OPS_IPM2, "fx_[ma]*", true).unwrap();
     let e = ftrace::register_ftrace_function(&OPS_IPM2).unwrap_err();
-    assert!(matches!(&e, FtraceError::IpmodifyBusy { func } if func == "fx_mul"), "{e}");
+    assert!(
+        matches!(&e, FtraceError::IpmodifyBusy { func } if func == "fx_mul"),
+        "{e}"
+    );
     assert_eq!(e.errno(), libc::EBUSY);
     assert_eq!(bytes(addr(fx_add)), NOP5, "the refused ops enabled nothing");
     // SAFETY: plain C function.
@@ -167,13 +217,15 @@ fn ipmodify_redirect_and_exclusive() {
     assert!(matches!(e, FtraceError::IpmodifyWithoutRegs));
     ftrace::unregister_ftrace_function(&OPS_IPMODIFY).unwrap();
     // SAFETY: plain C function.
-    assert_eq!(unsafe { fx_mul(6, 7) }, 42, "6*7 computed by fx_mul itself again");
+    let r = unsafe { fx_mul(6, 7) };
+    assert_eq!(r, 42, "6*7 computed by fx_mul itself again");
     // SAFETY: plain C function.
     assert_eq!(unsafe { fx_mul(2, 3) }, 6);
     // Once the first is gone the second registers.
     ftrace::register_ftrace_function(&OPS_IPM2).unwrap();
     // SAFETY: plain C function.
-    assert_eq!(unsafe { fx_mul(2, 3) }, 6, "a counting IPMODIFY ops leaves ip alone");
+    let r = unsafe { fx_mul(2, 3) };
+    assert_eq!(r, 6, "a counting IPMODIFY ops leaves ip alone");
     assert_eq!(COUNT_IPM2.load(Ordering::Relaxed), 1);
     ftrace::unregister_ftrace_function(&OPS_IPM2).unwrap();
 }
@@ -206,8 +258,15 @@ fn regs_args_and_parent() {
         assert_eq!(SEEN[0].load(Ordering::Relaxed), 11, "regs.rdi = $arg1");
         assert_eq!(SEEN[1].load(Ordering::Relaxed), 13, "regs.rsi = $arg2");
         let parent = SEEN[2].load(Ordering::Relaxed);
-        assert!(parent > me && parent < me + 4096, "parent_ip {parent:#x} is in our caller {me:#x}");
-        assert_eq!(SEEN[3].load(Ordering::Relaxed), addr(fx_mul) + 5, "regs.ip = site + 5");
+        assert!(
+            parent > me && parent < me + 4096,
+            "parent_ip {parent:#x} is in our caller {me:#x}"
+        );
+        assert_eq!(
+            SEEN[3].load(Ordering::Relaxed),
+            addr(fx_mul) + 5,
+            "regs.ip = site + 5"
+        );
         ftrace::unregister_ftrace_function(ops).unwrap();
     }
 }
@@ -227,7 +286,11 @@ fn recursion_is_dropped_and_counted() {
     // SAFETY: plain C function.
     assert_eq!(unsafe { fx_twice(5) }, 13);
     assert_eq!(RECURSE_CALLS.load(Ordering::Relaxed), 2);
-    assert_eq!(OPS_RECURSE.missed(), 2, "each callback's own fx_leaf call is a recursion");
+    assert_eq!(
+        OPS_RECURSE.missed(),
+        2,
+        "each callback's own fx_leaf call is a recursion"
+    );
     // ...and through the list function, with a second ops on the same site.
     reset();
     ftrace::ftrace_set_filter(&OPS_A, "fx_leaf", true).unwrap();
@@ -246,24 +309,37 @@ fn failed_registration_leaves_sites_as_they_were() {
     reset();
     ftrace::ftrace_set_filter(&OPS_A, "fx_add", true).unwrap();
     ftrace::register_ftrace_function(&OPS_A).unwrap();
-    let before: Vec<[u8; 5]> =
-        [addr(fx_add), addr(fx_mul), addr1(fx_leaf), addr1(fx_twice), addr0(fx_ret_42)]
-            .iter()
-            .map(|&a| bytes(a))
-            .collect();
+    let before: Vec<[u8; 5]> = [
+        addr(fx_add),
+        addr(fx_mul),
+        addr1(fx_leaf),
+        addr1(fx_twice),
+        addr0(fx_ret_42),
+    ]
+    .iter()
+    .map(|&a| bytes(a))
+    .collect();
     let flags_before = ftrace::record(addr(fx_add)).unwrap().flags;
     // The second serialization of the batch fails: after int3 and the tail bytes were written.
     ftrace::ftrace_set_filter(&OPS_FAIL, "fx_*", true).unwrap();
     ftprobe::sys::fault::fail_nth("membarrier", 2);
     let e = ftrace::register_ftrace_function(&OPS_FAIL).unwrap_err();
     ftprobe::sys::fault::clear();
-    assert!(matches!(e, FtraceError::Syscall(ref s) if s.call == "membarrier"), "{e}");
+    assert!(
+        matches!(e, FtraceError::Syscall(ref s) if s.call == "membarrier"),
+        "{e}"
+    );
     assert!(!OPS_FAIL.is_registered());
-    let after: Vec<[u8; 5]> =
-        [addr(fx_add), addr(fx_mul), addr1(fx_leaf), addr1(fx_twice), addr0(fx_ret_42)]
-            .iter()
-            .map(|&a| bytes(a))
-            .collect();
+    let after: Vec<[u8; 5]> = [
+        addr(fx_add),
+        addr(fx_mul),
+        addr1(fx_leaf),
+        addr1(fx_twice),
+        addr0(fx_ret_42),
+    ]
+    .iter()
+    .map(|&a| bytes(a))
+    .collect();
     assert_eq!(before, after, "every site holds what it held before");
     assert_eq!(ftrace::record(addr(fx_add)).unwrap().flags, flags_before);
     assert_eq!(call_all(), ALL);
@@ -272,7 +348,11 @@ fn failed_registration_leaves_sites_as_they_were() {
     // The same registration succeeds once the fault is gone.
     ftrace::register_ftrace_function(&OPS_FAIL).unwrap();
     assert_eq!(call_all(), ALL);
-    assert_eq!(COUNT_FAIL.load(Ordering::Relaxed), 6, "add, mul, twice, leaf x2, ret_42");
+    assert_eq!(
+        COUNT_FAIL.load(Ordering::Relaxed),
+        6,
+        "add, mul, twice, leaf x2, ret_42"
+    );
     ftrace::unregister_ftrace_function(&OPS_FAIL).unwrap();
     ftrace::unregister_ftrace_function(&OPS_A).unwrap();
 }
@@ -319,7 +399,11 @@ fn no_allocation_per_hit() {
     for _ in 0..1000 {
         call_all();
     }
-    assert_eq!(common::allocations() - before, 0, "direct, list and assist paths allocate nothing");
+    assert_eq!(
+        common::allocations() - before,
+        0,
+        "direct, list and assist paths allocate nothing"
+    );
     for o in [&OPS_A, &OPS_B, &OPS_RECURSE] {
         ftrace::unregister_ftrace_function(o).unwrap();
     }
@@ -331,12 +415,21 @@ fn main() {
     assert!(skipped.is_empty(), "{skipped:?}");
     let cases: &[(&str, fn())] = &[
         ("sites_are_canonical_nops", sites_are_canonical_nops),
-        ("failed_registration_leaves_sites_as_they_were", failed_registration_leaves_sites_as_they_were),
+        (
+            "failed_registration_leaves_sites_as_they_were",
+            failed_registration_leaves_sites_as_they_were,
+        ),
         ("two_ops_one_site", two_ops_one_site),
         ("filter_globs", filter_globs),
-        ("ipmodify_redirect_and_exclusive", ipmodify_redirect_and_exclusive),
+        (
+            "ipmodify_redirect_and_exclusive",
+            ipmodify_redirect_and_exclusive,
+        ),
         ("regs_args_and_parent", regs_args_and_parent),
-        ("recursion_is_dropped_and_counted", recursion_is_dropped_and_counted),
+        (
+            "recursion_is_dropped_and_counted",
+            recursion_is_dropped_and_counted,
+        ),
         ("no_allocation_per_hit", no_allocation_per_hit),
         ("live_patching_under_threads", live_patching_under_threads),
     ];

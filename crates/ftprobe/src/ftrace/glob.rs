@@ -38,7 +38,11 @@ pub struct FilterEntry {
 impl FilterEntry {
     /// Parse one pattern.
     pub fn parse(text: &str) -> Result<FilterEntry, FilterError> {
-        let err = |col: usize, msg: &str| FilterError { text: text.to_owned(), col, msg: msg.into() };
+        let err = |col: usize, msg: &str| FilterError {
+            text: text.to_owned(),
+            col,
+            msg: msg.into(),
+        };
         let trimmed = text.trim();
         let (negate, rest, base) = match trimmed.strip_prefix('!') {
             Some(r) => (true, r, 1),
@@ -64,7 +68,12 @@ impl FilterEntry {
             Some((m, col)) => Some(Pattern::new(m).map_err(|e| err(col + e.pos, e.msg))?),
             None => None,
         };
-        Ok(FilterEntry { text: text.to_owned(), negate, func, module })
+        Ok(FilterEntry {
+            text: text.to_owned(),
+            negate,
+            func,
+            module,
+        })
     }
 
     /// Whether the function `func` of the object whose file name is `module` matches.
@@ -101,7 +110,10 @@ mod tests {
     use super::*;
 
     fn sel(pats: &[&str], items: &[(&'static str, &'static str)]) -> Option<Vec<bool>> {
-        let e: Vec<_> = pats.iter().map(|p| FilterEntry::parse(p).unwrap()).collect();
+        let e: Vec<_> = pats
+            .iter()
+            .map(|p| FilterEntry::parse(p).unwrap())
+            .collect();
         select(&e, items.iter().copied())
     }
 
@@ -115,18 +127,39 @@ mod tests {
 
     #[test]
     fn globs() {
-        assert_eq!(sel(&["luaH_new"], ITEMS), Some(vec![true, false, false, false, true]));
-        assert_eq!(sel(&["luaH_*"], ITEMS), Some(vec![true, true, false, false, true]));
-        assert_eq!(sel(&["*_execute"], ITEMS), Some(vec![false, false, true, false, false]));
-        assert_eq!(sel(&["*H_*"], ITEMS), Some(vec![true, true, false, false, true]));
-        assert_eq!(sel(&["luaH_ge?"], ITEMS), Some(vec![false, true, false, false, false]));
-        assert_eq!(sel(&["lua[HV]_[ne]*"], ITEMS), Some(vec![true, false, true, false, true]));
+        assert_eq!(
+            sel(&["luaH_new"], ITEMS),
+            Some(vec![true, false, false, false, true])
+        );
+        assert_eq!(
+            sel(&["luaH_*"], ITEMS),
+            Some(vec![true, true, false, false, true])
+        );
+        assert_eq!(
+            sel(&["*_execute"], ITEMS),
+            Some(vec![false, false, true, false, false])
+        );
+        assert_eq!(
+            sel(&["*H_*"], ITEMS),
+            Some(vec![true, true, false, false, true])
+        );
+        assert_eq!(
+            sel(&["luaH_ge?"], ITEMS),
+            Some(vec![false, true, false, false, false])
+        );
+        assert_eq!(
+            sel(&["lua[HV]_[ne]*"], ITEMS),
+            Some(vec![true, false, true, false, true])
+        );
         assert_eq!(sel(&["nothing"], ITEMS), None);
     }
 
     #[test]
     fn negation_and_kernel_empty_rule() {
-        assert_eq!(sel(&["luaH_*", "!luaH_get"], ITEMS), Some(vec![true, false, false, false, true]));
+        assert_eq!(
+            sel(&["luaH_*", "!luaH_get"], ITEMS),
+            Some(vec![true, false, false, false, true])
+        );
         // Removing everything leaves an empty set, which means every function (kernel rule).
         assert_eq!(sel(&["luaH_new", "!luaH_new"], ITEMS), None);
         assert_eq!(sel(&["!malloc"], ITEMS), None);
@@ -134,16 +167,31 @@ mod tests {
 
     #[test]
     fn modules() {
-        assert_eq!(sel(&["luaH_new:mod:lua"], ITEMS), Some(vec![true, false, false, false, false]));
-        assert_eq!(sel(&[":mod:libc"], ITEMS), Some(vec![false, false, false, true, false]));
-        assert_eq!(sel(&["*:mod:libc.so.6"], ITEMS), Some(vec![false, false, false, true, false]));
-        assert_eq!(sel(&["luaH_*", "!*:mod:libother"], ITEMS), Some(vec![true, true, false, false, false]));
+        assert_eq!(
+            sel(&["luaH_new:mod:lua"], ITEMS),
+            Some(vec![true, false, false, false, false])
+        );
+        assert_eq!(
+            sel(&[":mod:libc"], ITEMS),
+            Some(vec![false, false, false, true, false])
+        );
+        assert_eq!(
+            sel(&["*:mod:libc.so.6"], ITEMS),
+            Some(vec![false, false, false, true, false])
+        );
+        assert_eq!(
+            sel(&["luaH_*", "!*:mod:libother"], ITEMS),
+            Some(vec![true, true, false, false, false])
+        );
     }
 
     #[test]
     fn errors_have_columns() {
         let e = FilterEntry::parse("!foo:bar").unwrap_err();
-        assert_eq!((e.col, e.msg.as_str()), (4, "unknown command (only :mod: is supported)"));
+        assert_eq!(
+            (e.col, e.msg.as_str()),
+            (4, "unknown command (only :mod: is supported)")
+        );
         let e = FilterEntry::parse("foo:mod:").unwrap_err();
         assert_eq!((e.col, e.msg.as_str()), (8, "empty module name"));
         let e = FilterEntry::parse("foo[").unwrap_err();

@@ -22,8 +22,8 @@ use crate::arch::x86_64::nops::{self, NOP1, NOP5, SITE_LEN};
 use crate::arch::x86_64::sites::{SiteKind, SitePlace};
 use crate::arch::x86_64::text_poke::{self, Poke, TextPokeError};
 use crate::arch::x86_64::tramp_area::TrampArea;
-use crate::arch::x86_64::trampoline::{TrampolineFunc, Variant};
 pub use crate::arch::x86_64::trampoline::PtRegs;
+use crate::arch::x86_64::trampoline::{TrampolineFunc, Variant};
 use crate::elf::{ElfError, ElfImage, SiteSource};
 use crate::process::LoadedObject;
 use crate::sys::SyscallError;
@@ -70,7 +70,8 @@ pub const FTRACE_OPS_FL_RECURSION: u32 = 1 << 2;
 ///
 /// It runs on the probe path: it must be async-signal-safe (no allocation, no locks that can
 /// block, no unwinding panic).
-pub type FtraceFunc = unsafe extern "C" fn(ip: u64, parent_ip: u64, op: &FtraceOps, regs: &mut PtRegs);
+pub type FtraceFunc =
+    unsafe extern "C" fn(ip: u64, parent_ip: u64, op: &FtraceOps, regs: &mut PtRegs);
 
 /// A set of callbacks on a set of functions (`struct ftrace_ops`). Made in a `static`.
 pub struct FtraceOps {
@@ -100,7 +101,10 @@ impl FtraceOps {
             func,
             flags,
             private: AtomicU64::new(0),
-            filters: Mutex::new(Filters { filter: Vec::new(), notrace: Vec::new() }),
+            filters: Mutex::new(Filters {
+                filter: Vec::new(),
+                notrace: Vec::new(),
+            }),
             hash: AtomicPtr::new(std::ptr::null_mut()),
             registered: AtomicBool::new(false),
             missed: AtomicU64::new(0),
@@ -222,7 +226,12 @@ thread_local! {
 }
 
 /// Probe path: calls every registered ops that wants `ip`, under the recursion guard.
-unsafe extern "C" fn ftrace_ops_list_func(ip: u64, parent_ip: u64, _op: *const (), regs: *mut PtRegs) {
+unsafe extern "C" fn ftrace_ops_list_func(
+    ip: u64,
+    parent_ip: u64,
+    _op: *const (),
+    regs: *mut PtRegs,
+) {
     let recursing = IN_FTRACE.with(|g| g.replace(true));
     for slot in &OPS_LIST {
         // Acquire pairs with the Release store in `register_ftrace_function`.
@@ -249,7 +258,12 @@ unsafe extern "C" fn ftrace_ops_list_func(ip: u64, parent_ip: u64, _op: *const (
 
 /// Probe path: one ops with [`FTRACE_OPS_FL_RECURSION`] called directly from its trampoline,
 /// under the recursion guard (the kernel's `ftrace_ops_assist_func()`).
-unsafe extern "C" fn ftrace_ops_assist_func(ip: u64, parent_ip: u64, op: *const (), regs: *mut PtRegs) {
+unsafe extern "C" fn ftrace_ops_assist_func(
+    ip: u64,
+    parent_ip: u64,
+    op: *const (),
+    regs: *mut PtRegs,
+) {
     // SAFETY: the trampoline's ops slot holds a &'static FtraceOps.
     let op = unsafe { &*(op as *const FtraceOps) };
     if IN_FTRACE.with(|g| g.replace(true)) {
@@ -309,6 +323,8 @@ struct State {
     tramps: HashMap<(usize, Variant, usize, usize), u64>,
     /// Hashes of unregistered ops: the list function of another thread may still read one, so
     /// they are kept (the kernel frees them after synchronize_rcu; we have no grace period).
+    /// Boxed: readers hold a pointer to the `Vec` header itself, which must not move.
+    #[allow(clippy::vec_box)]
     retired: Vec<Box<Vec<u64>>>,
 }
 
@@ -351,7 +367,11 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
                 continue;
             }
         };
-        let module = lo.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let module = lo
+            .path
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let exec = image.segments.iter().filter(|s| s.exec);
         let text = (
             exec.clone().map(|s| s.svma).min().unwrap_or(0) + lo.bias,
@@ -362,13 +382,28 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             let ip = s.svma + lo.bias;
             // The bytes in memory must be what the file says (else: not this file's code).
             // SAFETY: ip lies in an executable PT_LOAD segment of a loaded object: mapped.
-            let mem = unsafe { std::slice::from_raw_parts(ip as *const u8, s.kind.len() as usize) };
+            let mem = unsafe { std::slice::from_raw_parts(ip as *const u8, s.kind.byte_len() as usize) };
             if crate::arch::x86_64::sites::classify(mem) != Some(s.kind) {
                 continue;
             }
-            sites.push((ip, RecMeta { obj: oi, func: s.func, kind: s.kind, place: s.place, source: s.source }));
+            sites.push((
+                ip,
+                RecMeta {
+                    obj: oi,
+                    func: s.func,
+                    kind: s.kind,
+                    place: s.place,
+                    source: s.source,
+                },
+            ));
         }
-        objects.push(Object { image, bias: lo.bias, module, areas: Vec::new(), text });
+        objects.push(Object {
+            image,
+            bias: lo.bias,
+            module,
+            areas: Vec::new(),
+            text,
+        });
     }
     sites.sort_by_key(|s| s.0);
     for o in &objects {
@@ -389,7 +424,11 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
                 text_poke::text_poke_early(ip + SITE_LEN, &[NOP1]);
             }
         }
-        let flags = if m.place == SitePlace::AfterPrologue { FTRACE_FL_AFTER_PROLOGUE } else { 0 };
+        let flags = if m.place == SitePlace::AfterPrologue {
+            FTRACE_FL_AFTER_PROLOGUE
+        } else {
+            0
+        };
         records.push(DynFtrace { ip, flags });
         meta.push(m);
     }
@@ -410,14 +449,26 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
 pub fn functions() -> Result<Vec<FuncSite>, FtraceError> {
     let g = lock();
     let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-    Ok(st.records.iter().zip(&st.meta).map(|(r, m)| st.func_site(r, m)).collect())
+    Ok(st
+        .records
+        .iter()
+        .zip(&st.meta)
+        .map(|(r, m)| st.func_site(r, m))
+        .collect())
 }
 
 /// The loaded objects ftrace looked at, with their load bias.
 pub fn objects() -> Result<Vec<LoadedObject>, FtraceError> {
     let g = lock();
     let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-    Ok(st.objects.iter().map(|o| LoadedObject { path: o.image.path.clone(), bias: o.bias }).collect())
+    Ok(st
+        .objects
+        .iter()
+        .map(|o| LoadedObject {
+            path: o.image.path.clone(),
+            bias: o.bias,
+        })
+        .collect())
 }
 
 /// The record of the site at `ip`, if there is one.
@@ -437,7 +488,12 @@ pub fn ftrace_set_notrace(ops: &FtraceOps, pattern: &str, reset: bool) -> Result
     set_filter(ops, pattern, reset, true)
 }
 
-fn set_filter(ops: &FtraceOps, pattern: &str, reset: bool, notrace: bool) -> Result<(), FtraceError> {
+fn set_filter(
+    ops: &FtraceOps,
+    pattern: &str,
+    reset: bool,
+    notrace: bool,
+) -> Result<(), FtraceError> {
     if ops.is_registered() {
         return Err(FtraceError::OpsBusy);
     }
@@ -453,7 +509,11 @@ fn set_filter(ops: &FtraceOps, pattern: &str, reset: bool, notrace: bool) -> Res
         }
     }
     let mut f = ops.lock_filters();
-    let list = if notrace { &mut f.notrace } else { &mut f.filter };
+    let list = if notrace {
+        &mut f.notrace
+    } else {
+        &mut f.filter
+    };
     if reset {
         list.clear();
     }
@@ -474,12 +534,18 @@ pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceErr
     }
     let hash = st.hash_of(ops);
     if ops.flags & FTRACE_OPS_FL_IPMODIFY != 0 {
-        for other in st.registered.iter().filter(|o| o.flags & FTRACE_OPS_FL_IPMODIFY != 0) {
+        for other in st
+            .registered
+            .iter()
+            .filter(|o| o.flags & FTRACE_OPS_FL_IPMODIFY != 0)
+        {
             // SAFETY: registered ops have a live hash (set below, cleared on unregister).
             let oh = unsafe { &*other.hash.load(Ordering::Relaxed) };
             if let Some(ip) = hash.iter().find(|ip| oh.binary_search(ip).is_ok()) {
                 let i = st.index_of(*ip).expect("hash holds record ips");
-                return Err(FtraceError::IpmodifyBusy { func: st.func_name(i).to_owned() });
+                return Err(FtraceError::IpmodifyBusy {
+                    func: st.func_name(i).to_owned(),
+                });
             }
         }
     }
@@ -488,7 +554,8 @@ pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceErr
         .find(|s| s.load(Ordering::Relaxed).is_null())
         .ok_or(FtraceError::TooManyOps)?;
     // Release pairs with the Acquire load in `FtraceOps::wants`.
-    ops.hash.store(Box::into_raw(Box::new(hash)), Ordering::Release);
+    ops.hash
+        .store(Box::into_raw(Box::new(hash)), Ordering::Release);
     // Release pairs with the Acquire load in `ftrace_ops_list_func`.
     slot.store(ops as *const FtraceOps as *mut FtraceOps, Ordering::Release);
     st.registered.push(ops);
@@ -516,7 +583,10 @@ pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceE
         .ok_or(FtraceError::NotRegistered)?;
     st.registered.remove(pos);
     let result = st.update_sites();
-    if let Some(slot) = OPS_LIST.iter().find(|s| std::ptr::eq(s.load(Ordering::Relaxed), ops)) {
+    if let Some(slot) = OPS_LIST
+        .iter()
+        .find(|s| std::ptr::eq(s.load(Ordering::Relaxed), ops))
+    {
         slot.store(std::ptr::null_mut(), Ordering::Release);
     }
     ops.registered.store(false, Ordering::Relaxed);
@@ -591,7 +661,12 @@ impl State {
         }
         let code = variant.instantiate(ops, func);
         let o = &mut self.objects[obj];
-        let addr = match o.areas.iter_mut().filter(|a| a.reachable_from(site)).find_map(|a| a.alloc(&code)) {
+        let addr = match o
+            .areas
+            .iter_mut()
+            .filter(|a| a.reachable_from(site))
+            .find_map(|a| a.alloc(&code))
+        {
             Some(a) => a,
             None => {
                 let mut area = TrampArea::near(o.text.0, o.text.1)?;
@@ -660,7 +735,14 @@ impl State {
                 if found != self.current[i] {
                     return Err(FtraceError::SiteCorrupt { ip, found });
                 }
-                pokes.push((i, Poke { addr: ip, old: self.current[i], new: want }));
+                pokes.push((
+                    i,
+                    Poke {
+                        addr: ip,
+                        old: self.current[i],
+                        new: want,
+                    },
+                ));
             }
         }
         let batch: Vec<Poke> = pokes.iter().map(|p| p.1).collect();

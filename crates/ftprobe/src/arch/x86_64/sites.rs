@@ -21,7 +21,7 @@ pub enum SiteKind {
 
 impl SiteKind {
     /// Length in bytes of what the compiler emitted.
-    pub fn len(self) -> u8 {
+    pub fn byte_len(self) -> u8 {
         match self {
             SiteKind::Nop5 | SiteKind::Nops5 | SiteKind::CallRel32 => 5,
             SiteKind::CallGot => 6,
@@ -152,8 +152,11 @@ pub fn find_by_decoding(
 /// If the code at a PLT entry is `[endbr64;] [bnd] jmp *disp(%rip)`, the GOT slot it jumps
 /// through.
 pub fn plt_entry_got_slot(code: &[u8], svma: u64) -> Option<u64> {
-    let (code, svma) =
-        if code.starts_with(&ENDBR64) { (&code[4..], svma + 4) } else { (code, svma) };
+    let (code, svma) = if code.starts_with(&ENDBR64) {
+        (&code[4..], svma + 4)
+    } else {
+        (code, svma)
+    };
     let mut dec = Decoder::with_ip(64, code, svma, DecoderOptions::NONE);
     let insn = dec.decode();
     (insn.mnemonic() == Mnemonic::Jmp
@@ -175,7 +178,10 @@ mod tests {
     #[test]
     fn classify_each_kind() {
         // nopl 0x0(%rax,%rax,1)
-        assert_eq!(classify(&[0x0f, 0x1f, 0x44, 0x00, 0x00]), Some(SiteKind::Nop5));
+        assert_eq!(
+            classify(&[0x0f, 0x1f, 0x44, 0x00, 0x00]),
+            Some(SiteKind::Nop5)
+        );
         // nop; nop; nop; nop; nop
         assert_eq!(classify(&[0x90; 5]), Some(SiteKind::Nops5));
         // call rel32
@@ -189,7 +195,9 @@ mod tests {
     #[test]
     fn decode_fentry_call_got_after_endbr() {
         // endbr64; call *0x2fd6(%rip); imul %esi,%edi
-        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0xff, 0x15, 0xd6, 0x2f, 0, 0, 0x0f, 0xaf, 0xfe];
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0xff, 0x15, 0xd6, 0x2f, 0, 0, 0x0f, 0xaf, 0xfe,
+        ];
         let got = 0x1000 + 10 + 0x2fd6;
         let found = find_by_decoding(&code, 0x1000, |t| t == CallTarget::Got(got));
         assert_eq!(found, Some((4, SiteKind::CallGot, SitePlace::AfterEndbr)));
@@ -200,7 +208,10 @@ mod tests {
         // push %rbp; mov %rsp,%rbp; call 0x2000; pop %rbp
         let code = [0x55, 0x48, 0x89, 0xe5, 0xe8, 0xf7, 0x0f, 0, 0, 0x5d];
         let found = find_by_decoding(&code, 0x1000, |t| t == CallTarget::Direct(0x2000));
-        assert_eq!(found, Some((4, SiteKind::CallRel32, SitePlace::AfterPrologue)));
+        assert_eq!(
+            found,
+            Some((4, SiteKind::CallRel32, SitePlace::AfterPrologue))
+        );
         // A call to something else is not a site.
         assert_eq!(find_by_decoding(&code, 0x1000, |_| false), None);
     }
@@ -213,7 +224,10 @@ mod tests {
         ];
         let got = 0x1000 + 15 + 0x2fd6;
         let found = find_by_decoding(&code, 0x1000, |t| t == CallTarget::Got(got));
-        assert_eq!(found, Some((9, SiteKind::CallGot, SitePlace::AfterPrologue)));
+        assert_eq!(
+            found,
+            Some((9, SiteKind::CallGot, SitePlace::AfterPrologue))
+        );
         // Without a frame-pointer prologue a call at +5 is no site.
         assert_eq!(place_of(&[0x53, 0x48, 0x83, 0xec, 0x08], 5), None);
     }
@@ -222,6 +236,9 @@ mod tests {
     fn plt_entry() {
         // endbr64; bnd jmp *0x2f75(%rip)
         let code = [0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, 0x75, 0x2f, 0, 0];
-        assert_eq!(plt_entry_got_slot(&code, 0x1050), Some(0x1050 + 11 + 0x2f75));
+        assert_eq!(
+            plt_entry_got_slot(&code, 0x1050),
+            Some(0x1050 + 11 + 0x2f75)
+        );
     }
 }

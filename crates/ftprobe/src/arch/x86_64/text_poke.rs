@@ -60,10 +60,18 @@ pub fn init() -> Result<(), TextPokeError> {
     // written here, before INSTALLED is published with Release, and only read by the handler
     // after it has seen INSTALLED (Acquire), so there is no concurrent access.
     let r = unsafe {
-        libc::sigaction(libc::SIGTRAP, &act, std::ptr::addr_of_mut!(OLD_ACTION).cast())
+        libc::sigaction(
+            libc::SIGTRAP,
+            &act,
+            std::ptr::addr_of_mut!(OLD_ACTION).cast(),
+        )
     };
     if r != 0 {
-        return Err(SyscallError { call: "sigaction", source: std::io::Error::last_os_error() }.into());
+        return Err(SyscallError {
+            call: "sigaction",
+            source: std::io::Error::last_os_error(),
+        }
+        .into());
     }
     // Release pairs with the Acquire load in `chain_to_old_handler`.
     INSTALLED.store(true, Ordering::Release);
@@ -165,7 +173,11 @@ fn poke_bytes(pokes: &[Poke], which: fn(&Poke) -> &[u8; 5], range: std::ops::Ran
 }
 
 /// Probe path: the SIGTRAP handler. Async-signal-safe: atomics, loads and stores only.
-extern "C" fn sigtrap_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+extern "C" fn sigtrap_handler(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
     HANDLERS_ACTIVE.fetch_add(1, Ordering::SeqCst);
     // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler; this thread owns it.
     let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };

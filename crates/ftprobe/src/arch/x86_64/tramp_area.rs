@@ -17,20 +17,28 @@ pub struct TrampArea {
 }
 
 impl TrampArea {
-    /// Map an area within [`MAX_DISTANCE`] of `[lo, hi)` (an object's code): first below `lo`,
-    /// then above `hi`, stepping one area at a time; never over an existing mapping.
+    /// Map an area within [`MAX_DISTANCE`] of `[lo, hi)` (an object's code), in the free gap
+    /// nearest to it according to `/proc/self/maps`; never over an existing mapping.
     pub fn near(lo: u64, hi: u64) -> Result<TrampArea, SyscallError> {
         let prot = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
         let mut last_err = None;
-        let below = (1..MAX_DISTANCE / AREA_SIZE)
-            .map(|i| (lo & !(AREA_SIZE - 1)).checked_sub(i * AREA_SIZE))
-            .take_while(|a| a.is_some_and(|a| a >= 0x10_0000))
-            .flatten();
-        let above = (0..MAX_DISTANCE / AREA_SIZE)
-            .map(|i| hi.div_ceil(AREA_SIZE) * AREA_SIZE + (i + 16) * AREA_SIZE);
-        for addr in below.chain(above).take(4096) {
+        // Another thread may map into a gap between our read of the maps and our mmap: retry.
+        for _ in 0..8 {
+            let maps =
+                std::fs::read_to_string("/proc/self/maps").map_err(|source| SyscallError {
+                    call: "open /proc/self/maps",
+                    source,
+                })?;
+            let Some(addr) = free_gap_near(lo, hi, &parse_maps(&maps)) else {
+                break;
+            };
             match sys::mmap_anon_at(addr as usize, AREA_SIZE as usize, prot) {
-                Ok(base) => return Ok(TrampArea { base: base as u64, used: 0 }),
+                Ok(base) => {
+                    return Ok(TrampArea {
+                        base: base as u64,
+                        used: 0,
+                    })
+                }
                 Err(e) => last_err = Some(e),
             }
         }
@@ -42,7 +50,11 @@ impl TrampArea {
 
     /// Whether a call from `site` can reach every byte of this area.
     pub fn reachable_from(&self, site: u64) -> bool {
-        let far = if site > self.base { site - self.base } else { self.base + AREA_SIZE - site };
+        let far = if site > self.base {
+            site - self.base
+        } else {
+            self.base + AREA_SIZE - site
+        };
         far < (1 << 31) - 4096
     }
 
@@ -59,5 +71,85 @@ impl TrampArea {
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
         self.used += len;
         Some(at)
+    }
+}
+
+/// `[start, end)` of every mapping in a `/proc/PID/maps` text, sorted.
+fn parse_maps(text: &str) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let range = l.split_whitespace().next()?;
+            let (a, b) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// The start of a free, [`AREA_SIZE`]-aligned range of [`AREA_SIZE`] bytes, at most
+/// [`MAX_DISTANCE`] from `[lo, hi)`, as close to it as possible; `maps` sorted.
+fn free_gap_near(lo: u64, hi: u64, maps: &[(u64, u64)]) -> Option<u64> {
+    const MIN_ADDR: u64 = 0x10_0000;
+    const MAX_ADDR: u64 = 0x7fff_ffff_0000;
+    let mut best: Option<(u64, u64)> = None; // (distance, address)
+    let mut consider = |gap_lo: u64, gap_hi: u64| {
+        let gap_lo = gap_lo.max(MIN_ADDR).div_ceil(AREA_SIZE) * AREA_SIZE;
+        let gap_hi = (gap_hi.min(MAX_ADDR) / AREA_SIZE) * AREA_SIZE;
+        if gap_hi < gap_lo + AREA_SIZE {
+            return;
+        }
+        // The candidate in the gap closest to the object: its top end below, its bottom above.
+        let cand = if gap_hi <= lo {
+            gap_hi - AREA_SIZE
+        } else {
+            gap_lo
+        };
+        let dist = if cand + AREA_SIZE <= lo {
+            hi - cand
+        } else {
+            (cand + AREA_SIZE).saturating_sub(lo)
+        };
+        if dist <= MAX_DISTANCE && best.is_none_or(|(d, _)| dist < d) {
+            best = Some((dist, cand));
+        }
+    };
+    let mut prev_end = 0;
+    for &(start, end) in maps {
+        if start > prev_end {
+            consider(prev_end, start);
+        }
+        prev_end = prev_end.max(end);
+    }
+    consider(prev_end, MAX_ADDR);
+    best.map(|(_, a)| a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gap_nearest_the_object() {
+        let maps = parse_maps(
+            "00400000-00401000 r-xp 00000000 fe:00 1 /bin/x\n\
+             7f0000000000-7f0040000000 rw-s 00000000 00:01 2 /memfd:rings\n\
+             7f0040000000-7f0040010000 r-xp 00000000 fe:00 3 /lib/libx.so\n\
+             7f0040020000-7f0040030000 r-xp 00000000 fe:00 4 /lib/liby.so\n",
+        );
+        // Between the two libraries there is exactly one area's room.
+        assert_eq!(
+            free_gap_near(0x7f00_4000_0000, 0x7f00_4001_0000, &maps),
+            Some(0x7f00_4001_0000)
+        );
+        // The non-PIE executable: just below it.
+        assert_eq!(free_gap_near(0x40_0000, 0x40_1000, &maps), Some(0x3f_0000));
+        // Nothing free within reach.
+        let full = [(0, 0x7fff_ffff_0000)];
+        assert_eq!(free_gap_near(0x40_0000, 0x40_1000, &full), None);
     }
 }

@@ -184,8 +184,14 @@ macro_rules! regs_template {
 args_template!("ftprobe_tramp_args_entry", "mov rsi, [rbp + 16]");
 regs_template!("ftprobe_tramp_regs_entry", "mov rsi, [rbp + 16]");
 // Site after `push %rbp; mov %rsp,%rbp`: the traced function's frame is at [rbp].
-args_template!("ftprobe_tramp_args_prologue", "mov rsi, [rbp]\nmov rsi, [rsi + 8]");
-regs_template!("ftprobe_tramp_regs_prologue", "mov rsi, [rbp]\nmov rsi, [rsi + 8]");
+args_template!(
+    "ftprobe_tramp_args_prologue",
+    "mov rsi, [rbp]\nmov rsi, [rsi + 8]"
+);
+regs_template!(
+    "ftprobe_tramp_regs_prologue",
+    "mov rsi, [rbp]\nmov rsi, [rsi + 8]"
+);
 
 extern "C" {
     static ftprobe_tramp_args_entry_start: u8;
@@ -253,7 +259,10 @@ mod tests {
     fn templates_end_with_slots_and_are_position_independent() {
         for save_regs in [false, true] {
             for after_prologue in [false, true] {
-                let v = Variant { save_regs, after_prologue };
+                let v = Variant {
+                    save_regs,
+                    after_prologue,
+                };
                 let t = v.template();
                 assert!(t.len() > 100 && t.len() < 512, "{v:?}: {} bytes", t.len());
                 assert_eq!(&t[t.len() - 16..], &[0u8; 16], "{v:?}: slots start zeroed");
