@@ -429,16 +429,45 @@ pub fn read_tsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
-/// The time-stamp counter and the CPU this thread runs on (`rdtscp`; Linux keeps the CPU
-/// number in the low 12 bits of `TSC_AUX`). Probe path.
+/// The time-stamp counter and the CPU this thread runs on. Probe path.
+///
+/// Linux keeps the CPU number in the low 12 bits of `TSC_AUX`. `rdtsc` + `rdpid` (~23 ns on
+/// this VM) where the CPU has `rdpid`, else `rdtscp` (~28 ns): see BENCHMARKS.md.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub fn read_tsc_cpu() -> (u64, u32) {
-    let mut aux = 0u32;
-    // SAFETY: RDTSCP exists on every x86-64 CPU Linux runs on with the `rdtscp` flag (all since
-    // 2006) and only writes `aux`, a local.
-    let tsc = unsafe { core::arch::x86_64::__rdtscp(&mut aux) };
-    (tsc, aux & 0xfff)
+    if has_rdpid() {
+        let aux: u64;
+        // SAFETY: RDPID exists (checked by CPUID in `has_rdpid`); it only writes `aux`.
+        unsafe {
+            core::arch::asm!("rdpid {}", out(reg) aux, options(nomem, nostack, preserves_flags))
+        };
+        (read_tsc(), (aux & 0xfff) as u32)
+    } else {
+        let mut aux = 0u32;
+        // SAFETY: RDTSCP exists on every x86-64 CPU Linux runs on (all since 2006) and only
+        // writes `aux`, a local.
+        let tsc = unsafe { core::arch::x86_64::__rdtscp(&mut aux) };
+        (tsc, aux & 0xfff)
+    }
+}
+
+/// Whether the CPU has `rdpid` (CPUID.7.0:ECX bit 22), asked once; probe path after that.
+#[inline(always)]
+fn has_rdpid() -> bool {
+    use std::sync::atomic::AtomicU8;
+    static RDPID: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 no, 2 yes
+    match RDPID.load(Relaxed) {
+        2 => true,
+        1 => false,
+        _ => {
+            // SAFETY: CPUID leaf 7 exists on every x86-64 CPU with AVX2-era features, and on
+            // older ones returns zeros (no rdpid); it has no side effects.
+            let yes = unsafe { core::arch::x86_64::__cpuid_count(7, 0) }.ecx & (1 << 22) != 0;
+            RDPID.store(if yes { 2 } else { 1 }, Relaxed);
+            yes
+        }
+    }
 }
 
 /// Conversion from TSC ticks to CLOCK_MONOTONIC nanoseconds: a reference pair and a rate, stored

@@ -15,7 +15,7 @@ pub mod glob;
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::arch::x86_64::nops::{self, NOP1, NOP5, SITE_LEN};
@@ -219,6 +219,9 @@ pub const MAX_OPS: usize = 64;
 static OPS_LIST: [AtomicPtr<FtraceOps>; MAX_OPS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_OPS];
 
+/// One past the highest OPS_LIST slot ever used: the list function scans no further.
+static OPS_LIST_END: AtomicUsize = AtomicUsize::new(0);
+
 thread_local! {
     /// Probe path: set while this thread runs ftrace callbacks. Const-initialized, no
     /// destructor: no allocation on first touch.
@@ -233,7 +236,9 @@ unsafe extern "C" fn ftrace_ops_list_func(
     regs: *mut PtRegs,
 ) {
     let recursing = IN_FTRACE.with(|g| g.replace(true));
-    for slot in &OPS_LIST {
+    // Acquire pairs with the Release fetch_max in `register_ftrace_function`.
+    let end = OPS_LIST_END.load(Ordering::Acquire).min(MAX_OPS);
+    for slot in &OPS_LIST[..end] {
         // Acquire pairs with the Release store in `register_ftrace_function`.
         let p = slot.load(Ordering::Acquire);
         if p.is_null() {
@@ -382,7 +387,8 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             let ip = s.svma + lo.bias;
             // The bytes in memory must be what the file says (else: not this file's code).
             // SAFETY: ip lies in an executable PT_LOAD segment of a loaded object: mapped.
-            let mem = unsafe { std::slice::from_raw_parts(ip as *const u8, s.kind.byte_len() as usize) };
+            let mem =
+                unsafe { std::slice::from_raw_parts(ip as *const u8, s.kind.byte_len() as usize) };
             if crate::arch::x86_64::sites::classify(mem) != Some(s.kind) {
                 continue;
             }
@@ -549,15 +555,18 @@ pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceErr
             }
         }
     }
-    let slot = OPS_LIST
+    let (slot_index, slot) = OPS_LIST
         .iter()
-        .find(|s| s.load(Ordering::Relaxed).is_null())
+        .enumerate()
+        .find(|(_, s)| s.load(Ordering::Relaxed).is_null())
         .ok_or(FtraceError::TooManyOps)?;
     // Release pairs with the Acquire load in `FtraceOps::wants`.
     ops.hash
         .store(Box::into_raw(Box::new(hash)), Ordering::Release);
     // Release pairs with the Acquire load in `ftrace_ops_list_func`.
     slot.store(ops as *const FtraceOps as *mut FtraceOps, Ordering::Release);
+    // Release pairs with the Acquire load in `ftrace_ops_list_func`.
+    OPS_LIST_END.fetch_max(slot_index + 1, Ordering::Release);
     st.registered.push(ops);
     ops.registered.store(true, Ordering::Relaxed);
     if let Err(e) = st.update_sites() {

@@ -12,7 +12,9 @@
 //! top of the caller's stack), site after `push %rbp; mov %rsp,%rbp` (`parent_ip` at
 //! `8(%rbp)`)}. The argument variant saves what a call may carry in: `rdi rsi rdx rcx r8 r9`,
 //! `rax` (vector count of varargs), `r10` (static chain), `xmm0-7`, and restores them all, so
-//! any callback is safe to run. The full variant also saves `rbx rbp r12-r15 r11` and the flags.
+//! any callback is safe to run (saving `xmm0-7` costs ~3 ns a hit here, see BENCHMARKS.md;
+//! without it a callback that uses SSE would corrupt the traced function's float arguments).
+//! The full variant also saves `rbx rbp r12-r15 r11` and reads the flags (`pushfq`).
 //!
 //! Stack: the template pushes `rbp`, aligns `rsp` down to 16 and builds the frame below, so a
 //! frame-pointer unwinder walks through it; nothing is written above the return address.
@@ -23,7 +25,9 @@ use std::arch::global_asm;
 ///
 /// With the argument-register trampolines only `rdi rsi rdx rcx r8 r9 rax r10 rbp ip sp` are
 /// filled and the other fields are unspecified; with SAVE_REGS every field is filled (`cs`,
-/// `ss` and `orig_rax` are 0).
+/// `ss` and `orig_rax` are 0). Changes a callback makes to the saved registers (IPMODIFY) are
+/// restored into the thread, except `flags`, `sp`, `cs`, `ss` and `orig_rax`: flags are dead
+/// at a call site by the ABI, and `popfq` alone would cost ~14 ns here.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[allow(missing_docs)]
@@ -171,11 +175,8 @@ macro_rules! regs_template {
                       mov r12, [rsp + 24]
                       mov r13, [rsp + 16]
                       mov r14, [rsp + 8]
-                      mov r15, [rsp]
-                      mov rax, [rsp + 144]
-                      mov [rbp - 8], rax",
-            epilogue: "lea rsp, [rbp - 8]
-                       popfq"
+                      mov r15, [rsp]",
+            epilogue: "mov rsp, rbp"
         );
     };
 }
