@@ -461,9 +461,8 @@ fn has_rdpid() -> bool {
         2 => true,
         1 => false,
         _ => {
-            // SAFETY: CPUID leaf 7 exists on every x86-64 CPU with AVX2-era features, and on
-            // older ones returns zeros (no rdpid); it has no side effects.
-            let yes = unsafe { core::arch::x86_64::__cpuid_count(7, 0) }.ecx & (1 << 22) != 0;
+            // CPUID leaf 7 returns zeros (no rdpid) on CPUs too old to have it.
+            let yes = core::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 22) != 0;
             RDPID.store(if yes { 2 } else { 1 }, Relaxed);
             yes
         }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up and run ftprobe's main job on a real program: Lua 5.4 (built from the lua-src crate's
+# sources with ftrace sites) running its bundled script, traced with the function tracer on
+# luaH_*. Extra arguments go to `ftprobe trace` before the command (e.g. -F 'luaV_*').
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need=()
+command -v cc >/dev/null || need+=(gcc)
+[ -e /usr/include/stdio.h ] || need+=(libc6-dev)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq "${need[@]}"
+    else
+        sudo apt-get update -qq && sudo apt-get install -y -qq "${need[@]}"
+    fi
+fi
+if ! command -v cargo >/dev/null; then
+    echo "demo.sh: cargo not found; install Rust (https://rustup.rs), then run this again" >&2
+    exit 1
+fi
+
+cargo build --release --workspace --quiet
+lua=$(target/release/fixture-path lua-fentry-nop)
+filters=("$@")
+[ ${#filters[@]} -gt 0 ] || filters=(-F 'luaH_*')
+echo "+ ftprobe trace ${filters[*]} -- $lua    (runs the bundled tables.lua)" >&2
+exec target/release/ftprobe trace "${filters[@]}" -- "$lua"
