@@ -42,6 +42,7 @@ fn main() {
         "c/fxsites.c",
         "c/lua_driver.c",
         "lua/tables.lua",
+        "rust/calls_rs.rs",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }
@@ -56,6 +57,7 @@ fn main() {
         s.spawn(|| {
             build_c_fixtures(&c_dir, &objs, &fixtures);
             build_fxsites(&c_dir, &objs, &out_dir);
+            build_rust_fixture(&manifest_dir.join("rust/calls_rs.rs"), &fixtures);
         });
         build_lua(&c_dir, &lua_dir, &out_dir);
     });
@@ -68,6 +70,22 @@ fn main() {
         "cargo:rustc-env=FTPROBE_DEV_TARGET_DIR={}",
         target_dir(&out_dir).display()
     );
+}
+
+/// `calls-rs`: the `calls` fixture in Rust with `-Zpatchable-function-entry=5` (stable rustc
+/// accepts -Z flags with RUSTC_BOOTSTRAP=1), built by the same rustc that builds this crate.
+fn build_rust_fixture(src: &Path, fixtures: &Path) {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    run(Command::new(rustc)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .args([
+            "--edition=2021",
+            "-Zpatchable-function-entry=5",
+            "-Copt-level=2",
+        ])
+        .args(["--crate-name", "calls_rs", "-o"])
+        .arg(fixtures.join("calls-rs"))
+        .arg(src));
 }
 
 /// `calls`, `threads` and `calls_lib` (+ `libfxwork`) in every flavour they build in.

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use ftprobe_dev::{fixture, lua, lua_script, Flavour, LuaBuild, LUA_TABLES_CREATED};
+use ftprobe_dev::{fixture, lua, lua_script, rust_fixture, Flavour, LuaBuild, LUA_TABLES_CREATED};
 
 fn ftprobe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ftprobe"))
@@ -85,6 +85,33 @@ fn every_flavour_counts_calls_and_parents_exactly() {
         );
         assert_eq!(lost(&text), 0);
     }
+}
+
+#[test]
+fn rustc_patchable_function_entry_sites() {
+    // rustc -Zpatchable-function-entry=5: one LLVM NOP5 at each entry of the crate's functions.
+    let exe = rust_fixture();
+    let exe = exe.to_str().unwrap();
+    let list = ftprobe().args(["list", "functions", exe]).output().unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    let work = list
+        .lines()
+        .find(|l| l.starts_with("work "))
+        .unwrap_or_else(|| panic!("{list}"));
+    let cols: Vec<&str> = work.split_whitespace().collect();
+    assert_eq!(
+        &cols[1..],
+        ["work+0x0", "nop5", "entry", "__patchable_function_entries"]
+    );
+    let (out, text) = trace(
+        &["-F", "work", "-F", "caller", "-F", "run_calls"],
+        &[exe, "6"],
+    );
+    assert_eq!(out.stdout, untraced(&[exe, "6"]).stdout);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "sum=66\n");
+    assert_eq!(count(&text, "work <-caller"), 6, "{text}");
+    assert_eq!(count(&text, "caller <-run_calls"), 1, "{text}");
+    assert_eq!(events(&text).count(), 8, "{text}");
 }
 
 #[test]

@@ -49,6 +49,14 @@ pub fn fixture(program: &str, flavour: Flavour) -> Option<PathBuf> {
     Some(PathBuf::from(FIXTURES_DIR).join(format!("{program}-{}", flavour.name())))
 }
 
+/// Path of `calls-rs`: the `calls` fixture written in Rust and compiled by rustc with
+/// `-Zpatchable-function-entry=5` (one LLVM NOP5 per function, `__patchable_function_entries`).
+/// `calls-rs N`: `run_calls` calls `caller(N)` once, which calls `work(i, i + 1)` N times;
+/// prints `sum=<2N^2 - N>`.
+pub fn rust_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("calls-rs")
+}
+
 /// Path of `libfxwork-<flavour>.so` (`work`, `caller`, `leaf_unused` with the flavour's sites
 /// plus `-fPIC`), loaded by `calls_lib-<flavour>`; `None` where [`Flavour::supports_pic`] is
 /// false.

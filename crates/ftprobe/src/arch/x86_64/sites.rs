@@ -9,7 +9,8 @@ use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Reg
 /// The bytes found at a site, before ftprobe converts it to its canonical NOP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SiteKind {
-    /// `0f 1f 44 00 00`: `-mnop-mcount`, clang/rustc `-fpatchable-function-entry=5`.
+    /// `0f 1f 44 00 xx`: `nopl disp8(%rax,%rax,1)`. gcc `-mnop-mcount` writes displacement 0;
+    /// LLVM (clang, rustc `-Zpatchable-function-entry=5`) writes 8. Any displacement is a NOP.
     Nop5,
     /// Five one-byte `90` NOPs: gcc `-fpatchable-function-entry=5`.
     Nops5,
@@ -68,7 +69,7 @@ pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 /// Recognise the bytes at a recorded site. `None` if they are none of [`SiteKind`].
 pub fn classify(bytes: &[u8]) -> Option<SiteKind> {
     match bytes {
-        [0x0f, 0x1f, 0x44, 0x00, 0x00, ..] => Some(SiteKind::Nop5),
+        [0x0f, 0x1f, 0x44, 0x00, _, ..] => Some(SiteKind::Nop5),
         [0x90, 0x90, 0x90, 0x90, 0x90, ..] => Some(SiteKind::Nops5),
         [0xe8, _, _, _, _, ..] => Some(SiteKind::CallRel32),
         [0xff, 0x15, _, _, _, _, ..] => Some(SiteKind::CallGot),

@@ -17,7 +17,7 @@ pub struct TrampArea {
 }
 
 impl TrampArea {
-    /// Map an area within [`MAX_DISTANCE`] of `[lo, hi)` (an object's code), in the free gap
+    /// Map an area within 1 GiB of `[lo, hi)` (an object's code), in the free gap
     /// nearest to it according to `/proc/self/maps`; never over an existing mapping.
     pub fn near(lo: u64, hi: u64) -> Result<TrampArea, SyscallError> {
         let prot = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
