@@ -40,6 +40,7 @@ fn main() {
         "c/calls_lib_main.c",
         "c/threads.c",
         "c/fxsites.c",
+        "c/fxsites_more.c",
         "c/lua_driver.c",
         "lua/tables.lua",
         "rust/calls_rs.rs",
@@ -152,9 +153,40 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
         &[&["-O2", "-fPIC", "-fpatchable-function-entry=5"]],
         &[],
     );
+    let cet = objs.join("fxsites_cet.o");
+    compile(
+        &c_dir.join("fxsites_more.c"),
+        &cet,
+        &[&[
+            "-O2",
+            "-fPIC",
+            "-fpatchable-function-entry=5",
+            "-fcf-protection=full",
+            "-DFX(n)=fx_cet_##n",
+        ]],
+        &[],
+    );
+    let pg = objs.join("fxsites_pg.o");
+    compile(
+        &c_dir.join("fxsites_more.c"),
+        &pg,
+        &[&[
+            "-O2",
+            "-fPIC",
+            "-pg",
+            "-fcf-protection=none",
+            "-DFX(n)=fx_pg_##n",
+        ]],
+        &[],
+    );
     let lib = out_dir.join("libfxsites.a");
     let _ = fs::remove_file(&lib);
-    run(Command::new("ar").arg("crs").arg(&lib).arg(&obj));
+    run(Command::new("ar")
+        .arg("crs")
+        .arg(&lib)
+        .arg(&obj)
+        .arg(&cet)
+        .arg(&pg));
     println!("cargo:rustc-link-search=native={}", out_dir.display());
     println!("cargo:rustc-link-lib=static=fxsites");
 }

@@ -139,6 +139,16 @@ pub mod fxsites {
         pub fn fx_twice(x: i64) -> i64;
         /// Returns 42 (for tests that redirect the instruction pointer).
         pub fn fx_ret_42() -> i64;
+        /// `a + b`, compiled with `-fpatchable-function-entry=5 -fcf-protection=full`:
+        /// `endbr64`, then the site at +4.
+        pub fn fx_cet_add(a: i64, b: i64) -> i64;
+        /// `a * b`, as `fx_cet_add`.
+        pub fn fx_cet_mul(a: i64, b: i64) -> i64;
+        /// `a + b`, compiled with `-pg` (no `-mfentry`, no record section): `push %rbp;
+        /// mov %rsp,%rbp; call *mcount@GOTPCREL(%rip)`, the site at +4, found by decoding.
+        pub fn fx_pg_add(a: i64, b: i64) -> i64;
+        /// `a * b`, as `fx_pg_add`.
+        pub fn fx_pg_mul(a: i64, b: i64) -> i64;
     }
 }
 

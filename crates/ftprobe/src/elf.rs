@@ -205,16 +205,15 @@ impl ElfImage {
                 );
             }
         }
-        if recorded.is_empty() {
-            self.find_sites_by_decoding(file);
-        } else {
-            for (svma, source) in recorded {
-                match self.site_at(file, svma, source) {
-                    Some(site) => self.sites.push(site),
-                    None => self.rejected.push(svma),
-                }
+        for (svma, source) in recorded {
+            match self.site_at(file, svma, source) {
+                Some(site) => self.sites.push(site),
+                None => self.rejected.push(svma),
             }
         }
+        // Functions no record section lists may still have a site (an object linked from
+        // files built with and without -mrecord-mcount): decode those.
+        self.find_sites_by_decoding(file);
         self.sites.sort_by_key(|s| s.svma);
         self.sites.dedup_by_key(|s| s.svma);
     }
@@ -263,8 +262,13 @@ impl ElfImage {
                     })
             }
         };
+        let mut covered: Vec<usize> = self.sites.iter().map(|s| s.func).collect();
+        covered.sort_unstable();
         for (i, f) in self.funcs.iter().enumerate() {
-            let Some(code) = bytes_at(file, f.svma, f.size.min(32)) else {
+            if covered.binary_search(&i).is_ok() {
+                continue;
+            }
+            let Some(code) = bytes_at(file, f.svma, f.size.min(64)) else {
                 continue;
             };
             if let Some((off, kind, place)) = sites::find_by_decoding(code, f.svma, is_hook) {

@@ -8,6 +8,7 @@ pub mod arch;
 pub mod elf;
 pub mod ftrace;
 pub mod function_tracer;
+pub mod kprobes;
 pub mod process;
 pub mod ring;
 pub mod sys;

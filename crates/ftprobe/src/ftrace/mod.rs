@@ -92,6 +92,8 @@ pub struct FtraceOps {
 struct Filters {
     filter: Vec<FilterEntry>,
     notrace: Vec<FilterEntry>,
+    /// Site addresses added by [`ftrace_set_filter_ip`], sorted.
+    ips: Vec<u64>,
 }
 
 impl FtraceOps {
@@ -104,6 +106,7 @@ impl FtraceOps {
             filters: Mutex::new(Filters {
                 filter: Vec::new(),
                 notrace: Vec::new(),
+                ips: Vec::new(),
             }),
             hash: AtomicPtr::new(std::ptr::null_mut()),
             registered: AtomicBool::new(false),
@@ -173,6 +176,9 @@ pub enum FtraceError {
         /// The function both want.
         func: String,
     },
+    /// No site starts at this address (the kernel's -ENOENT).
+    #[error("no ftrace site at {0:#x}")]
+    NoSite(u64),
     /// All ops slots are taken.
     #[error("too many ftrace_ops registered (at most {MAX_OPS})")]
     TooManyOps,
@@ -197,6 +203,7 @@ impl FtraceError {
             | FtraceError::AlreadyRegistered
             | FtraceError::IpmodifyBusy { .. } => libc::EBUSY,
             FtraceError::NotRegistered => libc::ENODEV,
+            FtraceError::NoSite(_) => libc::ENOENT,
             FtraceError::TooManyOps => libc::ENOSPC,
             FtraceError::Syscall(e) => e.errno().unwrap_or(libc::EIO),
             _ => libc::EINVAL,
@@ -484,6 +491,94 @@ pub fn record(ip: u64) -> Option<DynFtrace> {
     st.index_of(ip).map(|i| st.records[i])
 }
 
+/// A function symbol of a loaded object, at its address in this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SymbolAddr {
+    /// Name as in the symbol table.
+    pub name: String,
+    /// File name of the object.
+    pub module: String,
+    /// Address in this process.
+    pub addr: u64,
+    /// Size in bytes (0 if the symbol table does not say).
+    pub size: u64,
+}
+
+/// Whether `module` names the object whose file name is `file` (the file name itself, a path
+/// ending in it, or the name up to `.so`: `libc` for `libc.so.6`).
+pub fn module_matches(module: &str, file: &str) -> bool {
+    let module = module.rsplit('/').next().unwrap_or(module);
+    module == file || file.find(".so").is_some_and(|i| &file[..i] == module)
+}
+
+/// Every function symbol called `name` (in the object `module`, if given) among the objects
+/// ftrace looked at.
+pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, FtraceError> {
+    let g = lock();
+    let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
+    Ok(st
+        .objects
+        .iter()
+        .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
+        .flat_map(|o| {
+            o.image
+                .funcs
+                .iter()
+                .filter(|f| f.name == name)
+                .map(|f| SymbolAddr {
+                    name: f.name.clone(),
+                    module: o.module.clone(),
+                    addr: f.svma + o.bias,
+                    size: f.size,
+                })
+        })
+        .collect())
+}
+
+/// The function containing `addr`, with the offset into it.
+pub fn symbol_at(addr: u64) -> Option<(SymbolAddr, u64)> {
+    let g = lock();
+    let st = g.as_ref()?;
+    st.objects.iter().find_map(|o| {
+        let svma = addr.checked_sub(o.bias)?;
+        if !o.image.contains(svma) {
+            return None;
+        }
+        let (i, off) = o.image.func_at(svma)?;
+        let f = &o.image.funcs[i];
+        Some((
+            SymbolAddr {
+                name: f.name.clone(),
+                module: o.module.clone(),
+                addr: f.svma + o.bias,
+                size: f.size,
+            },
+            off,
+        ))
+    })
+}
+
+/// The site whose 5 bytes cover `addr` (`ip <= addr < ip + 5`), if any.
+pub fn site_covering(addr: u64) -> Option<u64> {
+    let g = lock();
+    let st = g.as_ref()?;
+    let i = st
+        .records
+        .partition_point(|r| r.ip <= addr)
+        .checked_sub(1)?;
+    let ip = st.records[i].ip;
+    (addr - ip < SITE_LEN).then_some(ip)
+}
+
+/// The site inside the function `func` (at or after its start, before its end), if any.
+pub fn site_covering_func(func: &SymbolAddr) -> Option<u64> {
+    let g = lock();
+    let st = g.as_ref()?;
+    let i = st.records.partition_point(|r| r.ip < func.addr);
+    let r = st.records.get(i)?;
+    (r.ip < func.addr + func.size.max(1)).then_some(r.ip)
+}
+
 /// Set (with `reset`, replace) the filter of an unregistered ops (`ftrace_set_filter()`).
 pub fn ftrace_set_filter(ops: &FtraceOps, pattern: &str, reset: bool) -> Result<(), FtraceError> {
     set_filter(ops, pattern, reset, false)
@@ -527,6 +622,66 @@ fn set_filter(
     Ok(())
 }
 
+/// Add (or with `remove`, remove) the site at `ip` to the ops' filter; with `reset`, clear the
+/// address list first (`ftrace_set_filter_ip()`). Unlike glob filters this works on a
+/// registered ops: its sites are re-patched at once, and on error nothing changes.
+/// `ip` must be a site's first byte (else `NoSite`, the kernel's -ENOENT).
+///
+/// As in the kernel, an ops whose filter ends up empty selects every function: users of
+/// this call (kprobes) unregister the ops before removing its last address.
+pub fn ftrace_set_filter_ip(
+    ops: &'static FtraceOps,
+    ip: u64,
+    remove: bool,
+    reset: bool,
+) -> Result<(), FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    if st.index_of(ip).is_none() {
+        return Err(FtraceError::NoSite(ip));
+    }
+    let old = {
+        let mut f = ops.lock_filters();
+        let old = f.ips.clone();
+        if reset {
+            f.ips.clear();
+        }
+        match (f.ips.binary_search(&ip), remove) {
+            (Err(at), false) => f.ips.insert(at, ip),
+            (Ok(at), true) => {
+                f.ips.remove(at);
+            }
+            _ => {}
+        }
+        old
+    };
+    if !ops.is_registered() {
+        return Ok(());
+    }
+    let hash = st.hash_of(ops);
+    let result = st.check_ipmodify(ops, &hash).and_then(|()| {
+        let new = Box::into_raw(Box::new(hash));
+        // Release pairs with the Acquire load in `FtraceOps::wants`.
+        let prev = ops.hash.swap(new, Ordering::AcqRel);
+        // SAFETY: prev came from Box::into_raw; `retired` keeps it for concurrent readers.
+        st.retired.push(unsafe { Box::from_raw(prev) });
+        st.update_sites()
+    });
+    if let Err(e) = result {
+        ops.lock_filters().ips = old;
+        let hash = st.hash_of(ops);
+        let prev = ops
+            .hash
+            .swap(Box::into_raw(Box::new(hash)), Ordering::AcqRel);
+        // SAFETY: as above.
+        st.retired.push(unsafe { Box::from_raw(prev) });
+        // The sites were not changed by the failed update (update_sites rolls back), so the
+        // restored hash matches what is patched.
+        return Err(e);
+    }
+    Ok(())
+}
+
 /// Start calling `ops` on the functions its filter selects (`register_ftrace_function()`).
 /// On error nothing changed: no site is patched, the ops is not registered.
 pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceError> {
@@ -539,22 +694,7 @@ pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceErr
         return Err(FtraceError::IpmodifyWithoutRegs);
     }
     let hash = st.hash_of(ops);
-    if ops.flags & FTRACE_OPS_FL_IPMODIFY != 0 {
-        for other in st
-            .registered
-            .iter()
-            .filter(|o| o.flags & FTRACE_OPS_FL_IPMODIFY != 0)
-        {
-            // SAFETY: registered ops have a live hash (set below, cleared on unregister).
-            let oh = unsafe { &*other.hash.load(Ordering::Relaxed) };
-            if let Some(ip) = hash.iter().find(|ip| oh.binary_search(ip).is_ok()) {
-                let i = st.index_of(*ip).expect("hash holds record ips");
-                return Err(FtraceError::IpmodifyBusy {
-                    func: st.func_name(i).to_owned(),
-                });
-            }
-        }
-    }
+    st.check_ipmodify(ops, &hash)?;
     let (slot_index, slot) = OPS_LIST
         .iter()
         .enumerate()
@@ -604,6 +744,28 @@ pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceE
 }
 
 impl State {
+    /// -EBUSY if `ops` is IPMODIFY and another registered IPMODIFY ops holds a site of `hash`.
+    fn check_ipmodify(&self, ops: &FtraceOps, hash: &[u64]) -> Result<(), FtraceError> {
+        if ops.flags & FTRACE_OPS_FL_IPMODIFY == 0 {
+            return Ok(());
+        }
+        for other in self
+            .registered
+            .iter()
+            .filter(|o| o.flags & FTRACE_OPS_FL_IPMODIFY != 0 && !std::ptr::eq(**o, ops))
+        {
+            // SAFETY: registered ops have a live hash (set at registration, cleared after).
+            let oh = unsafe { &*other.hash.load(Ordering::Relaxed) };
+            if let Some(ip) = hash.iter().find(|ip| oh.binary_search(ip).is_ok()) {
+                let i = self.index_of(*ip).expect("hash holds record ips");
+                return Err(FtraceError::IpmodifyBusy {
+                    func: self.func_name(i).to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn index_of(&self, ip: u64) -> Option<usize> {
         self.records.binary_search_by_key(&ip, |r| r.ip).ok()
     }
@@ -635,8 +797,16 @@ impl State {
             let o = &self.objects[m.obj];
             (o.image.funcs[m.func].name.as_str(), o.module.as_str())
         });
-        let filter = glob::select(&f.filter, items.clone());
+        let mut filter = glob::select(&f.filter, items.clone());
         let notrace = glob::select(&f.notrace, items);
+        if !f.ips.is_empty() {
+            let set = filter.get_or_insert_with(|| vec![false; self.records.len()]);
+            for ip in &f.ips {
+                if let Some(i) = self.index_of(*ip) {
+                    set[i] = true;
+                }
+            }
+        }
         self.records
             .iter()
             .enumerate()

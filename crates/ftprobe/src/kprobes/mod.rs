@@ -1,0 +1,424 @@
+//! kprobes in one process (kernel/kprobes.c): a probe table keyed by address, aggregate probes,
+//! enable/disable, `nmissed`, and arming by the best mechanism. Today the mechanism is ftrace:
+//! an address that is a site's first byte is served by an `ftrace_ops` callback with the
+//! semantics of the kernel's `kprobe_ftrace_handler()` (see [`ftrace`](self::ftrace)); other
+//! addresses are refused until int3 probes land.
+//!
+//! Address rules (arch/x86/kernel/kprobes/core.c, `arch_adjust_kprobe_addr()`): when a function
+//! starts with `endbr64` and its site is right after it, `func+0` and `func+4` both mean the
+//! site. An address inside a site but not at its first byte is refused with EILSEQ, "Probe
+//! point is not an instruction boundary". With `-pg` (mcount after the prologue) `func+0` is an
+//! ordinary instruction, not the site.
+
+mod ftrace;
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::arch::x86_64::sites::ENDBR64;
+use crate::ftrace::{self as ft, FtraceError, PtRegs, SymbolAddr};
+
+/// `pre_handler(p, regs)`: runs before the probed instruction with `regs.ip = addr + 1`, as
+/// after a breakpoint. Returning non-zero means "I changed `regs.ip`": the thread continues
+/// there and no post_handler runs.
+pub type KprobePreHandler = fn(p: &Kprobe, regs: &mut PtRegs) -> i32;
+/// `post_handler(p, regs, flags)`: runs after the probed instruction, `regs.ip` the next
+/// instruction (for a site, `addr + 5`). `flags` is 0.
+pub type KprobePostHandler = fn(p: &Kprobe, regs: &mut PtRegs, flags: u64);
+
+/// The probe's object went away (`KPROBE_FLAG_GONE`).
+pub const KPROBE_FLAG_GONE: u32 = 1;
+/// Disabled: registered but its handlers do not run (`KPROBE_FLAG_DISABLED`).
+pub const KPROBE_FLAG_DISABLED: u32 = 2;
+/// Jump-optimized (`KPROBE_FLAG_OPTIMIZED`; not used yet).
+pub const KPROBE_FLAG_OPTIMIZED: u32 = 4;
+/// Served by ftrace: the address is a site (`KPROBE_FLAG_FTRACE`).
+pub const KPROBE_FLAG_FTRACE: u32 = 8;
+
+/// Where a probe goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KprobeTarget {
+    /// `[OBJ:]SYM+offset` (the kernel's `symbol_name` + `offset`).
+    Symbol {
+        /// Object (file name, or its name before `.so`), or any object.
+        module: Option<String>,
+        /// Symbol name.
+        name: String,
+        /// Byte offset from the symbol.
+        offset: u64,
+    },
+    /// An address in this process.
+    Addr(u64),
+}
+
+/// A probe (`struct kprobe`). Made in a `static`, or leaked: registration needs `&'static`.
+pub struct Kprobe {
+    /// Where it goes.
+    pub target: KprobeTarget,
+    /// Runs before the probed instruction.
+    pub pre_handler: Option<KprobePreHandler>,
+    /// Runs after it.
+    pub post_handler: Option<KprobePostHandler>,
+    /// For the handlers' own use.
+    pub data: AtomicU64,
+    addr: AtomicU64,
+    flags: AtomicU32,
+    nmissed: AtomicU64,
+}
+
+impl Kprobe {
+    /// A probe, not yet registered.
+    pub const fn new(
+        target: KprobeTarget,
+        pre_handler: Option<KprobePreHandler>,
+        post_handler: Option<KprobePostHandler>,
+    ) -> Kprobe {
+        Kprobe {
+            target,
+            pre_handler,
+            post_handler,
+            data: AtomicU64::new(0),
+            addr: AtomicU64::new(0),
+            flags: AtomicU32::new(0),
+            nmissed: AtomicU64::new(0),
+        }
+    }
+
+    /// The resolved address (0 before registration).
+    pub fn addr(&self) -> u64 {
+        self.addr.load(Ordering::Relaxed)
+    }
+
+    /// `KPROBE_FLAG_*`.
+    pub fn flags(&self) -> u32 {
+        self.flags.load(Ordering::Relaxed)
+    }
+
+    /// Hits not handled because a probe was already running on the thread.
+    pub fn nmissed(&self) -> u64 {
+        self.nmissed.load(Ordering::Relaxed)
+    }
+
+    fn is_disabled(&self) -> bool {
+        self.flags() & (KPROBE_FLAG_DISABLED | KPROBE_FLAG_GONE) != 0
+    }
+}
+
+/// Errors of kprobe registration. `errno()` gives the kernel's errno.
+#[derive(Debug, thiserror::Error)]
+pub enum KprobeError {
+    /// No function of that name (-ENOENT).
+    #[error("symbol {0:?} not found")]
+    NoSymbol(String),
+    /// Several functions of that name (-EADDRNOTAVAIL, "The symbol is not unique").
+    #[error("the symbol {name:?} is not unique: in {modules}")]
+    NotUnique {
+        /// The name.
+        name: String,
+        /// Where it is defined.
+        modules: String,
+    },
+    /// The offset is past the end of the function (-EINVAL).
+    #[error("offset {offset:#x} is past the end of {name} (size {size:#x})")]
+    OffsetOutside {
+        /// Function.
+        name: String,
+        /// Offset asked for.
+        offset: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// Inside a site but not at its first byte (-EILSEQ).
+    #[error("Probe point is not an instruction boundary")]
+    NotInsnBoundary,
+    /// Not an ftrace site; int3 probes are not implemented yet (-EOPNOTSUPP).
+    #[error("{at} is not an ftrace site: only probes on ftrace sites are supported so far (int3 probes are not implemented){hint}")]
+    NotASite {
+        /// `sym+0xoff`.
+        at: String,
+        /// Where the function's site is, if it has one.
+        hint: String,
+    },
+    /// The same `Kprobe` is registered already (-EINVAL).
+    #[error("kprobe is already registered")]
+    AlreadyRegistered,
+    /// Unregistering or enabling a probe that is not registered (-EINVAL).
+    #[error("kprobe is not registered")]
+    NotRegistered,
+    /// Arming through ftrace failed; nothing was enabled.
+    #[error(transparent)]
+    Ftrace(#[from] FtraceError),
+}
+
+impl KprobeError {
+    /// The kernel errno for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            KprobeError::NoSymbol(_) => libc::ENOENT,
+            KprobeError::NotUnique { .. } => libc::EADDRNOTAVAIL,
+            KprobeError::NotInsnBoundary => libc::EILSEQ,
+            KprobeError::NotASite { .. } => libc::EOPNOTSUPP,
+            KprobeError::Ftrace(e) => e.errno(),
+            _ => libc::EINVAL,
+        }
+    }
+}
+
+/// The control-plane table: address -> probes there, in registration order.
+struct Table {
+    probes: BTreeMap<u64, Vec<&'static Kprobe>>,
+    /// Published copies read by the probe path; kept, never freed (no grace period yet).
+    /// Boxed: readers hold pointers to the lists themselves, which must not move.
+    #[allow(clippy::vec_box)]
+    retired: Vec<Box<ProbeList>>,
+}
+
+/// What the probe path reads: sorted (address, probes) pairs.
+pub(crate) struct ProbeList {
+    entries: Vec<(u64, Vec<&'static Kprobe>)>,
+}
+
+impl ProbeList {
+    pub(crate) fn get(&self, addr: u64) -> Option<&[&'static Kprobe]> {
+        let i = self.entries.binary_search_by_key(&addr, |e| e.0).ok()?;
+        Some(&self.entries[i].1)
+    }
+}
+
+static TABLE: Mutex<Table> = Mutex::new(Table {
+    probes: BTreeMap::new(),
+    retired: Vec::new(),
+});
+static PUBLISHED: AtomicPtr<ProbeList> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    /// The kprobe running on this thread (`current_kprobe`). Const-initialized.
+    static CURRENT_KPROBE: Cell<*const Kprobe> = const { Cell::new(std::ptr::null()) };
+}
+
+fn lock() -> MutexGuard<'static, Table> {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Table {
+    fn publish(&mut self) {
+        let list = Box::new(ProbeList {
+            entries: self.probes.iter().map(|(a, v)| (*a, v.clone())).collect(),
+        });
+        // Release pairs with the Acquire load in `published()`.
+        let old = PUBLISHED.swap(Box::into_raw(list), Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: old came from Box::into_raw here; kept alive in `retired` for readers.
+            self.retired.push(unsafe { Box::from_raw(old) });
+        }
+    }
+}
+
+/// Probe path: the probes at `addr`.
+pub(crate) fn published() -> Option<&'static ProbeList> {
+    // Acquire pairs with the Release swap in `Table::publish`.
+    let p = PUBLISHED.load(Ordering::Acquire);
+    // SAFETY: published lists are never freed (see Table::retired).
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Resolve a target to the address to probe, applying the ENDBR rule and refusing what is
+/// not an instruction boundary or not a site.
+pub fn resolve(target: &KprobeTarget) -> Result<u64, KprobeError> {
+    let (func, offset) = match target {
+        KprobeTarget::Symbol {
+            module,
+            name,
+            offset,
+        } => {
+            let hits = ft::find_symbol(module.as_deref(), name)?;
+            let func = match hits.len() {
+                0 => return Err(KprobeError::NoSymbol(name.clone())),
+                1 => hits.into_iter().next().expect("one"),
+                _ => {
+                    let modules: Vec<String> = hits.iter().map(|h| h.module.clone()).collect();
+                    return Err(KprobeError::NotUnique {
+                        name: name.clone(),
+                        modules: modules.join(", "),
+                    });
+                }
+            };
+            if func.size != 0 && *offset >= func.size {
+                return Err(KprobeError::OffsetOutside {
+                    name: name.clone(),
+                    offset: *offset,
+                    size: func.size,
+                });
+            }
+            (func, *offset)
+        }
+        KprobeTarget::Addr(a) => match ft::symbol_at(*a) {
+            Some((f, off)) => (f, off),
+            None => {
+                return match ft::site_covering(*a) {
+                    Some(ip) if ip == *a => Ok(ip),
+                    Some(_) => Err(KprobeError::NotInsnBoundary),
+                    None => Err(KprobeError::NotASite {
+                        at: format!("{a:#x}"),
+                        hint: String::new(),
+                    }),
+                }
+            }
+        },
+    };
+    let mut addr = func.addr + offset;
+    // ENDBR: func+0 means the instruction after endbr64 (arch_adjust_kprobe_addr).
+    if offset == 0 && starts_with_endbr(&func) {
+        addr += ENDBR64.len() as u64;
+    }
+    match ft::site_covering(addr) {
+        Some(ip) if ip == addr => Ok(addr),
+        Some(_) => Err(KprobeError::NotInsnBoundary),
+        None => {
+            let hint = ft::site_covering_func(&func)
+                .map(|ip| {
+                    format!(
+                        " (the site of {} is {}+{:#x})",
+                        func.name,
+                        func.name,
+                        ip - func.addr
+                    )
+                })
+                .unwrap_or_default();
+            Err(KprobeError::NotASite {
+                at: format!("{}+{offset:#x}", func.name),
+                hint,
+            })
+        }
+    }
+}
+
+fn starts_with_endbr(func: &SymbolAddr) -> bool {
+    if func.size < 4 {
+        return false;
+    }
+    // SAFETY: the function is in an executable segment of a loaded object and at least 4
+    // bytes long: mapped and readable.
+    let b = unsafe { std::ptr::read_unaligned(func.addr as *const [u8; 4]) };
+    b == ENDBR64
+}
+
+/// Register and arm a probe (`register_kprobe()`). On error nothing is enabled.
+pub fn register_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    let mut t = lock();
+    if t.probes
+        .values()
+        .any(|v| v.iter().any(|q| std::ptr::eq(*q, p)))
+    {
+        return Err(KprobeError::AlreadyRegistered);
+    }
+    let addr = resolve(&p.target)?;
+    p.addr.store(addr, Ordering::Relaxed);
+    p.flags.fetch_or(KPROBE_FLAG_FTRACE, Ordering::Relaxed);
+    p.flags.fetch_and(!KPROBE_FLAG_GONE, Ordering::Relaxed);
+    t.probes.entry(addr).or_default().push(p);
+    t.publish();
+    if let Err(e) = ftrace::arm(&t.probes, addr) {
+        remove(&mut t, p);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+fn remove(t: &mut Table, p: &'static Kprobe) -> Option<u64> {
+    let addr = p.addr();
+    let v = t.probes.get_mut(&addr)?;
+    let i = v.iter().position(|q| std::ptr::eq(*q, p))?;
+    v.remove(i);
+    if v.is_empty() {
+        t.probes.remove(&addr);
+    }
+    t.publish();
+    Some(addr)
+}
+
+/// Disarm and remove a probe (`unregister_kprobe()`).
+pub fn unregister_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    let mut t = lock();
+    let addr = remove(&mut t, p).ok_or(KprobeError::NotRegistered)?;
+    ftrace::arm(&t.probes, addr)?;
+    Ok(())
+}
+
+/// Stop a probe's handlers without unregistering it (`disable_kprobe()`).
+pub fn disable_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    let t = lock();
+    if !t
+        .probes
+        .values()
+        .any(|v| v.iter().any(|q| std::ptr::eq(*q, p)))
+    {
+        return Err(KprobeError::NotRegistered);
+    }
+    p.flags.fetch_or(KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+    ftrace::arm(&t.probes, p.addr())?;
+    Ok(())
+}
+
+/// Resume a disabled probe (`enable_kprobe()`).
+pub fn enable_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    let t = lock();
+    if !t
+        .probes
+        .values()
+        .any(|v| v.iter().any(|q| std::ptr::eq(*q, p)))
+    {
+        return Err(KprobeError::NotRegistered);
+    }
+    p.flags.fetch_and(!KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+    if let Err(e) = ftrace::arm(&t.probes, p.addr()) {
+        p.flags.fetch_or(KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// The armed probes as the kernel's `debug/kprobes/list` shows them:
+/// `ADDR  k  sym+0xoff  OBJ [DISABLED][FTRACE]`, one line per probe (each child of an
+/// aggregate on its own line).
+pub fn list() -> String {
+    let t = lock();
+    let mut out = String::new();
+    for (addr, probes) in &t.probes {
+        for p in probes {
+            let (sym, off, module) = match ft::symbol_at(*addr) {
+                Some((s, off)) => (s.name, off, s.module),
+                None => (format!("{addr:#x}"), 0, String::new()),
+            };
+            let f = p.flags();
+            out.push_str(&format!(
+                "{addr:016x}  k  {sym}+{off:#x}  {module} {}{}{}\n",
+                if f & KPROBE_FLAG_GONE != 0 {
+                    "[GONE]"
+                } else {
+                    ""
+                },
+                if f & KPROBE_FLAG_DISABLED != 0 {
+                    "[DISABLED]"
+                } else {
+                    ""
+                },
+                if f & KPROBE_FLAG_FTRACE != 0 {
+                    "[FTRACE]"
+                } else {
+                    ""
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// Probe path: the probe running on this thread, if any (`kprobe_running()`).
+pub fn kprobe_running() -> Option<&'static Kprobe> {
+    let p = CURRENT_KPROBE.get();
+    // SAFETY: only registered &'static probes are stored in CURRENT_KPROBE.
+    (!p.is_null()).then(|| unsafe { &*p })
+}

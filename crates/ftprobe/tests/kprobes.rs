@@ -1,0 +1,388 @@
+//! kprobes on ftrace sites, on real functions linked into this test (ftprobe-dev's fxsites):
+//! patchable entries (`fx_*`), `endbr64` + patchable entry (`fx_cet_*`), and `-pg` with mcount
+//! after the prologue (`fx_pg_*`). `harness = false`: ftrace::init needs a single thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ftprobe::arch::x86_64::nops::NOP5;
+use ftprobe::ftrace::{self, FtraceOps, PtRegs};
+use ftprobe::kprobes::{
+    self, Kprobe, KprobeError, KprobeTarget, KPROBE_FLAG_DISABLED, KPROBE_FLAG_FTRACE,
+};
+use ftprobe_dev::fxsites::*;
+
+fn sym(name: &str, offset: u64) -> KprobeTarget {
+    KprobeTarget::Symbol {
+        module: None,
+        name: name.to_owned(),
+        offset,
+    }
+}
+fn leak(p: Kprobe) -> &'static Kprobe {
+    Box::leak(Box::new(p))
+}
+fn bytes(at: u64) -> [u8; 5] {
+    // SAFETY: the entry of one of our own functions: 5 mapped bytes.
+    unsafe { std::ptr::read_volatile(at as *const [u8; 5]) }
+}
+fn fn_addr(f: unsafe extern "C" fn(i64, i64) -> i64) -> u64 {
+    f as *const () as u64
+}
+
+/// pre_handler: counts in `data` (low 32 bits) and remembers regs.ip, rdi, rsi.
+static LAST: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+fn count_pre(p: &Kprobe, regs: &mut PtRegs) -> i32 {
+    p.data.fetch_add(1, Ordering::Relaxed);
+    LAST[0].store(regs.ip, Ordering::Relaxed);
+    LAST[1].store(regs.rdi, Ordering::Relaxed);
+    LAST[2].store(regs.rsi, Ordering::Relaxed);
+    0
+}
+static POST_IP: AtomicU64 = AtomicU64::new(0);
+fn count_post(p: &Kprobe, regs: &mut PtRegs, _flags: u64) {
+    p.data.fetch_add(1 << 32, Ordering::Relaxed);
+    POST_IP.store(regs.ip, Ordering::Relaxed);
+}
+fn hits(p: &Kprobe) -> (u64, u64) {
+    let d = p.data.load(Ordering::Relaxed);
+    (d & 0xffff_ffff, d >> 32)
+}
+
+fn probe_on_a_site_sees_args_and_addr_plus_one() {
+    let p = leak(Kprobe::new(sym("fx_add", 0), Some(count_pre), None));
+    kprobes::register_kprobe(p).unwrap();
+    assert_eq!(p.addr(), fn_addr(fx_add));
+    assert_ne!(p.flags() & KPROBE_FLAG_FTRACE, 0);
+    for i in 0..5 {
+        // SAFETY: plain C function.
+        let r = unsafe { fx_add(i, 100) };
+        assert_eq!(r, i + 100, "the function still runs");
+    }
+    assert_eq!(hits(p), (5, 0));
+    assert_eq!(
+        LAST[0].load(Ordering::Relaxed),
+        p.addr() + 1,
+        "regs.ip = addr + 1 in pre_handler"
+    );
+    assert_eq!(
+        (
+            LAST[1].load(Ordering::Relaxed),
+            LAST[2].load(Ordering::Relaxed)
+        ),
+        (4, 100)
+    );
+    let list = kprobes::list();
+    let line = list.lines().find(|l| l.contains("fx_add+0x0")).unwrap();
+    assert!(
+        line.starts_with(&format!("{:016x}  k  fx_add+0x0  kprobes-", p.addr())),
+        "{line}"
+    );
+    assert!(line.ends_with(" [FTRACE]"), "{line}");
+    kprobes::unregister_kprobe(p).unwrap();
+    assert_eq!(bytes(p.addr()), NOP5, "site back to NOP");
+    // SAFETY: plain C function.
+    unsafe { fx_add(1, 1) };
+    assert_eq!(hits(p), (5, 0));
+    assert!(matches!(
+        kprobes::unregister_kprobe(p),
+        Err(KprobeError::NotRegistered)
+    ));
+}
+
+fn post_handler_sees_addr_plus_site_len() {
+    let p = leak(Kprobe::new(
+        sym("fx_mul", 0),
+        Some(count_pre),
+        Some(count_post),
+    ));
+    kprobes::register_kprobe(p).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_mul(6, 7) }, 42);
+    assert_eq!(hits(p), (1, 1));
+    assert_eq!(
+        POST_IP.load(Ordering::Relaxed),
+        p.addr() + 5,
+        "regs.ip = addr + 5 in post_handler"
+    );
+    let rec = ftrace::record(p.addr()).unwrap();
+    assert_ne!(
+        rec.flags & ftrace::FTRACE_FL_IPMODIFY,
+        0,
+        "probes with a post_handler use the IPMODIFY ops"
+    );
+    kprobes::unregister_kprobe(p).unwrap();
+}
+
+fn redirect(_p: &Kprobe, regs: &mut PtRegs) -> i32 {
+    regs.ip = fx_ret_42 as *const () as u64;
+    1
+}
+
+fn pre_handler_that_changes_ip_skips_the_body() {
+    let p = leak(Kprobe::new(
+        sym("fx_mul", 0),
+        Some(redirect),
+        Some(count_post),
+    ));
+    kprobes::register_kprobe(p).unwrap();
+    // SAFETY: plain C function.
+    let r = unsafe { fx_mul(2, 3) };
+    assert_eq!(r, 42, "fx_ret_42 ran instead of fx_mul's body");
+    assert_eq!(hits(p).1, 0, "no post_handler after a non-zero pre_handler");
+    kprobes::unregister_kprobe(p).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_mul(2, 3) }, 6);
+}
+
+fn endbr_func_plus_0_and_plus_4_are_the_site() {
+    let base = fn_addr(fx_cet_add);
+    // endbr64
+    assert_eq!(bytes(base)[..4], [0xf3, 0x0f, 0x1e, 0xfa]);
+    let p0 = leak(Kprobe::new(sym("fx_cet_add", 0), Some(count_pre), None));
+    let p4 = leak(Kprobe::new(sym("fx_cet_add", 4), Some(count_pre), None));
+    kprobes::register_kprobe(p0).unwrap();
+    kprobes::register_kprobe(p4).unwrap();
+    assert_eq!((p0.addr(), p4.addr()), (base + 4, base + 4));
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_cet_add(2, 2) }, 4);
+    assert_eq!((hits(p0).0, hits(p4).0), (1, 1), "one aggregate, both run");
+    assert_eq!(LAST[0].load(Ordering::Relaxed), base + 5);
+    // Inside the site: func+5..func+8.
+    for off in 5..9 {
+        let e = kprobes::register_kprobe(leak(Kprobe::new(
+            sym("fx_cet_add", off),
+            Some(count_pre),
+            None,
+        )))
+        .unwrap_err();
+        assert!(matches!(e, KprobeError::NotInsnBoundary), "+{off}: {e}");
+        assert_eq!(e.to_string(), "Probe point is not an instruction boundary");
+        assert_eq!(e.errno(), libc::EILSEQ);
+    }
+    kprobes::unregister_kprobe(p0).unwrap();
+    kprobes::unregister_kprobe(p4).unwrap();
+}
+
+fn inside_a_site_is_refused() {
+    for off in 1..5 {
+        let e =
+            kprobes::register_kprobe(leak(Kprobe::new(sym("fx_add", off), Some(count_pre), None)))
+                .unwrap_err();
+        assert!(
+            matches!(e, KprobeError::NotInsnBoundary),
+            "fx_add+{off}: {e}"
+        );
+    }
+    assert_eq!(bytes(fn_addr(fx_add)), NOP5, "nothing armed");
+}
+
+fn pg_func_plus_0_is_not_the_site() {
+    let base = fn_addr(fx_pg_add);
+    // push %rbp; mov %rsp,%rbp
+    assert_eq!(bytes(base)[..4], [0x55, 0x48, 0x89, 0xe5]);
+    let e = kprobes::register_kprobe(leak(Kprobe::new(
+        sym("fx_pg_add", 0),
+        Some(count_pre),
+        None,
+    )))
+    .unwrap_err();
+    assert!(matches!(e, KprobeError::NotASite { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("(the site of fx_pg_add is fx_pg_add+0x4)"),
+        "{e}"
+    );
+    let p = leak(Kprobe::new(
+        sym("fx_pg_add", 4),
+        Some(count_pre),
+        Some(count_post),
+    ));
+    kprobes::register_kprobe(p).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_pg_add(20, 22) }, 42);
+    assert_eq!(hits(p), (1, 1));
+    assert_eq!(LAST[0].load(Ordering::Relaxed), base + 5);
+    assert_eq!(
+        (
+            LAST[1].load(Ordering::Relaxed),
+            LAST[2].load(Ordering::Relaxed)
+        ),
+        (20, 22)
+    );
+    assert_eq!(POST_IP.load(Ordering::Relaxed), base + 9);
+    kprobes::unregister_kprobe(p).unwrap();
+}
+
+fn calls_probed(p: &Kprobe, _regs: &mut PtRegs) -> i32 {
+    p.data.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: plain C function; it is the probed function itself.
+    unsafe { fx_leaf(1) };
+    0
+}
+
+fn recursion_into_the_probed_function_is_missed() {
+    let p = leak(Kprobe::new(sym("fx_leaf", 0), Some(calls_probed), None));
+    kprobes::register_kprobe(p).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_twice(1) }, 5);
+    assert_eq!(hits(p).0, 2, "the two real calls");
+    assert_eq!(p.nmissed(), 2, "the handler's own call, once per hit");
+    kprobes::unregister_kprobe(p).unwrap();
+}
+
+fn stop(p: &Kprobe, _regs: &mut PtRegs) -> i32 {
+    p.data.fetch_add(1, Ordering::Relaxed);
+    // Returning non-zero claims ip was changed: leave it where a real int3 would have.
+    1
+}
+
+fn two_kprobes_on_one_address() {
+    let a = leak(Kprobe::new(sym("fx_add", 0), Some(count_pre), None));
+    let b = leak(Kprobe::new(
+        KprobeTarget::Addr(fn_addr(fx_add)),
+        Some(count_pre),
+        None,
+    ));
+    kprobes::register_kprobe(a).unwrap();
+    kprobes::register_kprobe(b).unwrap();
+    // SAFETY: plain C function.
+    unsafe { fx_add(1, 2) };
+    assert_eq!((hits(a).0, hits(b).0), (1, 1));
+    let list = kprobes::list();
+    assert_eq!(
+        list.lines().filter(|l| l.contains("fx_add+0x0")).count(),
+        2,
+        "{list}"
+    );
+    // Disable one: the other still runs, the listing says so.
+    kprobes::disable_kprobe(a).unwrap();
+    // SAFETY: plain C function.
+    unsafe { fx_add(1, 2) };
+    assert_eq!((hits(a).0, hits(b).0), (1, 2));
+    assert_ne!(a.flags() & KPROBE_FLAG_DISABLED, 0);
+    assert!(kprobes::list().contains("[DISABLED][FTRACE]"));
+    kprobes::enable_kprobe(a).unwrap();
+    kprobes::unregister_kprobe(b).unwrap();
+    kprobes::unregister_kprobe(a).unwrap();
+}
+
+fn first_nonzero_pre_handler_stops_the_rest() {
+    // `stop` returns 1 with regs.ip = addr + 1; give it a valid ip by redirecting instead.
+    let first = leak(Kprobe::new(sym("fx_mul", 0), Some(redirect), None));
+    let second = leak(Kprobe::new(sym("fx_mul", 0), Some(stop), None));
+    kprobes::register_kprobe(first).unwrap();
+    kprobes::register_kprobe(second).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_mul(3, 3) }, 42);
+    assert_eq!(second.data.load(Ordering::Relaxed), 0, "not reached");
+    kprobes::unregister_kprobe(first).unwrap();
+    kprobes::unregister_kprobe(second).unwrap();
+}
+
+static TRACER_HITS: AtomicU64 = AtomicU64::new(0);
+unsafe extern "C" fn tracer(_ip: u64, _p: u64, _op: &FtraceOps, _r: &mut PtRegs) {
+    TRACER_HITS.fetch_add(1, Ordering::Relaxed);
+}
+static TRACER: FtraceOps = FtraceOps::new(tracer, 0);
+
+fn kprobe_and_function_tracer_coexist() {
+    ftrace::ftrace_set_filter(&TRACER, "fx_add", true).unwrap();
+    let p = leak(Kprobe::new(sym("fx_add", 0), Some(count_pre), None));
+    kprobes::register_kprobe(p).unwrap();
+    ftrace::register_ftrace_function(&TRACER).unwrap();
+    // SAFETY: plain C function.
+    unsafe { fx_add(1, 2) };
+    assert_eq!((hits(p).0, TRACER_HITS.load(Ordering::Relaxed)), (1, 1));
+    kprobes::disable_kprobe(p).unwrap();
+    // SAFETY: plain C function.
+    unsafe { fx_add(1, 2) };
+    assert_eq!((hits(p).0, TRACER_HITS.load(Ordering::Relaxed)), (1, 2));
+    kprobes::enable_kprobe(p).unwrap();
+    ftrace::unregister_ftrace_function(&TRACER).unwrap();
+    // SAFETY: plain C function.
+    unsafe { fx_add(1, 2) };
+    assert_eq!((hits(p).0, TRACER_HITS.load(Ordering::Relaxed)), (2, 2));
+    kprobes::unregister_kprobe(p).unwrap();
+}
+
+fn failed_arming_enables_nothing() {
+    let p = leak(Kprobe::new(sym("fx_twice", 0), Some(count_pre), None));
+    ftprobe::sys::fault::fail_nth("membarrier", 1);
+    let e = kprobes::register_kprobe(p).unwrap_err();
+    ftprobe::sys::fault::clear();
+    assert!(matches!(e, KprobeError::Ftrace(_)), "{e}");
+    assert_eq!(bytes(fx_twice as *const () as u64), NOP5);
+    assert!(!kprobes::list().contains("fx_twice"));
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_twice(1) }, 5);
+    assert_eq!(hits(p).0, 0);
+    kprobes::register_kprobe(p).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_twice(1) }, 5);
+    assert_eq!(hits(p).0, 1);
+    kprobes::unregister_kprobe(p).unwrap();
+}
+
+fn bad_targets() {
+    let e =
+        kprobes::register_kprobe(leak(Kprobe::new(sym("no_such_fn", 0), None, None))).unwrap_err();
+    assert!(
+        matches!(e, KprobeError::NoSymbol(_)) && e.errno() == libc::ENOENT,
+        "{e}"
+    );
+    let e =
+        kprobes::register_kprobe(leak(Kprobe::new(sym("fx_add", 4096), None, None))).unwrap_err();
+    assert!(matches!(e, KprobeError::OffsetOutside { .. }), "{e}");
+}
+
+fn main() {
+    // SAFETY: first thing in main, single-threaded.
+    unsafe { ftrace::init() }.expect("ftrace::init");
+    let cases: &[(&str, fn())] = &[
+        (
+            "probe_on_a_site_sees_args_and_addr_plus_one",
+            probe_on_a_site_sees_args_and_addr_plus_one,
+        ),
+        (
+            "post_handler_sees_addr_plus_site_len",
+            post_handler_sees_addr_plus_site_len,
+        ),
+        (
+            "pre_handler_that_changes_ip_skips_the_body",
+            pre_handler_that_changes_ip_skips_the_body,
+        ),
+        (
+            "endbr_func_plus_0_and_plus_4_are_the_site",
+            endbr_func_plus_0_and_plus_4_are_the_site,
+        ),
+        ("inside_a_site_is_refused", inside_a_site_is_refused),
+        (
+            "pg_func_plus_0_is_not_the_site",
+            pg_func_plus_0_is_not_the_site,
+        ),
+        (
+            "recursion_into_the_probed_function_is_missed",
+            recursion_into_the_probed_function_is_missed,
+        ),
+        ("two_kprobes_on_one_address", two_kprobes_on_one_address),
+        (
+            "first_nonzero_pre_handler_stops_the_rest",
+            first_nonzero_pre_handler_stops_the_rest,
+        ),
+        (
+            "kprobe_and_function_tracer_coexist",
+            kprobe_and_function_tracer_coexist,
+        ),
+        (
+            "failed_arming_enables_nothing",
+            failed_arming_enables_nothing,
+        ),
+        ("bad_targets", bad_targets),
+    ];
+    for (name, case) in cases {
+        print!("test {name} ... ");
+        case();
+        println!("ok");
+    }
+    println!("\n{} passed, 0 failed", cases.len());
+}
