@@ -64,7 +64,7 @@ fn start(fd: &str) -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     rings.set_objects(&table)?;
     function_tracer::start(
-        rings,
+        Some(rings),
         &patterns("FTPROBE_FILTER"),
         &patterns("FTPROBE_NOTRACE"),
     )?;

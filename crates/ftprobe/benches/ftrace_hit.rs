@@ -75,7 +75,7 @@ fn main() {
 
     // The function tracer into a 128 MiB ring, drained between runs (as the CLI does).
     let reader_view = SharedRings::attach(std::os::fd::AsFd::as_fd(&_fd)).unwrap();
-    function_tracer::start(rings, &["fx_add".to_owned()], &[]).unwrap();
+    function_tracer::start(Some(rings), &["fx_add".to_owned()], &[]).unwrap();
     let mut records = 0usize;
     let rec = median(|| {
         if let Some(mut r) = reader_view.reader(0) {

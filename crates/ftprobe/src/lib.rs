@@ -12,3 +12,4 @@ pub mod kprobes;
 pub mod process;
 pub mod ring;
 pub mod sys;
+pub mod trace;

@@ -852,6 +852,13 @@ impl RingWriter<'_> {
     /// when `rtype` is [`RTYPE_PADDING`].
     #[inline]
     pub fn write(&self, rtype: u16, words: &[u64]) -> bool {
+        self.write_aux(rtype, 0, words)
+    }
+
+    /// [`write`](Self::write) with a 32-bit `aux` value in the header word, read back by
+    /// [`RingReader::drain_aux`].
+    #[inline]
+    pub fn write_aux(&self, rtype: u16, aux: u32, words: &[u64]) -> bool {
         let nwords = words.len() + 1;
         if nwords > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
             return self.drop_one();
@@ -867,7 +874,7 @@ impl RingWriter<'_> {
             debug_assert!(false, "reserve returned an out-of-range slot");
             return self.drop_one();
         };
-        hdr.store(record_header(nwords, rtype), Relaxed);
+        hdr.store(record_header_aux(nwords, rtype, aux), Relaxed);
         for (slot, &w) in body.iter().zip(words) {
             slot.store(w, Relaxed);
         }

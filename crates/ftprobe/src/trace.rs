@@ -1,0 +1,116 @@
+//! The trace buffer of this process (kernel/trace/trace.c's global buffer): the shared rings,
+//! and this thread's ring, claimed on its first event. Used by every tracer (function tracer,
+//! kprobe events). Probe path: no allocation, no lock.
+//!
+//! A thread claims its ring with two raw syscalls (`gettid`, `prctl(PR_GET_NAME)`); when no
+//! ring is free its events are counted in the header's `lost_no_ring`. After `fork` the
+//! child's thread claims a ring of its own (one producer per ring).
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+use crate::ring::{self, RingWriter, SharedRings};
+use crate::sys;
+
+/// Record types written into the rings.
+pub mod rtype {
+    /// Function entry: aux = CPU; words: tsc, ip, parent_ip.
+    pub const FUNC: u16 = 1;
+    /// kprobe event: aux = CPU | event id << 12; words: tsc, probe address, one word per
+    /// fetch arg.
+    pub const KPROBE: u16 = 2;
+    /// Text for the CLI (e.g. the armed-probes listing): aux = kind; words: UTF-8 bytes,
+    /// NUL-padded to whole words.
+    pub const TEXT: u16 = 3;
+    /// Per-event counters at exit: aux = event id; words: hits, nmissed.
+    pub const PROFILE: u16 = 4;
+}
+
+static RINGS: OnceLock<SharedRings> = OnceLock::new();
+
+#[derive(Clone, Copy)]
+enum ThreadRing {
+    Unclaimed,
+    Claimed(RingWriter<'static>),
+    NoneFree,
+}
+
+thread_local! {
+    /// Const-initialized, no destructor: no allocation on first touch.
+    static RING: Cell<ThreadRing> = const { Cell::new(ThreadRing::Unclaimed) };
+}
+
+/// After `fork`, the child's only thread must not write into its parent's ring.
+extern "C" fn forget_ring_in_child() {
+    RING.set(ThreadRing::Unclaimed);
+}
+
+/// Make `rings` this process's trace buffer. Once; later calls return `false`.
+pub fn set_buffer(rings: SharedRings) -> bool {
+    if RINGS.set(rings).is_err() {
+        return false;
+    }
+    // SAFETY: registers a plain extern "C" callback; pthread_atfork has no other contract.
+    unsafe { libc::pthread_atfork(None, None, Some(forget_ring_in_child)) };
+    true
+}
+
+/// The trace buffer, if set.
+pub fn buffer() -> Option<&'static SharedRings> {
+    RINGS.get()
+}
+
+/// Probe path: this thread's ring, claimed on first use; `None` (and the event counted as
+/// lost) when there is no buffer or no free ring.
+#[inline]
+pub fn this_thread_ring() -> Option<RingWriter<'static>> {
+    match RING.get() {
+        ThreadRing::Claimed(w) => Some(w),
+        ThreadRing::NoneFree => {
+            if let Some(r) = RINGS.get() {
+                r.note_lost_no_ring();
+            }
+            None
+        }
+        ThreadRing::Unclaimed => {
+            let rings = RINGS.get()?;
+            let state = match rings.claim(sys::gettid(), sys::thread_comm()) {
+                Some(w) => ThreadRing::Claimed(w),
+                None => ThreadRing::NoneFree,
+            };
+            RING.set(state);
+            match state {
+                ThreadRing::Claimed(w) => Some(w),
+                _ => {
+                    rings.note_lost_no_ring();
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Probe path: timestamp and CPU for an event.
+#[inline(always)]
+pub fn clock() -> (u64, u32) {
+    ring::read_tsc_cpu()
+}
+
+/// Control path: write `text` as [`rtype::TEXT`] records of kind `kind` (split in pieces of
+/// at most 4 KiB) into this thread's ring.
+pub fn write_text(kind: u32, text: &str) -> bool {
+    let Some(w) = this_thread_ring() else {
+        return false;
+    };
+    text.as_bytes().chunks(4096).all(|chunk| {
+        let words: Vec<u64> = chunk
+            .chunks(8)
+            .map(|b| {
+                let mut w = [0u8; 8];
+                w[..b.len()].copy_from_slice(b);
+                u64::from_le_bytes(w)
+            })
+            .collect();
+        w.write_aux(rtype::TEXT, kind, &words)
+    })
+}
