@@ -6,6 +6,7 @@
 
 pub mod arch;
 pub mod elf;
+pub mod events;
 pub mod ftrace;
 pub mod function_tracer;
 pub mod kprobes;
