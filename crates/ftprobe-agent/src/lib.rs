@@ -2,23 +2,43 @@
 //! traced process. It does nothing unless the `ftprobe` CLI started the process:
 //!
 //! - `FTPROBE_RING_FD`: the inherited memfd of the rings (see `ftprobe::ring`);
-//! - `FTPROBE_CLI_PID`: the CLI's pid: only its direct child traces (a program the target
-//!   execs inherits the environment, but not the objects table, so it must not write);
-//! - `FTPROBE_FILTER`, `FTPROBE_NOTRACE`: newline-separated `set_ftrace_filter` patterns.
+//! - `FTPROBE_CLI_PID`: the CLI's pid: only its direct child traces;
+//! - `FTPROBE_FILTER`, `FTPROBE_NOTRACE`: newline-separated `set_ftrace_filter` patterns;
+//! - `FTPROBE_FUNCTION`: `1` to run the function tracer;
+//! - `FTPROBE_EVENTS`: newline-separated kprobe event definitions (event id = line number).
 //!
 //! Its constructor runs before `main` and before any thread exists, which is what
-//! `ftrace::init` requires: it converts every site to NOP, publishes the loaded objects, and
-//! registers the function tracer. Errors go to stderr prefixed `ftprobe-agent:`; the program
-//! then runs untraced, never crashes because of the agent.
+//! `ftrace::init` requires: it converts every site to NOP, publishes the loaded objects,
+//! creates the kprobe events, writes the armed-probes listing for the CLI and registers the
+//! function tracer. Then it removes its variables and itself from the environment and closes
+//! the memfd (the mapping stays), so the program and what it runs see what they would see
+//! untraced. Problems go to stderr prefixed `ftprobe-agent:`. A probe definition that cannot
+//! be armed stops the process before `main` (exit status 1), as perf or bpftrace refuse to
+//! start; any other problem leaves the program running untraced.
 
 use std::os::fd::BorrowedFd;
+use std::sync::Mutex;
 
+use ftprobe::events::error_log;
 use ftprobe::ring::SharedRings;
-use ftprobe::{ftrace, function_tracer};
+use ftprobe::trace::{self, rtype};
+use ftprobe::trace_kprobe::{self, TraceKprobe};
+use ftprobe::{ftrace, function_tracer, kprobes};
+
+/// TEXT record kind: the armed-probes listing (`kprobes/list`).
+pub const TEXT_KPROBES_LIST: u32 = 1;
 
 #[used]
 #[link_section = ".init_array"]
 static AGENT_INIT: extern "C" fn() = agent_init;
+
+#[used]
+#[link_section = ".fini_array"]
+static AGENT_FINI: extern "C" fn() = agent_fini;
+
+static EVENTS: Mutex<Vec<&'static TraceKprobe>> = Mutex::new(Vec::new());
+/// The pid the agent started in: a forked child's exit must not report the parent's counts.
+static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 extern "C" fn agent_init() {
     let Ok(fd) = std::env::var("FTPROBE_RING_FD") else {
@@ -28,31 +48,85 @@ extern "C" fn agent_init() {
         .ok()
         .and_then(|p| p.parse::<i32>().ok());
     // SAFETY: getppid has no preconditions.
-    if cli_pid != Some(unsafe { libc::getppid() }) {
+    let ours = cli_pid == Some(unsafe { libc::getppid() });
+    let env = Env::take();
+    if !ours {
         return;
     }
-    if let Err(e) = start(&fd) {
-        eprintln!("ftprobe-agent: {e:#}");
+    // SAFETY: getpid has no preconditions.
+    PID.store(
+        unsafe { libc::getpid() },
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    if let Err(e) = start(&fd, &env) {
+        eprintln!("ftprobe-agent: {e}");
     }
 }
 
-fn patterns(var: &str) -> Vec<String> {
-    std::env::var(var)
-        .unwrap_or_default()
-        .split('\n')
-        .filter(|s| !s.trim().is_empty())
-        .map(str::to_owned)
-        .collect()
+/// The agent's variables, read and removed from the environment.
+struct Env {
+    filter: Vec<String>,
+    notrace: Vec<String>,
+    function: bool,
+    events: Vec<String>,
 }
 
-fn start(fd: &str) -> Result<(), Box<dyn std::error::Error>> {
+impl Env {
+    fn take() -> Env {
+        let lines = |var: &str| -> Vec<String> {
+            std::env::var(var)
+                .unwrap_or_default()
+                .split('\n')
+                .filter(|s| !s.trim().is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        let env = Env {
+            filter: lines("FTPROBE_FILTER"),
+            notrace: lines("FTPROBE_NOTRACE"),
+            function: std::env::var("FTPROBE_FUNCTION").is_ok_and(|v| v == "1"),
+            events: lines("FTPROBE_EVENTS"),
+        };
+        // SAFETY (set_var/remove_var): we run from .init_array before main; no other thread
+        // reads the environment concurrently (ftrace::init checks that we are alone).
+        for var in [
+            "FTPROBE_RING_FD",
+            "FTPROBE_CLI_PID",
+            "FTPROBE_FILTER",
+            "FTPROBE_NOTRACE",
+            "FTPROBE_FUNCTION",
+            "FTPROBE_EVENTS",
+        ] {
+            // SAFETY: see above: constructor, single thread.
+            unsafe { std::env::remove_var(var) };
+        }
+        if let Ok(preload) = std::env::var("LD_PRELOAD") {
+            let rest: Vec<&str> = preload
+                .split([':', ' '])
+                .filter(|p| !p.is_empty() && !p.ends_with("libftprobe_agent.so"))
+                .collect();
+            if rest.is_empty() {
+                // SAFETY: see above: constructor, single thread.
+                unsafe { std::env::remove_var("LD_PRELOAD") };
+            } else {
+                // SAFETY: see above: constructor, single thread.
+                unsafe { std::env::set_var("LD_PRELOAD", rest.join(":")) };
+            }
+        }
+        env
+    }
+}
+
+fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     let fd: i32 = fd
         .parse()
         .map_err(|_| format!("FTPROBE_RING_FD={fd:?} is not a file descriptor"))?;
-    // SAFETY: the CLI passed this fd open to us; it stays open for the life of the process
-    // (we never close it) and the mapping outlives every use.
-    let rings = SharedRings::attach(unsafe { BorrowedFd::borrow_raw(fd) })?;
-    // SAFETY: we run from .init_array, before main: no other thread of the program exists.
+    // SAFETY: the CLI passed this fd open to us and nothing else in the process knows it.
+    let rings = SharedRings::attach(unsafe { BorrowedFd::borrow_raw(fd) });
+    // SAFETY: the mapping (if any) does not need the fd; closing it frees the number.
+    unsafe { libc::close(fd) };
+    let rings = rings?;
+    // SAFETY: we run from .init_array, before main; ftrace::init refuses if other threads run.
     let skipped = unsafe { ftrace::init() }?;
     for e in skipped {
         eprintln!("ftprobe-agent: skipped an object: {e}");
@@ -63,10 +137,51 @@ fn start(fd: &str) -> Result<(), Box<dyn std::error::Error>> {
         .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
         .collect();
     rings.set_objects(&table)?;
-    function_tracer::start(
-        Some(rings),
-        &patterns("FTPROBE_FILTER"),
-        &patterns("FTPROBE_NOTRACE"),
-    )?;
+    trace::set_buffer(rings);
+    if ftrace::functions()?.is_empty() {
+        return Err(
+            "no function of this program or its libraries has an ftrace site: nothing to trace \
+                    (build with -pg -mfentry, -pg, or -fpatchable-function-entry=5)"
+                .into(),
+        );
+    }
+    for (id, cmd) in env.events.iter().enumerate() {
+        match trace_kprobe::create(id as u32, cmd) {
+            Ok(tk) => EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(tk),
+            Err(e) => {
+                eprint!("ftprobe-agent: {}", error_log(cmd, &e.err));
+                if let Some(d) = e.detail {
+                    eprintln!("  ({d})");
+                }
+                // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
+                unsafe { libc::_exit(1) };
+            }
+        }
+    }
+    if !env.events.is_empty() {
+        trace::write_text(TEXT_KPROBES_LIST, &kprobes::list());
+    }
+    if env.function {
+        for w in function_tracer::start(None, &env.filter, &env.notrace)? {
+            eprintln!("ftprobe-agent: {w} (pattern ignored)");
+        }
+    }
     Ok(())
+}
+
+/// At exit: the per-event counters (`kprobe_profile`), and the function tracer's drops in the
+/// list function, for the CLI.
+extern "C" fn agent_fini() {
+    // SAFETY: getpid has no preconditions.
+    if PID.load(std::sync::atomic::Ordering::Relaxed) != unsafe { libc::getpid() } {
+        return;
+    }
+    let Some(buf) = trace::buffer() else { return };
+    buf.note_lost_recursion(function_tracer::FUNCTION_OPS.missed());
+    let events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(w) = trace::this_thread_ring() {
+        for tk in events.iter() {
+            w.write_aux(rtype::PROFILE, tk.id, &[tk.nhit(), tk.kp.nmissed()]);
+        }
+    }
 }

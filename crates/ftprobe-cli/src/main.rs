@@ -2,6 +2,7 @@
 //! binary has ftrace sites in.
 
 mod output;
+mod signals;
 mod symbols;
 mod trace;
 

@@ -5,31 +5,55 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use ftprobe::elf::ElfImage;
+use ftprobe::events::{FetchOp, ProbeDef};
+use ftprobe::trace_kprobe::RECORD_HEAD_WORDS;
 
-/// The `TASK-PID [CPU] TIMESTAMP:` prefix of a line of ftrace's `trace` file
+use crate::symbols::Symbols;
+
+/// The `TASK-PID [CPU] TIMESTAMP: ` prefix of a line of ftrace's `trace` file
 /// (kernel/trace/trace_output.c, `trace_print_context()`): comm right-aligned in 16 columns,
 /// pid left-aligned in 7, CPU in 3 digits, seconds.microseconds.
-pub fn context(
-    out: &mut (impl Write + ?Sized),
-    comm: &str,
-    pid: u32,
-    cpu: u32,
-    ts_ns: u64,
-) -> std::io::Result<()> {
-    write!(
-        out,
+pub fn context(comm: &str, pid: u32, cpu: u32, ts_ns: u64) -> String {
+    format!(
         "{comm:>16}-{pid:<7} [{cpu:03}] {:5}.{:06}: ",
         ts_ns / 1_000_000_000,
         ts_ns % 1_000_000_000 / 1000
     )
 }
 
-/// The header ftrace prints above the function tracer's output.
-pub fn function_header(out: &mut (impl Write + ?Sized)) -> std::io::Result<()> {
-    writeln!(out, "# tracer: function")?;
+/// The header ftrace prints above a trace (`function` or `nop` tracer).
+pub fn header(out: &mut dyn Write, tracer: &str) -> std::io::Result<()> {
+    writeln!(out, "# tracer: {tracer}")?;
     writeln!(out, "#")?;
     writeln!(out, "#           TASK-PID     CPU#  TIMESTAMP  FUNCTION")?;
     writeln!(out, "#              | |         |       |         |")
+}
+
+/// The rest of a kprobe event line as the kernel prints it (trace_kprobe.c,
+/// `print_kprobe_event()`): `EVENT: (sym+0xoff/0xsize) name=value ...`.
+pub fn kprobe_event(def: &ProbeDef, words: &[u64], syms: &mut Symbols, comm: &str) -> String {
+    let addr = words[1];
+    let faults = words[2];
+    let mut s = format!("{}: (", def.event);
+    match syms.lookup_sized(addr) {
+        Some((name, off, size)) => s.push_str(&format!("{name}+{off:#x}/{size:#x})")),
+        None => s.push_str(&format!("{addr:#x})")),
+    }
+    for (i, a) in def.args.iter().enumerate() {
+        let Some(&raw) = words.get(RECORD_HEAD_WORDS + i) else {
+            break;
+        };
+        let value = if i < 64 && faults & (1 << i) != 0 {
+            "(fault)".to_owned()
+        } else if a.fetch == FetchOp::Comm {
+            format!("\"{comm}\"")
+        } else {
+            a.ty.format(raw)
+        };
+        s.push_str(&format!(" {}={value}", a.name));
+    }
+    s.push('\n');
+    s
 }
 
 /// `ftprobe list functions BIN`.

@@ -9,7 +9,7 @@ use ftprobe::elf::ElfImage;
 /// Symbolizer over the target's objects.
 pub struct Symbols {
     objects: Vec<(u64, ElfImage)>,
-    cache: HashMap<u64, Option<(String, u64)>>,
+    cache: HashMap<u64, Option<(String, u64, u64)>>,
 }
 
 impl Symbols {
@@ -28,13 +28,13 @@ impl Symbols {
         }
     }
 
-    /// Whether no object is known yet.
-    pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
-    }
-
     /// The function containing `addr` and the offset into it.
     pub fn lookup(&mut self, addr: u64) -> Option<(&str, u64)> {
+        self.lookup_sized(addr).map(|(n, o, _)| (n, o))
+    }
+
+    /// The function containing `addr`, the offset into it, and the function's size.
+    pub fn lookup_sized(&mut self, addr: u64) -> Option<(&str, u64, u64)> {
         let objects = &self.objects;
         let hit = self.cache.entry(addr).or_insert_with(|| {
             objects.iter().find_map(|(bias, img)| {
@@ -43,10 +43,10 @@ impl Symbols {
                     return None;
                 }
                 let (i, off) = img.func_at(svma)?;
-                Some((img.funcs[i].name.clone(), off))
+                Some((img.funcs[i].name.clone(), off, img.funcs[i].size))
             })
         });
-        hit.as_ref().map(|(n, o)| (n.as_str(), *o))
+        hit.as_ref().map(|(n, o, z)| (n.as_str(), *o, *z))
     }
 
     /// The function name at `addr`, or the address in hex.

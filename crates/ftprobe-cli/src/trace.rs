@@ -1,21 +1,24 @@
 //! `ftprobe trace`: spawn CMD with the agent preloaded and a rings memfd inherited, print the
-//! events live while it runs, drain everything after it exits, print lost-event counts, and exit
-//! with its status.
+//! events live while it runs, drain everything after it exits, print lost-event counts and
+//! the kprobe profile, and exit with its status.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ftprobe::function_tracer::RTYPE_FUNC;
+use ftprobe::events::{error_log, parse_probe_command, ProbeCommand, ProbeDef};
 use ftprobe::ring::{Clock, RingConfig, SharedRings};
+use ftprobe::trace::rtype;
+use ftprobe::trace_kprobe::RECORD_HEAD_WORDS;
 
 use crate::output;
+use crate::signals;
 use crate::symbols::Symbols;
 
 /// Arguments of `ftprobe trace`.
@@ -28,6 +31,11 @@ pub struct TraceArgs {
     /// Never trace functions matching GLOB (`set_ftrace_notrace`). Repeatable.
     #[arg(short = 'N', long = "notrace", value_name = "GLOB")]
     notrace: Vec<String>,
+    /// A kprobe event in the kernel's `kprobe_events` syntax, e.g.
+    /// `p:myprobe work a=$arg1 b=%si:u32`. Repeatable. With -e and no -F/-N only the events
+    /// are traced (the function tracer is off).
+    #[arg(short = 'e', long = "event", value_name = "DEF")]
+    events: Vec<String>,
     /// Write the trace to FILE instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
@@ -67,10 +75,82 @@ fn agent_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     )
 }
 
+/// The program `cmd` names, as exec would find it.
+fn find_program(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+}
+
+/// Refuse statically linked executables: no dynamic loader, so no preloaded agent.
+fn check_not_static(prog: &Path) -> Result<()> {
+    let Ok(data) = std::fs::read(prog) else {
+        return Ok(());
+    };
+    if data.starts_with(b"\x7fELF") {
+        use object::read::elf::{FileHeader, ProgramHeader};
+        if let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(&*data) {
+            if let (Ok(e), true) = (
+                hdr.endian(),
+                hdr.e_type(object::Endianness::Little) != object::elf::ET_REL,
+            ) {
+                if let Ok(ph) = hdr.program_headers(e, &*data) {
+                    if !ph.iter().any(|p| p.p_type(e) == object::elf::PT_INTERP)
+                        && hdr.e_type(e) == object::elf::ET_EXEC
+                    {
+                        bail!(
+                            "{} is statically linked: the agent is loaded by the dynamic loader \
+                             (LD_PRELOAD), so it cannot run in it",
+                            prog.display()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parse the -e definitions as the kernel would, before running anything.
+fn parse_events(defs: &[String]) -> Result<Vec<(String, ProbeDef)>> {
+    let mut events: Vec<(String, ProbeDef)> = Vec::new();
+    for d in defs {
+        match parse_probe_command(d) {
+            Ok(ProbeCommand::Add(def)) => {
+                if events
+                    .iter()
+                    .any(|(_, e)| e.group == def.group && e.event == def.event)
+                {
+                    bail!("event {}/{} is defined twice", def.group, def.event);
+                }
+                events.push((d.clone(), def));
+            }
+            Ok(ProbeCommand::Remove { group, event }) => {
+                events.retain(|(_, e)| {
+                    !(e.event == event && group.as_ref().is_none_or(|g| *g == e.group))
+                });
+            }
+            Err(e) => {
+                eprint!("ftprobe: {}", error_log(d, &e));
+                bail!("invalid probe definition ({})", e.kind.name());
+            }
+        }
+    }
+    Ok(events)
+}
+
 /// Run the command; returns the exit code to exit with.
 pub fn run(args: TraceArgs) -> Result<i32> {
     for p in args.filter.iter().chain(&args.notrace) {
         ftprobe::ftrace::glob::FilterEntry::parse(p)?;
+    }
+    let events = parse_events(&args.events)?;
+    let function = !args.filter.is_empty() || !args.notrace.is_empty() || events.is_empty();
+    if let Some(prog) = find_program(&args.cmd[0]) {
+        check_not_static(&prog)?;
     }
     let agent = agent_path(args.agent)?
         .canonicalize()
@@ -83,7 +163,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         nr_rings: args.rings,
         ring_bytes,
     })?;
-    let mut out: Box<dyn Write> = match &args.output {
+    let out: Box<dyn Write> = match &args.output {
         Some(p) => Box::new(BufWriter::new(
             File::create(p).with_context(|| format!("creating {}", p.display()))?,
         )),
@@ -93,6 +173,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         Ok(old) if !old.is_empty() => format!("{}:{old}", agent.display()),
         _ => agent.display().to_string(),
     };
+    signals::catch_termination();
     let mut child = Command::new(&args.cmd[0])
         .args(&args.cmd[1..])
         .env("LD_PRELOAD", preload)
@@ -100,26 +181,48 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .env("FTPROBE_CLI_PID", std::process::id().to_string())
         .env("FTPROBE_FILTER", args.filter.join("\n"))
         .env("FTPROBE_NOTRACE", args.notrace.join("\n"))
+        .env("FTPROBE_FUNCTION", if function { "1" } else { "0" })
+        .env(
+            "FTPROBE_EVENTS",
+            events
+                .iter()
+                .map(|(d, _)| d.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
         .spawn()
         .with_context(|| format!("cannot run {:?}", args.cmd[0]))?;
     drop(fd);
-    output::function_header(&mut out)?;
     let mut printer = Printer {
+        out: Some(out),
         clock: rings.clock(),
         symbols: None,
+        objects: Vec::new(),
+        events: events.into_iter().map(|(_, d)| d).collect(),
         batch: Vec::new(),
+        profile: Vec::new(),
     };
+    printer.write(|o| output::header(o, if function { "function" } else { "nop" }));
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
-        printer.poll(&rings, &mut out)?;
-        out.flush()?;
+        if let Some(sig) = signals::take_pending() {
+            // SAFETY: kill has no memory effects; the pid is our child, not yet reaped.
+            unsafe { libc::kill(child.id() as i32, sig) };
+        }
+        printer.poll(&rings);
+        printer.flush();
         std::thread::sleep(Duration::from_millis(10));
     };
-    printer.poll(&rings, &mut out)?;
-    printer.print_lost(&rings, &mut out)?;
-    out.flush()?;
+    printer.poll(&rings);
+    printer.finish(&rings);
+    if rings.objects().is_empty() {
+        eprintln!(
+            "ftprobe: the agent did not start in {} (setuid, or a loader that ignores LD_PRELOAD?): nothing was traced",
+            args.cmd[0]
+        );
+    }
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
@@ -128,84 +231,161 @@ pub fn run(args: TraceArgs) -> Result<i32> {
 struct Event {
     ts: u64,
     ring: u32,
-    cpu: u32,
-    ip: u64,
-    parent: u64,
+    aux: u32,
+    rtype: u16,
+    words: Vec<u64>,
 }
 
 struct Printer {
+    /// `None` once the output is gone (a closed pipe): the program keeps running untraced.
+    out: Option<Box<dyn Write>>,
     clock: Clock,
     symbols: Option<Symbols>,
+    objects: Vec<(u64, Vec<u8>)>,
+    events: Vec<ProbeDef>,
     batch: Vec<Event>,
+    profile: Vec<(u32, u64, u64)>,
 }
 
 impl Printer {
+    fn write(&mut self, f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) {
+        if let Some(o) = self.out.as_mut() {
+            if let Err(e) = f(o.as_mut()) {
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    let _ = writeln!(std::io::stderr(), "ftprobe: writing the trace: {e}");
+                }
+                self.out = None;
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        self.write(|o| o.flush());
+    }
+
     /// Drain every ring, merge the records by timestamp, print them.
-    fn poll(&mut self, rings: &SharedRings, out: &mut dyn Write) -> Result<()> {
+    fn poll(&mut self, rings: &SharedRings) {
         self.batch.clear();
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
             let Some(mut r) = rings.reader(i) else {
                 continue;
             };
             let batch = &mut self.batch;
-            r.drain_aux(|rtype, cpu, w| {
-                if rtype == RTYPE_FUNC && w.len() == 3 {
-                    batch.push(Event {
-                        ts: w[0],
-                        ring: i,
-                        cpu,
-                        ip: w[1],
-                        parent: w[2],
-                    });
-                }
+            let profile = &mut self.profile;
+            let mut texts = Vec::new();
+            r.drain_aux(|rtype, aux, w| match rtype {
+                rtype::FUNC | rtype::KPROBE if !w.is_empty() => batch.push(Event {
+                    ts: w[0],
+                    ring: i,
+                    aux,
+                    rtype,
+                    words: w.to_vec(),
+                }),
+                rtype::TEXT => texts.push(
+                    w.iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .filter(|&b| b != 0)
+                        .collect::<Vec<u8>>(),
+                ),
+                rtype::PROFILE if w.len() == 2 => profile.push((aux, w[0], w[1])),
+                _ => {}
             });
+            for t in texts {
+                let text = String::from_utf8_lossy(&t).into_owned();
+                self.write(|o| {
+                    writeln!(o, "# kprobes/list:")?;
+                    text.lines().try_for_each(|l| writeln!(o, "#   {l}"))
+                });
+            }
         }
         if self.batch.is_empty() {
-            return Ok(());
+            return;
         }
-        if self.symbols.as_ref().is_none_or(Symbols::is_empty) {
-            self.symbols = Some(Symbols::new(&rings.objects()));
+        let objects = rings.objects();
+        if self.symbols.is_none() || objects != self.objects {
+            self.symbols = Some(Symbols::new(&objects));
+            self.objects = objects;
         }
-        let syms = self.symbols.as_mut().expect("set above");
         self.batch.sort_by_key(|e| e.ts);
         let mut comms: Vec<Option<(String, u32)>> = vec![None; rings.config().nr_rings as usize];
+        let mut lines = String::new();
+        let syms = self.symbols.as_mut().expect("set above");
         for e in &self.batch {
-            let (comm, tid) = comms[e.ring as usize].get_or_insert_with(|| {
-                let r = rings.reader(e.ring).expect("claimed ring");
-                let c = r.comm();
-                let n = c.iter().position(|&b| b == 0).unwrap_or(16);
-                (String::from_utf8_lossy(&c[..n]).into_owned(), r.tid())
-            });
-            output::context(out, comm, *tid, e.cpu, self.clock.tsc_to_mono_ns(e.ts))?;
-            let f = syms.name(e.ip);
-            let p = syms.name(e.parent);
-            writeln!(out, "{f} <-{p}")?;
+            let (comm, tid) = comms[e.ring as usize]
+                .get_or_insert_with(|| {
+                    let r = rings.reader(e.ring).expect("claimed ring");
+                    let c = r.comm();
+                    let n = c.iter().position(|&b| b == 0).unwrap_or(16);
+                    (String::from_utf8_lossy(&c[..n]).into_owned(), r.tid())
+                })
+                .clone();
+            let cpu = e.aux & 0xfff;
+            lines.push_str(&output::context(
+                &comm,
+                tid,
+                cpu,
+                self.clock.tsc_to_mono_ns(e.ts),
+            ));
+            match e.rtype {
+                rtype::FUNC if e.words.len() == 3 => {
+                    lines.push_str(&format!(
+                        "{} <-{}\n",
+                        syms.name(e.words[1]),
+                        syms.name(e.words[2])
+                    ));
+                }
+                rtype::KPROBE if e.words.len() >= RECORD_HEAD_WORDS => {
+                    let id = (e.aux >> 12) as usize;
+                    let Some(def) = self.events.get(id) else {
+                        continue;
+                    };
+                    lines.push_str(&output::kprobe_event(def, &e.words, syms, &comm));
+                }
+                _ => lines.push('\n'),
+            }
         }
-        Ok(())
+        self.write(|o| o.write_all(lines.as_bytes()));
     }
 
-    fn print_lost(&self, rings: &SharedRings, out: &mut dyn Write) -> Result<()> {
-        let mut total = rings.lost_no_ring();
+    fn finish(&mut self, rings: &SharedRings) {
+        let mut per_ring = Vec::new();
+        let mut total = rings.lost_no_ring() + rings.lost_recursion();
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
             let Some(r) = rings.reader(i) else { continue };
             if r.lost() > 0 {
-                writeln!(
-                    out,
-                    "# tid {}: {} events lost (ring full)",
-                    r.tid(),
-                    r.lost()
-                )?;
+                per_ring.push((r.tid(), r.lost()));
             }
             total += r.lost();
         }
-        if rings.lost_no_ring() > 0 {
-            writeln!(
-                out,
-                "# {} events lost: more threads than rings (--rings)",
-                rings.lost_no_ring()
-            )?;
-        }
-        writeln!(out, "# lost events: {total}")?;
-        Ok(())
+        let profile = std::mem::take(&mut self.profile);
+        let events = self.events.clone();
+        self.write(|o| {
+            for (tid, n) in &per_ring {
+                writeln!(o, "# tid {tid}: {n} events lost (ring full)")?;
+            }
+            if rings.lost_no_ring() > 0 {
+                writeln!(o, "# {} events lost: more threads than rings (--rings)", rings.lost_no_ring())?;
+            }
+            if rings.lost_recursion() > 0 {
+                writeln!(
+                    o,
+                    "# {} events lost: the tracer was already running on the thread (a signal handler interrupted it)",
+                    rings.lost_recursion()
+                )?;
+            }
+            writeln!(o, "# lost events: {total}")?;
+            if !events.is_empty() {
+                writeln!(o, "# kprobe_profile:")?;
+                for (id, def) in events.iter().enumerate() {
+                    let (hits, missed) = profile
+                        .iter()
+                        .find(|p| p.0 as usize == id)
+                        .map_or((None, None), |p| (Some(p.1), Some(p.2)));
+                    let show = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+                    writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, show(hits), show(missed))?;
+                }
+            }
+            o.flush()
+        });
     }
 }

@@ -286,7 +286,13 @@ fn exit_status_and_stdio_pass_through() {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.stdout, b"hello through stdin\n");
-    assert_eq!(out.stderr, b"err\n");
+    // sh has no ftrace site: the agent says so, the rest of stderr is the program's.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err,
+        "ftprobe-agent: no function of this program or its libraries has an ftrace site: nothing \
+         to trace (build with -pg -mfentry, -pg, or -fpatchable-function-entry=5)\nerr\n"
+    );
 }
 
 #[test]
@@ -354,4 +360,200 @@ fn list_functions_shows_each_flavours_site() {
         );
     }
     assert!(Path::new(env!("CARGO_BIN_EXE_ftprobe")).exists());
+}
+
+/// The kprobe events of one run: (event name, args part after the `(sym+off/size)`).
+fn kprobe_lines<'a>(text: &'a str, event: &str) -> Vec<&'a str> {
+    let tag = format!(": {event}: (");
+    events(text)
+        .filter_map(|l| l.split_once(&tag).map(|(_, rest)| rest))
+        .collect()
+}
+
+#[test]
+fn kprobe_events_with_args_in_every_flavour() {
+    for fl in Flavour::ALL {
+        let exe = fixture("calls", fl).unwrap();
+        let exe = exe.to_str().unwrap();
+        // -pg: func+0 is an ordinary instruction; the site (mcount call) is at +4, where the
+        // kernel's rule refuses $argN (not the function's entry): use the registers.
+        let def = if fl.is_mcount() {
+            format!("p:w work+{} arg1=%di arg2=%si", fl.site_offset())
+        } else {
+            "p:w work $arg1 $arg2".to_owned()
+        };
+        let (out, text) = trace(&["-e", &def], &[exe, "5"]);
+        assert_eq!(out.stdout, untraced(&[exe, "5"]).stdout, "{}", fl.name());
+        let lines = kprobe_lines(&text, "w");
+        assert_eq!(lines.len(), 5, "{}:\n{text}", fl.name());
+        let off = fl.site_offset();
+        for (i, l) in lines.iter().enumerate() {
+            // work(i, i + 1); the default type is x64.
+            let want = format!("arg1={:#x} arg2={:#x}", i, i + 1);
+            assert!(
+                l.starts_with(&format!("work+{off:#x}/")),
+                "{}: {l}",
+                fl.name()
+            );
+            assert!(l.ends_with(&format!(") {want}")), "{}: {l}", fl.name());
+        }
+        assert_eq!(
+            count(&text, "work <-caller"),
+            0,
+            "-e alone: no function tracer"
+        );
+        assert!(text.starts_with("# tracer: nop\n"));
+        let profile = text
+            .lines()
+            .skip_while(|l| *l != "# kprobe_profile:")
+            .nth(1)
+            .unwrap();
+        assert_eq!(
+            profile.split_whitespace().collect::<Vec<_>>(),
+            ["#", "w", "5", "0"],
+            "{}",
+            fl.name()
+        );
+    }
+}
+
+#[test]
+fn kprobe_event_types_names_and_listing() {
+    let exe = fixture("calls", Flavour::FentryCallPieRecord).unwrap();
+    let exe = exe.to_str().unwrap();
+    let (out, text) = trace(
+        &[
+            "-e",
+            "p:grp/ev work a=%di:u8 b=$arg2:s32 sp=$stack k=\\-2:s64 c=$comm",
+            "-e",
+            "p caller n=%di:u64",
+        ],
+        &[exe, "3"],
+    );
+    assert!(out.status.success());
+    let lines = kprobe_lines(&text, "ev");
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[2].contains(") a=2 b=3 sp=0x7f"), "{}", lines[2]);
+    assert!(
+        lines[2].ends_with(" k=-2 c=\"calls-fentry-ca\""),
+        "{}",
+        lines[2]
+    );
+    let caller = kprobe_lines(&text, "p_caller_0");
+    assert_eq!(caller.len(), 1, "{text}");
+    assert!(
+        caller[0].starts_with("caller+0x0/0x") && caller[0].ends_with(") n=3"),
+        "{}",
+        caller[0]
+    );
+    let list: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "# kprobes/list:")
+        .skip(1)
+        .take(2)
+        .collect();
+    assert!(
+        list[0].contains("  k  work+0x0  calls-fentry-call-pie-record [FTRACE]"),
+        "{list:?}"
+    );
+    assert!(
+        list[1].contains("  k  caller+0x0  calls-fentry-call-pie-record [FTRACE]"),
+        "{list:?}"
+    );
+}
+
+#[test]
+fn kprobe_and_function_tracer_on_one_site() {
+    let exe = fixture("calls", Flavour::Patchable).unwrap();
+    let exe = exe.to_str().unwrap();
+    let (_, text) = trace(&["-e", "p:w work a=$arg1:u64", "-F", "work"], &[exe, "4"]);
+    assert_eq!(kprobe_lines(&text, "w").len(), 4);
+    assert_eq!(count(&text, "work <-caller"), 4);
+    // In each pair, the kprobe event and the function entry carry the same timestamp order.
+    let order: Vec<bool> = events(&text).map(|l| l.contains(": w: (")).collect();
+    assert_eq!(order.len(), 8);
+}
+
+#[test]
+fn malformed_and_unarmable_definitions_are_refused_with_a_caret() {
+    let exe = fixture("calls", Flavour::Patchable).unwrap();
+    let exe = exe.to_str().unwrap();
+    // Parse errors: before anything runs, the kernel's text and caret.
+    let (out, _) = trace(&["-e", "p work %zz"], &[exe]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "the program did not run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(
+            "ftprobe: trace_kprobe: error: Invalid register name\n  Command: p work %zz\n"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("\n                  ^\n"),
+        "caret under %zz:\n{err}"
+    );
+    // Errors found in the target: inside a site, unknown symbol; the program does not run.
+    for (def, text, col) in [
+        ("p work+2", "Probe point is not an instruction boundary", 2),
+        ("p no_such_fn", "Invalid probed address or symbol", 2),
+    ] {
+        let (out, _) = trace(&["-e", def], &[exe, "1"]);
+        assert_eq!(out.status.code(), Some(1), "{def}");
+        assert!(out.stdout.is_empty(), "{def}: main did not run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let want = format!(
+            "ftprobe-agent: trace_kprobe: error: {text}\n  Command: {def}\n{}^\n",
+            " ".repeat(11 + col)
+        );
+        assert!(err.starts_with(&want), "{def}:\n{err}\nwanted:\n{want}");
+    }
+}
+
+#[test]
+fn pg_func_plus_0_is_not_a_site() {
+    let exe = fixture("calls", Flavour::McountPie).unwrap();
+    let (out, _) = trace(&["-e", "p work"], &[exe.to_str().unwrap(), "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("(work+0x0 is not an ftrace site"), "{err}");
+    assert!(err.contains("(the site of work is work+0x4)"), "{err}");
+    // At the site, $argN is refused as the kernel refuses it off a function's entry.
+    let (out, _) = trace(&["-e", "p work+4 $arg1"], &[exe.to_str().unwrap(), "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: $arg* can be used only on function entry or exit"),
+        "{err}"
+    );
+}
+
+#[test]
+fn lua_kprobe_with_args() {
+    for build in [LuaBuild::FentryNop, LuaBuild::Patchable] {
+        let exe = lua(build);
+        let script = lua_script("tables.lua");
+        let (_, text) = trace(
+            &[
+                "-e",
+                "p:newtable luaH_new L=%di",
+                "-e",
+                "p:resize luaH_resize t=$arg2 asize=$arg3:u32 hsize=$arg4:u32",
+            ],
+            &[exe.to_str().unwrap(), script.to_str().unwrap()],
+        );
+        let (_, base) = trace(
+            &["-e", "p:newtable luaH_new L=%di"],
+            &[
+                exe.to_str().unwrap(),
+                lua_script("empty.lua").to_str().unwrap(),
+            ],
+        );
+        let n = kprobe_lines(&text, "newtable").len() - kprobe_lines(&base, "newtable").len();
+        assert_eq!(n as u64, LUA_TABLES_CREATED, "{build:?}");
+        assert!(!kprobe_lines(&text, "resize").is_empty());
+        assert!(kprobe_lines(&text, "resize")
+            .iter()
+            .all(|l| l.contains(" asize=") && l.contains(" hsize=")));
+    }
 }

@@ -5,16 +5,27 @@
 //! site), `parent_ip`, into this thread's ring of the [`trace`] buffer. Everything here is on
 //! the probe path: no allocation, no lock.
 
-use crate::ftrace::{self, FtraceError, FtraceOps, PtRegs, FTRACE_OPS_FL_RECURSION};
+use std::cell::Cell;
+
+use crate::ftrace::{self, FtraceError, FtraceOps, PtRegs};
 use crate::ring::SharedRings;
 use crate::trace;
 
 /// Record type of a function entry.
 pub const RTYPE_FUNC: u16 = trace::rtype::FUNC;
 
-/// The ops; its filters are set by [`start`]. RECURSION: a traced function called from the
-/// ring code itself is not recorded twice.
-pub static FUNCTION_OPS: FtraceOps = FtraceOps::new(function_trace_call, FTRACE_OPS_FL_RECURSION);
+thread_local! {
+    /// Set while this thread is inside the callback. Const-initialized: no allocation.
+    static IN_TRACER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The ops; its filters are set by [`start`]. It guards itself against recursion (a signal
+/// handler that interrupts the callback and calls traced functions, or a traced function
+/// called from the ring code) and counts what it drops in the buffer's `lost_recursion`, so
+/// the CLI can report it. Through the list function (another ops on the same site) the list
+/// function's guard drops instead and counts in [`FtraceOps::missed`], which the agent adds
+/// to `lost_recursion` at exit.
+pub static FUNCTION_OPS: FtraceOps = FtraceOps::new(function_trace_call, 0);
 
 /// Probe path: the callback.
 unsafe extern "C" fn function_trace_call(
@@ -23,28 +34,53 @@ unsafe extern "C" fn function_trace_call(
     _op: &FtraceOps,
     _regs: &mut PtRegs,
 ) {
+    if IN_TRACER.replace(true) {
+        if let Some(b) = trace::buffer() {
+            b.note_lost_recursion(1);
+        }
+        return;
+    }
     let (tsc, cpu) = trace::clock();
     if let Some(w) = trace::this_thread_ring() {
         w.write3_aux(RTYPE_FUNC, cpu, tsc, ip, parent_ip);
     }
+    IN_TRACER.set(false);
 }
 
-/// Start the function tracer: records go into `rings`; `filter` and `notrace` are
-/// `set_ftrace_filter` patterns (see [`ftrace::glob`]); an empty filter traces every function.
-/// Call once, after [`ftrace::init`]; `rings` becomes the trace buffer if none is set yet.
+/// Start the function tracer. `rings` becomes the trace buffer if none is set yet. `filter`
+/// and `notrace` are `set_ftrace_filter` patterns (see [`ftrace::glob`]); no filter traces
+/// every function. As when writing to the kernel's `set_ftrace_filter`, a pattern that
+/// matches no function is refused alone and the others stay: such patterns are returned as
+/// warnings. If every `filter` pattern was refused nothing is traced (an error), rather than
+/// everything. Call once, after [`ftrace::init`].
 pub fn start(
     rings: Option<SharedRings>,
     filter: &[String],
     notrace: &[String],
-) -> Result<(), FtraceError> {
+) -> Result<Vec<FtraceError>, FtraceError> {
     if let Some(r) = rings {
         trace::set_buffer(r);
     }
-    for (i, f) in filter.iter().enumerate() {
-        ftrace::ftrace_set_filter(&FUNCTION_OPS, f, i == 0)?;
+    let mut warnings = Vec::new();
+    let mut set = 0;
+    for f in filter {
+        match ftrace::ftrace_set_filter(&FUNCTION_OPS, f, set == 0) {
+            Ok(()) => set += 1,
+            Err(e @ FtraceError::NoMatch(_)) => warnings.push(e),
+            Err(e) => return Err(e),
+        }
     }
-    for (i, n) in notrace.iter().enumerate() {
-        ftrace::ftrace_set_notrace(&FUNCTION_OPS, n, i == 0)?;
+    if !filter.is_empty() && set == 0 {
+        return Err(warnings.pop().expect("every filter pattern failed"));
     }
-    ftrace::register_ftrace_function(&FUNCTION_OPS)
+    let mut set = 0;
+    for n in notrace {
+        match ftrace::ftrace_set_notrace(&FUNCTION_OPS, n, set == 0) {
+            Ok(()) => set += 1,
+            Err(e @ FtraceError::NoMatch(_)) => warnings.push(e),
+            Err(e) => return Err(e),
+        }
+    }
+    ftrace::register_ftrace_function(&FUNCTION_OPS)?;
+    Ok(warnings)
 }

@@ -14,3 +14,4 @@ pub mod process;
 pub mod ring;
 pub mod sys;
 pub mod trace;
+pub mod trace_kprobe;

@@ -19,6 +19,7 @@
 //!   |  32 clock.tsc_ref u64   40 clock.mono_ref_ns u64  48 clock.ns_per_tick_q32 u64 |
 //!   |  56 nr_objects u32      60 reserved u32                                        |
 //!   |  64 claimed u64 (the target's threads fetch_add)   72 lost_no_ring u64         |
+//!   |  80 lost_recursion u64 (events a tracer dropped: it was already running)          |
 //!   | 128 objects[512], 272 bytes each:                                              |
 //!   |       0 load_bias u64, 8 path_len u32, 12 reserved u32, 16 path[256]           |
 //!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
@@ -59,7 +60,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// The first 8 bytes of the memfd.
 pub const MAGIC: [u8; 8] = *b"FTPRING1";
 /// Layout version; bumped on any change of the layout above.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Smallest data area of one ring, in bytes.
 pub const MIN_RING_BYTES: u32 = 4096;
 /// Largest data area of one ring, in bytes.
@@ -112,6 +113,7 @@ struct Header {
 struct Counters {
     claimed: AtomicU64,
     lost_no_ring: AtomicU64,
+    lost_recursion: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -159,6 +161,7 @@ const _: () = {
     assert!(offset_of!(Header, counters) == 64);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, claimed) == 64);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_no_ring) == 72);
+    assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_recursion) == 80);
     assert!(offset_of!(Header, objects) == 128);
     assert!(size_of::<ObjectSlot>() == 272);
     assert!(offset_of!(ObjectSlot, load_bias) == 0);
@@ -706,6 +709,23 @@ impl SharedRings {
     pub fn note_lost_no_ring(&self) {
         // Relaxed: a statistic, read with `lost_no_ring`.
         self.header().counters.0.lost_no_ring.fetch_add(1, Relaxed);
+    }
+
+    /// Probe path: count `n` events a tracer dropped because it was already running on the
+    /// thread (a signal handler interrupted it, or its own code hit a traced function).
+    pub fn note_lost_recursion(&self, n: u64) {
+        // Relaxed: a statistic, read with `lost_recursion`.
+        self.header()
+            .counters
+            .0
+            .lost_recursion
+            .fetch_add(n, Relaxed);
+    }
+
+    /// Events dropped by recursion guards so far.
+    pub fn lost_recursion(&self) -> u64 {
+        // Relaxed: a statistic (see `note_lost_recursion`).
+        self.header().counters.0.lost_recursion.load(Relaxed)
     }
 
     /// Events dropped because their thread had no ring.
@@ -1400,10 +1420,10 @@ mod tests {
             );
         }
         let mut wrong_version = hdr.clone();
-        wrong_version[8] = 2;
+        wrong_version[8] = LAYOUT_VERSION as u8 + 1;
         let err = SharedRings::attach(raw_memfd(total, &wrong_version).as_fd()).unwrap_err();
         assert!(
-            matches!(err, RingError::BadVersion { found: 2, .. }),
+            matches!(err, RingError::BadVersion { found, .. } if found == LAYOUT_VERSION + 1),
             "{err:?}"
         );
         let mut wrong_rings = hdr.clone();

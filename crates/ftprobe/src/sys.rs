@@ -191,3 +191,22 @@ pub mod fault {
         Ok(())
     }
 }
+
+/// Read a word of this process's memory without faulting: `process_vm_readv` on our own pid,
+/// which returns an error for an unmapped address instead of raising SIGSEGV. *Probe path*:
+/// one raw syscall (~0.3 µs); `None` for a bad address.
+pub fn read_u64_nofault(addr: u64) -> Option<u64> {
+    let mut v = 0u64;
+    let local = libc::iovec {
+        iov_base: (&mut v as *mut u64).cast(),
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // SAFETY: the local iovec covers `v`, 8 writable bytes; the remote one is only read by the
+    // kernel, which checks it and fails with EFAULT rather than faulting us.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == 8).then_some(v)
+}

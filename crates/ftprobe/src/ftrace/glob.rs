@@ -79,13 +79,19 @@ impl FilterEntry {
     /// Whether the function `func` of the object whose file name is `module` matches.
     pub fn matches(&self, func: &str, module: &str) -> bool {
         if let Some(m) = &self.module {
-            let short = module.find(".so").map_or(module, |i| &module[..i]);
-            if !m.matches(module) && !m.matches(short) {
+            if !module_names(module).any(|n| m.matches(n)) {
                 return false;
             }
         }
         self.func.as_ref().is_none_or(|p| p.matches(func))
     }
+}
+
+/// The names an object answers to in `:mod:`: its file name, and for `libfoo.so.1` also
+/// `libfoo.so` (the name programs link with) and `libfoo`.
+pub fn module_names(file: &str) -> impl Iterator<Item = &str> {
+    let so = file.find(".so").map(|i| [&file[..i], &file[..i + 3]]);
+    std::iter::once(file).chain(so.into_iter().flatten())
 }
 
 /// Apply patterns in order over `(func, module)` pairs; returns a flag per pair.

@@ -152,6 +152,13 @@ pub enum FtraceError {
     /// A loaded object could not be read.
     #[error(transparent)]
     Elf(#[from] ElfError),
+    /// Other threads already run, so sites cannot be converted safely (a thread may be inside
+    /// a multi-byte NOP run, or block SIGTRAP).
+    #[error(
+        "{0} other threads are already running (started before ftprobe, e.g. by a library \
+         constructor): converting the sites now could crash them, so nothing is traced"
+    )]
+    ThreadsRunning(usize),
     /// A filter pattern does not parse.
     #[error(transparent)]
     Filter(#[from] FilterError),
@@ -367,6 +374,14 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     if g.is_some() {
         return Err(FtraceError::AlreadyInitialized);
     }
+    // The caller promises a single thread; check what we can, since plain stores into a
+    // running thread's code (a NOP run it is in the middle of) would crash it.
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(1);
+    if threads > 1 {
+        return Err(FtraceError::ThreadsRunning(threads - 1));
+    }
     text_poke::init()?;
     let mut skipped = Vec::new();
     let mut objects = Vec::new();
@@ -504,11 +519,11 @@ pub struct SymbolAddr {
     pub size: u64,
 }
 
-/// Whether `module` names the object whose file name is `file` (the file name itself, a path
-/// ending in it, or the name up to `.so`: `libc` for `libc.so.6`).
+/// Whether `module` names the object whose file name is `file`: the file name itself, a path
+/// ending in it, or one of [`glob::module_names`] (`libc`, `libc.so` for `libc.so.6`).
 pub fn module_matches(module: &str, file: &str) -> bool {
     let module = module.rsplit('/').next().unwrap_or(module);
-    module == file || file.find(".so").is_some_and(|i| &file[..i] == module)
+    glob::module_names(file).any(|n| n == module)
 }
 
 /// Every function symbol called `name` (in the object `module`, if given) among the objects
