@@ -181,7 +181,7 @@ extern "C" fn agent_fini() {
     let events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(w) = trace::this_thread_ring() {
         for tk in events.iter() {
-            w.write_aux(rtype::PROFILE, tk.id, &[tk.nhit(), tk.kp.nmissed()]);
+            w.write_aux(rtype::PROFILE, tk.id, &[tk.dropped(), tk.kp.nmissed()]);
         }
     }
 }

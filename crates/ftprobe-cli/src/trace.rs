@@ -201,6 +201,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         events: events.into_iter().map(|(_, d)| d).collect(),
         batch: Vec::new(),
         profile: Vec::new(),
+        seen: Vec::new(),
     };
     printer.write(|o| output::header(o, if function { "function" } else { "nop" }));
     let status = loop {
@@ -245,6 +246,8 @@ struct Printer {
     events: Vec<ProbeDef>,
     batch: Vec<Event>,
     profile: Vec<(u32, u64, u64)>,
+    /// Records seen per event id.
+    seen: Vec<u64>,
 }
 
 impl Printer {
@@ -339,6 +342,10 @@ impl Printer {
                     let Some(def) = self.events.get(id) else {
                         continue;
                     };
+                    if self.seen.len() <= id {
+                        self.seen.resize(id + 1, 0);
+                    }
+                    self.seen[id] += 1;
                     lines.push_str(&output::kprobe_event(def, &e.words, syms, &comm));
                 }
                 _ => lines.push('\n'),
@@ -359,6 +366,7 @@ impl Printer {
         }
         let profile = std::mem::take(&mut self.profile);
         let events = self.events.clone();
+        let seen = self.seen.clone();
         self.write(|o| {
             for (tid, n) in &per_ring {
                 writeln!(o, "# tid {tid}: {n} events lost (ring full)")?;
@@ -377,12 +385,14 @@ impl Printer {
             if !events.is_empty() {
                 writeln!(o, "# kprobe_profile:")?;
                 for (id, def) in events.iter().enumerate() {
-                    let (hits, missed) = profile
-                        .iter()
-                        .find(|p| p.0 as usize == id)
-                        .map_or((None, None), |p| (Some(p.1), Some(p.2)));
-                    let show = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
-                    writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, show(hits), show(missed))?;
+                    // Hits: records seen plus those the agent could not write; both counters
+                    // come at the target's exit (none if it was killed: "-").
+                    let seen = seen.get(id).copied().unwrap_or(0);
+                    let (hits, missed) = match profile.iter().find(|p| p.0 as usize == id) {
+                        Some(&(_, dropped, missed)) => ((seen + dropped).to_string(), missed.to_string()),
+                        None => (format!("{seen}+"), "-".to_owned()),
+                    };
+                    writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, hits, missed)?;
                 }
             }
             o.flush()

@@ -1,7 +1,8 @@
 //! ns per hit of the ftrace layer on a real site (`fx_add`, `-fpatchable-function-entry=5`):
 //! untraced (NOP5), an empty callback through its direct trampoline, an empty callback with
-//! SAVE_REGS, two empty callbacks through the list function, and the function tracer
-//! recording (tsc, ip, parent_ip) into a ring. Each figure is the median of 11 runs of 2M
+//! SAVE_REGS, two empty callbacks through the list function, the function tracer recording
+//! (tsc, ip, parent_ip) into a ring, a kprobe on the site with an empty pre_handler, and a
+//! kprobe event recording two arguments. Each figure is the median of 11 runs of 2M
 //! calls, minus the untraced median of the same run.
 //!
 //! `cargo bench -p ftprobe --bench ftrace_hit`
@@ -11,7 +12,9 @@ use std::time::Instant;
 
 use ftprobe::ftrace::{self, FtraceOps, PtRegs, FTRACE_OPS_FL_SAVE_REGS};
 use ftprobe::function_tracer;
+use ftprobe::kprobes::{self, Kprobe, KprobeTarget};
 use ftprobe::ring::{RingConfig, SharedRings};
+use ftprobe::{trace, trace_kprobe};
 use ftprobe_dev::fxsites::fx_add;
 
 const N: i64 = 2_000_000;
@@ -73,10 +76,40 @@ fn main() {
     ftrace::unregister_ftrace_function(&EMPTY).unwrap();
     ftrace::unregister_ftrace_function(&EMPTY2).unwrap();
 
-    // The function tracer into a 128 MiB ring, drained between runs (as the CLI does).
+    // Site kprobe with an empty pre_handler.
+    fn empty_pre(_p: &Kprobe, _r: &mut PtRegs) -> i32 {
+        0
+    }
+    let kp: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
+        KprobeTarget::Symbol {
+            module: None,
+            name: "fx_add".into(),
+            offset: 0,
+        },
+        Some(empty_pre),
+        None,
+    )));
+    kprobes::register_kprobe(kp).unwrap();
+    rows.push(("kprobe on the site, empty pre_handler", median(|| {})));
+    kprobes::unregister_kprobe(kp).unwrap();
+
+    // Records go into a 128 MiB ring, drained between runs (as the CLI does).
     let reader_view = SharedRings::attach(std::os::fd::AsFd::as_fd(&_fd)).unwrap();
-    function_tracer::start(Some(rings), &["fx_add".to_owned()], &[]).unwrap();
+    trace::set_buffer(rings);
+    let tk = trace_kprobe::create(0, "p:ev fx_add a=$arg1 b=$arg2").unwrap();
     let mut records = 0usize;
+    let ev = median(|| {
+        if let Some(mut r) = reader_view.reader(0) {
+            records += r.drain(|_, _| {});
+        }
+    });
+    rows.push(("kprobe event, 2 args recorded (48 B)", ev));
+    kprobes::unregister_kprobe(tk.kp).unwrap();
+    if let Some(mut r) = reader_view.reader(0) {
+        records += r.drain(|_, _| {});
+    }
+
+    function_tracer::start(None, &["fx_add".to_owned()], &[]).unwrap();
     let rec = median(|| {
         if let Some(mut r) = reader_view.reader(0) {
             records += r.drain(|_, _| {});

@@ -22,7 +22,8 @@ pub mod rtype {
     /// Text for the CLI (e.g. the armed-probes listing): aux = kind; words: UTF-8 bytes,
     /// NUL-padded to whole words.
     pub const TEXT: u16 = 3;
-    /// Per-event counters at exit: aux = event id; words: hits, nmissed.
+    /// Per-event counters at exit: aux = event id; words: hits whose record was dropped,
+    /// nmissed. The reader adds the event's records to the first for its hits.
     pub const PROFILE: u16 = 4;
 }
 

@@ -1,0 +1,67 @@
+//! The kernel selftest kprobe_ftrace (tools/testing/selftests/ftrace/test.d/kprobe/
+//! kprobe_ftrace.tc) as a test: a kprobe event and the function tracer on the same function
+//! through five phases, with exact record counts in each (facts from the selftest; our code).
+//! `harness = false`: ftrace::init needs a single thread.
+
+use std::os::fd::AsFd;
+
+use ftprobe::ftrace;
+use ftprobe::function_tracer::{self, FUNCTION_OPS};
+use ftprobe::kprobes;
+use ftprobe::ring::{RingConfig, SharedRings};
+use ftprobe::trace::{self, rtype};
+use ftprobe::trace_kprobe;
+use ftprobe_dev::fxsites::fx_add;
+
+const CALLS: i64 = 7;
+
+/// Call fx_add CALLS times, then count the new records: (kprobe events, function entries).
+fn run_phase(reader: &SharedRings) -> (usize, usize) {
+    for i in 0..CALLS {
+        // SAFETY: plain C function.
+        assert_eq!(unsafe { fx_add(i, 1) }, i + 1);
+    }
+    let (mut k, mut f) = (0, 0);
+    for r in 0..reader.claimed() {
+        reader.reader(r).unwrap().drain(|t, _| match t {
+            rtype::KPROBE => k += 1,
+            rtype::FUNC => f += 1,
+            _ => {}
+        });
+    }
+    (k, f)
+}
+
+fn main() {
+    // SAFETY: first thing in main, single-threaded.
+    unsafe { ftrace::init() }.expect("ftrace::init");
+    let (rings, fd) = SharedRings::create(RingConfig {
+        nr_rings: 2,
+        ring_bytes: 1 << 16,
+    })
+    .unwrap();
+    let reader = SharedRings::attach(fd.as_fd()).unwrap();
+    assert!(trace::set_buffer(rings));
+    let n = CALLS as usize;
+
+    // 1. kprobe event only.
+    let tk = trace_kprobe::create(0, "p:testprobe fx_add").unwrap();
+    assert_eq!(run_phase(&reader), (n, 0), "phase 1: kprobe only");
+    // 2. the function tracer on the same function too.
+    assert!(function_tracer::start(None, &["fx_add".to_owned()], &[])
+        .unwrap()
+        .is_empty());
+    assert_eq!(run_phase(&reader), (n, n), "phase 2: both");
+    // 3. kprobe disabled.
+    kprobes::disable_kprobe(tk.kp).unwrap();
+    assert_eq!(run_phase(&reader), (0, n), "phase 3: kprobe disabled");
+    // 4. kprobe enabled again.
+    kprobes::enable_kprobe(tk.kp).unwrap();
+    assert_eq!(run_phase(&reader), (n, n), "phase 4: kprobe re-enabled");
+    // 5. function tracer off.
+    ftrace::unregister_ftrace_function(&FUNCTION_OPS).unwrap();
+    assert_eq!(run_phase(&reader), (n, 0), "phase 5: tracer off");
+    assert_eq!(tk.dropped(), 0);
+    assert_eq!(tk.kp.nmissed(), 0);
+    println!("test kprobe_ftrace_five_phases ... ok\n\n1 passed, 0 failed");
+}
