@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run ftprobe's main job on a real program: Lua 5.4 (built from the lua-src crate's
 # sources with ftrace sites) running its bundled script, traced with the function tracer on
-# luaH_*. Extra arguments go to `ftprobe trace` before the command (e.g. -F 'luaV_*').
+# luaH_* and two kprobe events with arguments on the same sites. Extra arguments replace
+# those (e.g. ./demo.sh -F 'luaV_*').
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -23,6 +24,10 @@ fi
 cargo build --release --workspace --quiet
 lua=$(target/release/fixture-path lua-fentry-nop)
 filters=("$@")
-[ ${#filters[@]} -gt 0 ] || filters=(-F 'luaH_*')
+[ ${#filters[@]} -gt 0 ] || filters=(
+    -F 'luaH_*'
+    -e 'p:newtable luaH_new L=%di'
+    -e 'p:resize luaH_resize t=$arg2 asize=$arg3:u32 hsize=$arg4:u32'
+)
 echo "+ ftprobe trace ${filters[*]} -- $lua    (runs the bundled tables.lua)" >&2
 exec target/release/ftprobe trace "${filters[@]}" -- "$lua"
