@@ -13,6 +13,11 @@ use ftprobe::trace::{self, rtype};
 use ftprobe::trace_kprobe;
 use ftprobe_dev::fxsites::fx_add;
 
+mod common;
+
+#[global_allocator]
+static ALLOC: common::CountingAlloc = common::CountingAlloc;
+
 const CALLS: i64 = 7;
 
 /// Call fx_add CALLS times, then count the new records: (kprobe events, function entries).
@@ -63,5 +68,22 @@ fn main() {
     assert_eq!(run_phase(&reader), (n, 0), "phase 5: tracer off");
     assert_eq!(tk.dropped(), 0);
     assert_eq!(tk.kp.nmissed(), 0);
-    println!("test kprobe_ftrace_five_phases ... ok\n\n1 passed, 0 failed");
+    println!("test kprobe_ftrace_five_phases ... ok");
+
+    // The recording paths allocate nothing per hit: a kprobe event with args and the function
+    // tracer on one site (through the list function), records written into the ring.
+    ftrace::register_ftrace_function(&FUNCTION_OPS).unwrap();
+    let tk2 =
+        trace_kprobe::create(1, "p:withargs fx_add a=$arg1 b=%si:u32 s=$stack0 c=$comm").unwrap();
+    run_phase(&reader); // first touch: thread-locals
+    let before = common::allocations();
+    for i in 0..500 {
+        // SAFETY: plain C function.
+        unsafe { fx_add(i, 1) };
+    }
+    let allocs = common::allocations() - before;
+    assert_eq!(allocs, 0, "allocations on the probe path");
+    // 500 x (48 + 32) bytes fit in the 64 KiB ring: every hit was recorded.
+    assert_eq!(tk2.dropped(), 0, "records dropped");
+    println!("test recording_allocates_nothing_per_hit ... ok\n\n2 passed, 0 failed");
 }
