@@ -268,7 +268,8 @@ impl ElfImage {
             if covered.binary_search(&i).is_ok() {
                 continue;
             }
-            let Some(code) = bytes_at(file, f.svma, f.size.min(64)) else {
+            let Some(code) = bytes_at(file, f.svma, f.size.min(sites::DECODE_WINDOW as u64 + 8))
+            else {
                 continue;
             };
             if let Some((off, kind, place)) = sites::find_by_decoding(code, f.svma, is_hook) {

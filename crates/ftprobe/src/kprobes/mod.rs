@@ -1,7 +1,7 @@
 //! kprobes in one process (kernel/kprobes.c): a probe table keyed by address, aggregate probes,
 //! enable/disable, `nmissed`, and arming by the best mechanism. Today the mechanism is ftrace:
 //! an address that is a site's first byte is served by an `ftrace_ops` callback with the
-//! semantics of the kernel's `kprobe_ftrace_handler()` (see [`ftrace`](self::ftrace)); other
+//! semantics of the kernel's `kprobe_ftrace_handler()` (see the private `kprobes::ftrace` module); other
 //! addresses are refused until int3 probes land.
 //!
 //! Address rules (arch/x86/kernel/kprobes/core.c, `arch_adjust_kprobe_addr()`): when a function

@@ -4,7 +4,9 @@
 //! Everything here works on `&[u8]` and addresses in the file (svma): no memory of the running
 //! process is touched, so it is unit-tested on hand-written byte strings.
 
-use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
+use iced_x86::{
+    Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
+};
 
 /// The bytes found at a site, before ftprobe converts it to its canonical NOP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,29 +80,42 @@ pub fn classify(bytes: &[u8]) -> Option<SiteKind> {
 }
 
 /// Where a site at `site_off` bytes into a function whose code starts with `func_bytes` stands,
-/// or `None` if that is not a place a compiler puts a site. gcc's `-pg` calls `mcount` after
-/// the whole prologue (`push %rbp; mov %rsp,%rbp`, then any register pushes and stack
-/// adjustment), so any offset past a frame-pointer prologue is `AfterPrologue`.
+/// or `None` if that is not a place ftprobe can patch. gcc's `-pg` calls `mcount` after the
+/// whole prologue, which may realign the stack or save registers first; any site that
+/// straight-line code reaches after `mov %rsp,%rbp` is `AfterPrologue` (the function's frame
+/// pointer then gives the caller's return address at `8(%rbp)`).
 pub fn place_of(func_bytes: &[u8], site_off: u64) -> Option<SitePlace> {
     let endbr = func_bytes.starts_with(&ENDBR64);
-    let skip = if endbr { 4 } else { 0 };
     match site_off {
-        0 => Some(SitePlace::Entry),
-        4 if endbr => Some(SitePlace::AfterEndbr),
-        _ => {
-            let fp = prologue_len(&func_bytes[skip as usize..])? + skip;
-            (site_off >= fp).then_some(SitePlace::AfterPrologue)
-        }
+        0 => return Some(SitePlace::Entry),
+        4 if endbr => return Some(SitePlace::AfterEndbr),
+        _ => {}
     }
+    let code = func_bytes.get(..site_off as usize)?;
+    let mut dec = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut insn = Instruction::default();
+    let mut frame_pointer = false;
+    while dec.can_decode() {
+        dec.decode_out(&mut insn);
+        if insn.is_invalid()
+            || matches!(
+                insn.flow_control(),
+                FlowControl::UnconditionalBranch | FlowControl::Return
+            )
+        {
+            return None;
+        }
+        frame_pointer |= insn.mnemonic() == Mnemonic::Mov
+            && insn.op0_register() == Register::RBP
+            && insn.op1_register() == Register::RSP;
+    }
+    // The site must start on an instruction boundary of that straight-line code.
+    (dec.position() as u64 == site_off && frame_pointer).then_some(SitePlace::AfterPrologue)
 }
 
-/// Length of a leading `push %rbp; mov %rsp,%rbp` (1 + 3 bytes), if present.
-fn prologue_len(code: &[u8]) -> Option<u64> {
-    match code {
-        [0x55, 0x48, 0x89, 0xe5, ..] | [0x55, 0x48, 0x8b, 0xec, ..] => Some(4),
-        _ => None,
-    }
-}
+/// How far into a function decoding looks for the hook call, bytes. gcc puts `mcount` after
+/// the prologue, which can be long (an `ms_abi` function saves ten xmm registers first).
+pub const DECODE_WINDOW: usize = 256;
 
 /// What a call found by decoding goes to, as the caller must resolve it to a name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,7 +139,7 @@ pub fn find_by_decoding(
     // prologue. Decode straight-line code up to the first control transfer.
     let mut dec = Decoder::with_ip(64, func_bytes, func_svma, DecoderOptions::NONE);
     let mut insn = Instruction::default();
-    while dec.can_decode() && dec.position() < 64 {
+    while dec.can_decode() && dec.position() < DECODE_WINDOW {
         dec.decode_out(&mut insn);
         if insn.is_invalid() {
             return None;
@@ -137,7 +152,14 @@ pub fn find_by_decoding(
             {
                 CallTarget::Got(insn.memory_displacement64())
             }
-            _ if insn.flow_control() != iced_x86::FlowControl::Next => return None,
+            // Past conditional branches (a stack-clash probe loop), not past a jump or return.
+            _ if matches!(
+                insn.flow_control(),
+                FlowControl::UnconditionalBranch | FlowControl::Return | FlowControl::Interrupt
+            ) || insn.is_invalid() =>
+            {
+                return None
+            }
             _ => continue,
         };
         if !is_hook(target) {
@@ -231,6 +253,24 @@ mod tests {
         );
         // Without a frame-pointer prologue a call at +5 is no site.
         assert_eq!(place_of(&[0x53, 0x48, 0x83, 0xec, 0x08], 5), None);
+        // Not on an instruction boundary.
+        assert_eq!(place_of(&code, 8), None);
+    }
+
+    #[test]
+    fn decode_mcount_after_stack_realignment() {
+        // lea 0x8(%rsp),%r10; and $-32,%rsp; push -0x8(%r10); push %rbp; mov %rsp,%rbp;
+        // push %r10; call *0x0(%rip)
+        let code = [
+            0x4c, 0x8d, 0x54, 0x24, 0x08, 0x48, 0x83, 0xe4, 0xe0, 0x41, 0xff, 0x72, 0xf8, 0x55,
+            0x48, 0x89, 0xe5, 0x41, 0x52, 0xff, 0x15, 0, 0, 0, 0,
+        ];
+        let got = 0x1000 + 25;
+        let found = find_by_decoding(&code, 0x1000, |t| t == CallTarget::Got(got));
+        assert_eq!(
+            found,
+            Some((19, SiteKind::CallGot, SitePlace::AfterPrologue))
+        );
     }
 
     #[test]
