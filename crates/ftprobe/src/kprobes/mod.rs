@@ -349,21 +349,16 @@ pub fn unregister_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
 
 /// Stop a probe's handlers without unregistering it (`disable_kprobe()`).
 pub fn disable_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
-    let t = lock();
-    if !t
-        .probes
-        .values()
-        .any(|v| v.iter().any(|q| std::ptr::eq(*q, p)))
-    {
-        return Err(KprobeError::NotRegistered);
-    }
-    p.flags.fetch_or(KPROBE_FLAG_DISABLED, Ordering::Relaxed);
-    ftrace::arm(&t.probes, p.addr())?;
-    Ok(())
+    set_disabled(p, true)
 }
 
 /// Resume a disabled probe (`enable_kprobe()`).
 pub fn enable_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    set_disabled(p, false)
+}
+
+/// Flip DISABLED and re-arm the probe's address; on error the flag is put back.
+fn set_disabled(p: &'static Kprobe, disabled: bool) -> Result<(), KprobeError> {
     let t = lock();
     if !t
         .probes
@@ -372,9 +367,16 @@ pub fn enable_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
     {
         return Err(KprobeError::NotRegistered);
     }
-    p.flags.fetch_and(!KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+    let set = |on: bool| {
+        if on {
+            p.flags.fetch_or(KPROBE_FLAG_DISABLED, Ordering::Relaxed)
+        } else {
+            p.flags.fetch_and(!KPROBE_FLAG_DISABLED, Ordering::Relaxed)
+        }
+    };
+    set(disabled);
     if let Err(e) = ftrace::arm(&t.probes, p.addr()) {
-        p.flags.fetch_or(KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+        set(!disabled);
         return Err(e.into());
     }
     Ok(())
