@@ -41,6 +41,7 @@ fn main() {
         "c/threads.c",
         "c/fxsites.c",
         "c/fxsites_more.c",
+        "c/sigstack.c",
         "c/lua_driver.c",
         "lua/tables.lua",
         "rust/calls_rs.rs",
@@ -98,6 +99,21 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &lib_main,
         &[BASE_CFLAGS],
         &[],
+    );
+
+    // sigstack: one flavour is enough (the probe path's stack use does not depend on it).
+    let fl = Flavour::FentryCallPieRecord;
+    let obj = objs.join("sigstack.o");
+    compile(
+        &c_dir.join("sigstack.c"),
+        &obj,
+        &[BASE_CFLAGS, fl.cflags()],
+        &[],
+    );
+    link(
+        &[&obj],
+        &fixtures.join(format!("sigstack-{}", fl.name())),
+        &[fl.ldflags()],
     );
 
     for fl in Flavour::ALL {

@@ -126,24 +126,18 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: the mapping (if any) does not need the fd; closing it frees the number.
     unsafe { libc::close(fd) };
     let rings = rings?;
-    // SAFETY: we run from .init_array, before main; ftrace::init refuses if other threads run.
-    let skipped = unsafe { ftrace::init() }?;
-    for e in skipped {
-        eprintln!("ftprobe-agent: skipped an object: {e}");
-    }
-    let objects = ftrace::objects()?;
+    // Published first, so the CLI can symbolize and knows the agent ran even if init fails.
+    let objects = ftprobe::process::loaded_objects();
     let table: Vec<(u64, &[u8])> = objects
         .iter()
         .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
         .collect();
     rings.set_objects(&table)?;
     trace::set_buffer(rings);
-    if ftrace::functions()?.is_empty() {
-        return Err(
-            "no function of this program or its libraries has an ftrace site: nothing to trace \
-                    (build with -pg -mfentry, -pg, or -fpatchable-function-entry=5)"
-                .into(),
-        );
+    // SAFETY: we run from .init_array, before main; ftrace::init refuses if other threads run.
+    let skipped = unsafe { ftrace::init() }?;
+    for e in skipped {
+        eprintln!("ftprobe-agent: skipped an object: {e}");
     }
     for (id, cmd) in env.events.iter().enumerate() {
         match trace_kprobe::create(id as u32, cmd) {
@@ -157,6 +151,13 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
                 unsafe { libc::_exit(1) };
             }
         }
+    }
+    if ftrace::functions()?.is_empty() {
+        return Err(
+            "no function of this program or its libraries has an ftrace site: nothing to trace \
+                    (build with -pg -mfentry, -pg, or -fpatchable-function-entry=5)"
+                .into(),
+        );
     }
     if !env.events.is_empty() {
         trace::write_text(TEXT_KPROBES_LIST, &kprobes::list());

@@ -31,7 +31,7 @@ pub fn header(out: &mut dyn Write, tracer: &str) -> std::io::Result<()> {
 
 /// The rest of a kprobe event line as the kernel prints it (trace_kprobe.c,
 /// `print_kprobe_event()`): `EVENT: (sym+0xoff/0xsize) name=value ...`.
-pub fn kprobe_event(def: &ProbeDef, words: &[u64], syms: &mut Symbols, comm: &str) -> String {
+pub fn kprobe_event(def: &ProbeDef, words: &[u64], syms: &mut Symbols) -> String {
     let addr = words[1];
     let faults = words[2];
     let mut s = format!("{}: (", def.event);
@@ -39,16 +39,25 @@ pub fn kprobe_event(def: &ProbeDef, words: &[u64], syms: &mut Symbols, comm: &st
         Some((name, off, size)) => s.push_str(&format!("{name}+{off:#x}/{size:#x})")),
         None => s.push_str(&format!("{addr:#x})")),
     }
+    let mut at = RECORD_HEAD_WORDS;
     for (i, a) in def.args.iter().enumerate() {
-        let Some(&raw) = words.get(RECORD_HEAD_WORDS + i) else {
-            break;
-        };
-        let value = if i < 64 && faults & (1 << i) != 0 {
-            "(fault)".to_owned()
-        } else if a.fetch == FetchOp::Comm {
-            format!("\"{comm}\"")
+        let value = if a.fetch == FetchOp::Comm {
+            // Two words: the thread's name at the hit, NUL-padded.
+            let (Some(lo), Some(hi)) = (words.get(at), words.get(at + 1)) else {
+                break;
+            };
+            at += 2;
+            let mut b = [lo.to_le_bytes(), hi.to_le_bytes()].concat();
+            b.truncate(b.iter().position(|&c| c == 0).unwrap_or(16));
+            format!("\"{}\"", String::from_utf8_lossy(&b))
         } else {
-            a.ty.format(raw)
+            let Some(&raw) = words.get(at) else { break };
+            at += 1;
+            if i < 64 && faults & (1 << i) != 0 {
+                "(fault)".to_owned()
+            } else {
+                a.ty.format(a.ty.extract_bitfield(raw))
+            }
         };
         s.push_str(&format!(" {}={value}", a.name));
     }

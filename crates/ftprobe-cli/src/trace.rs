@@ -12,9 +12,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ftprobe::events::{error_log, parse_probe_command, ProbeCommand, ProbeDef};
+use ftprobe::events::{
+    error_log, parse_probe_command, ProbeCommand, ProbeDef, ProbeError, ProbeErrorKind,
+};
 use ftprobe::ring::{Clock, RingConfig, SharedRings};
 use ftprobe::trace::rtype;
+use ftprobe::trace_kprobe;
 use ftprobe::trace_kprobe::RECORD_HEAD_WORDS;
 
 use crate::output;
@@ -34,7 +37,12 @@ pub struct TraceArgs {
     /// A kprobe event in the kernel's `kprobe_events` syntax, e.g.
     /// `p:myprobe work a=$arg1 b=%si:u32`. Repeatable. With -e and no -F/-N only the events
     /// are traced (the function tracer is off).
-    #[arg(short = 'e', long = "event", value_name = "DEF")]
+    #[arg(
+        short = 'e',
+        long = "event",
+        value_name = "DEF",
+        allow_hyphen_values = true
+    )]
     events: Vec<String>,
     /// Write the trace to FILE instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
@@ -114,28 +122,45 @@ fn check_not_static(prog: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Parse the -e definitions as the kernel would, before running anything.
+/// Parse the -e definitions as the kernel would and check that ftprobe can run them, before
+/// running anything. `-:[GRP/]EVENT` removes an event defined by an earlier -e.
 fn parse_events(defs: &[String]) -> Result<Vec<(String, ProbeDef)>> {
     let mut events: Vec<(String, ProbeDef)> = Vec::new();
     for d in defs {
-        match parse_probe_command(d) {
-            Ok(ProbeCommand::Add(def)) => {
+        let removal = match parse_probe_command(d) {
+            Ok(ProbeCommand::Remove { group, event }) => Some((group, event)),
+            _ => None,
+        };
+        if let Some((group, event)) = removal {
+            let before = events.len();
+            events.retain(|(_, e)| {
+                !(e.event == event && group.as_ref().is_none_or(|g| *g == e.group))
+            });
+            if events.len() == before {
+                bail!("{d:?}: no such event to remove (ENOENT)");
+            }
+            continue;
+        }
+        match trace_kprobe::check(d) {
+            Ok(def) => {
                 if events
                     .iter()
                     .any(|(_, e)| e.group == def.group && e.event == def.event)
                 {
+                    eprint!(
+                        "ftprobe: {}",
+                        error_log(d, &ProbeError::new(ProbeErrorKind::EventExist, 0))
+                    );
                     bail!("event {}/{} is defined twice", def.group, def.event);
                 }
                 events.push((d.clone(), def));
             }
-            Ok(ProbeCommand::Remove { group, event }) => {
-                events.retain(|(_, e)| {
-                    !(e.event == event && group.as_ref().is_none_or(|g| *g == e.group))
-                });
-            }
             Err(e) => {
-                eprint!("ftprobe: {}", error_log(d, &e));
-                bail!("invalid probe definition ({})", e.kind.name());
+                eprint!("ftprobe: {}", error_log(d, &e.err));
+                if let Some(detail) = &e.detail {
+                    eprintln!("  ({detail})");
+                }
+                bail!("invalid probe definition ({})", e.err.kind.name());
             }
         }
     }
@@ -148,7 +173,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         ftprobe::ftrace::glob::FilterEntry::parse(p)?;
     }
     let events = parse_events(&args.events)?;
-    let function = !args.filter.is_empty() || !args.notrace.is_empty() || events.is_empty();
+    // The function tracer runs with -F/-N, or when no -e was given at all (-e then -:EVENT
+    // leaves no event, and nothing is traced).
+    let function = !args.filter.is_empty() || !args.notrace.is_empty() || args.events.is_empty();
     if let Some(prog) = find_program(&args.cmd[0]) {
         check_not_static(&prog)?;
     }
@@ -346,7 +373,7 @@ impl Printer {
                         self.seen.resize(id + 1, 0);
                     }
                     self.seen[id] += 1;
-                    lines.push_str(&output::kprobe_event(def, &e.words, syms, &comm));
+                    lines.push_str(&output::kprobe_event(def, &e.words, syms));
                 }
                 _ => lines.push('\n'),
             }

@@ -38,10 +38,14 @@ const TARGET_DIR: &str = env!("FTPROBE_DEV_TARGET_DIR");
 /// - `calls_lib [N]`: the same, but `work`/`caller` are in [`fixture_lib`] (found through
 ///   `RUNPATH=$ORIGIN`) and the main program has no sites. Only where
 ///   [`Flavour::supports_pic`].
+/// - `sigstack [SIZE]` (only [`Flavour::FentryCallPieRecord`]): a signal handler on a
+///   painted alternate stack calls `hf`; prints `used N`, the bytes of that stack used. With
+///   SIZE (a multiple of 4096) the stack has a guard page below it.
 /// - `threads [N]` (N = 1000 by default): 4 threads released together by a barrier; thread
 ///   `t` calls `work(i, t)` for `i` in `0..N` (from `thread_main`); prints `total=<6N^2>`.
 pub fn fixture(program: &str, flavour: Flavour) -> Option<PathBuf> {
     match program {
+        "sigstack" if flavour == Flavour::FentryCallPieRecord => {}
         "calls" | "threads" => {}
         "calls_lib" if flavour.supports_pic() => {}
         _ => return None,

@@ -112,6 +112,9 @@ pub struct ElfImage {
     /// Function symbols with a size, sorted by address, from `.symtab` and `.dynsym` (duplicates
     /// at the same address keep the first name seen, `.symtab` first).
     pub funcs: Vec<FuncSym>,
+    /// Every function name, aliases included, sorted, with the index in `funcs` of its
+    /// function.
+    pub names: Vec<(String, usize)>,
     /// Sites, sorted by address.
     pub sites: Vec<SiteInfo>,
     /// Loadable segments.
@@ -143,18 +146,29 @@ impl ElfImage {
             });
         }
         let relocatable = file.kind() == object::ObjectKind::Dynamic;
-        let funcs = func_symbols(&file);
+        let (funcs, names) = func_symbols(&file);
         let segments = load_segments(data);
         let mut img = ElfImage {
             path: path.to_owned(),
             relocatable,
             funcs,
+            names,
             sites: Vec::new(),
             segments,
             rejected: Vec::new(),
         };
         img.find_sites(&file);
         Ok(img)
+    }
+
+    /// The functions called `name` (by any of their names).
+    pub fn funcs_named<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a FuncSym> + 'a {
+        let start = self.names.partition_point(|(n, _)| n.as_str() < name);
+        let name = name.to_owned();
+        self.names[start..]
+            .iter()
+            .take_while(move |(n, _)| *n == name)
+            .map(|(_, i)| &self.funcs[*i])
     }
 
     /// The function containing `svma`, with the offset into it.
@@ -298,7 +312,9 @@ fn bytes_at<'d>(file: &object::File<'d>, svma: u64, len: u64) -> Option<&'d [u8]
     })
 }
 
-fn func_symbols(file: &object::File<'_>) -> Vec<FuncSym> {
+/// Function symbols, one per address (the first name seen, `.symtab` first), and every
+/// name (aliases included: glibc's `printf` is `_IO_printf`'s) with the index of its function.
+fn func_symbols(file: &object::File<'_>) -> (Vec<FuncSym>, Vec<(String, usize)>) {
     let mut funcs: Vec<FuncSym> = file
         .symbols()
         .chain(file.dynamic_symbols())
@@ -314,8 +330,18 @@ fn func_symbols(file: &object::File<'_>) -> Vec<FuncSym> {
         .collect();
     // Stable: .symtab entries come first and win at equal addresses.
     funcs.sort_by_key(|f| f.svma);
+    let all = funcs.clone();
     funcs.dedup_by_key(|f| f.svma);
-    funcs
+    let mut names: Vec<(String, usize)> = all
+        .into_iter()
+        .map(|f| {
+            let i = funcs.partition_point(|g| g.svma < f.svma);
+            (f.name, i)
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    (funcs, names)
 }
 
 /// Place -> addend of every R_X86_64_RELATIVE dynamic relocation.

@@ -879,7 +879,26 @@ impl RingWriter<'_> {
     /// [`RingReader::drain_aux`].
     #[inline]
     pub fn write_aux(&self, rtype: u16, aux: u32, words: &[u64]) -> bool {
-        let nwords = words.len() + 1;
+        self.write_with(rtype, aux, words.len(), |body| {
+            for (slot, &w) in body.iter().zip(words) {
+                slot.store(w, Relaxed);
+            }
+        })
+    }
+
+    /// Write a record of `payload_words` words that `fill` stores directly into the ring
+    /// (`slot.store(value, Relaxed)`): no buffer on the caller's stack, which matters on a
+    /// probe path that may run on a small stack (a signal stack, a coroutine's). Same
+    /// semantics as [`write`](Self::write); `fill` runs only if there is room.
+    #[inline]
+    pub fn write_with(
+        &self,
+        rtype: u16,
+        aux: u32,
+        payload_words: usize,
+        fill: impl FnOnce(&[AtomicU64]),
+    ) -> bool {
+        let nwords = payload_words + 1;
         if nwords > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
             return self.drop_one();
         }
@@ -895,9 +914,7 @@ impl RingWriter<'_> {
             return self.drop_one();
         };
         hdr.store(record_header_aux(nwords, rtype, aux), Relaxed);
-        for (slot, &w) in body.iter().zip(words) {
-            slot.store(w, Relaxed);
-        }
+        fill(body);
         self.publish(new_head)
     }
 

@@ -73,20 +73,26 @@ pub fn this_thread_ring() -> Option<RingWriter<'static>> {
             }
             None
         }
-        ThreadRing::Unclaimed => {
-            let rings = RINGS.get()?;
-            let state = match rings.claim(sys::gettid(), sys::thread_comm()) {
-                Some(w) => ThreadRing::Claimed(w),
-                None => ThreadRing::NoneFree,
-            };
-            RING.set(state);
-            match state {
-                ThreadRing::Claimed(w) => Some(w),
-                _ => {
-                    rings.note_lost_no_ring();
-                    None
-                }
-            }
+        ThreadRing::Unclaimed => claim_ring(),
+    }
+}
+
+/// Probe path, first event of a thread: claim its ring. Out of line and cold, so that the
+/// hot path's stack frame stays small (probes may run on small signal stacks).
+#[cold]
+#[inline(never)]
+fn claim_ring() -> Option<RingWriter<'static>> {
+    let rings = RINGS.get()?;
+    let state = match rings.claim(sys::gettid(), sys::thread_comm()) {
+        Some(w) => ThreadRing::Claimed(w),
+        None => ThreadRing::NoneFree,
+    };
+    RING.set(state);
+    match state {
+        ThreadRing::Claimed(w) => Some(w),
+        _ => {
+            rings.note_lost_no_ring();
+            None
         }
     }
 }

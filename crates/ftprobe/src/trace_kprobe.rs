@@ -3,7 +3,8 @@
 //! and the stack and writes one record into this thread's ring.
 //!
 //! Record [`rtype::KPROBE`]: aux = CPU | event id << 12; words: tsc, probe address, a bitmask
-//! of arguments whose memory read faulted (printed `(fault)`), then one word per argument.
+//! of arguments whose memory read faulted (printed `(fault)`), then one word per argument
+//! (two for `$comm`: the thread's name, NUL-padded, read at the hit).
 //!
 //! Supported today: `p` probes on ftrace sites; fetch args `%REG`, `$argN`, `$stackN`,
 //! `$stack`, `$comm`, `\IMM` with the integer and `char` types and bitfields. The rest of the
@@ -55,8 +56,18 @@ enum Fetch {
     Stack(u32),
     StackPtr,
     Imm(u64),
-    /// `$comm`: the reader prints the ring's thread name.
+    /// `$comm`: the thread's name, 16 bytes in two words.
     Comm,
+}
+
+impl Fetch {
+    /// Words this argument takes in a record.
+    fn words(&self) -> usize {
+        match self {
+            Fetch::Comm => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// Byte offset of the probe target in a command: its second word.
@@ -76,14 +87,18 @@ fn target_pos(cmd: &str) -> usize {
     0
 }
 
-fn compile(def: &ProbeDef, cmd: &str) -> Result<Vec<Fetch>, ProbeError> {
+fn compile(def: &ProbeDef, cmd: &str) -> Result<Vec<Fetch>, EventError> {
+    let not_yet = |pos: usize, what: &str| EventError {
+        err: ProbeError::new(ProbeErrorKind::NotSupported, pos),
+        detail: Some(format!("{what} are not implemented yet")),
+    };
     if let ProbeKind::Kretprobe { .. } = def.kind {
-        return Err(ProbeError::new(ProbeErrorKind::NotSupported, 0));
+        return Err(not_yet(0, "return probes (r, SYM%return)"));
     }
     if let ProbeTarget::FileOffset { .. } = def.target {
-        return Err(ProbeError::new(
-            ProbeErrorKind::NotSupported,
+        return Err(not_yet(
             target_pos(cmd),
+            "PATH:OFFSET probes (they need int3 probes)",
         ));
     }
     def.args
@@ -97,19 +112,37 @@ fn compile(def: &ProbeDef, cmd: &str) -> Result<Vec<Fetch>, ProbeError> {
                     | FetchType::Symstr
                     | FetchType::Array { .. }
             );
-            let unsupported = Err(ProbeError::new(ProbeErrorKind::NotSupported, a.pos));
             match &a.fetch {
                 FetchOp::Comm if a.ty == FetchType::String => Ok(Fetch::Comm),
-                _ if !scalar => unsupported,
+                _ if !scalar => Err(not_yet(a.pos, "string, symbol and array types")),
                 FetchOp::Reg(r) => Ok(Fetch::Reg(*r)),
                 FetchOp::Arg(n) => Ok(Fetch::Arg(*n)),
                 FetchOp::Stack(n) => Ok(Fetch::Stack(*n)),
                 FetchOp::StackPtr => Ok(Fetch::StackPtr),
                 FetchOp::Imm(v) => Ok(Fetch::Imm(*v)),
-                _ => unsupported,
+                _ => Err(not_yet(
+                    a.pos,
+                    "memory fetch args (@ADDR, @SYM, +OFFS(...)) and immediate strings",
+                )),
             }
         })
         .collect()
+}
+
+/// Parse a definition and check that ftprobe can run it, without arming anything: what the
+/// CLI does before starting the program.
+pub fn check(cmd: &str) -> Result<ProbeDef, EventError> {
+    let def = match parse_probe_command(cmd).map_err(|err| EventError { err, detail: None })? {
+        ProbeCommand::Add(d) => d,
+        ProbeCommand::Remove { .. } => {
+            return Err(EventError {
+                err: ProbeError::new(ProbeErrorKind::NotSupported, 0),
+                detail: None,
+            })
+        }
+    };
+    compile(&def, cmd)?;
+    Ok(def)
 }
 
 /// Why an event could not be created: the kernel-style error, and ftprobe's detail.
@@ -141,7 +174,7 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
             return Err(plain(ProbeError::new(ProbeErrorKind::NotSupported, 0)))
         }
     };
-    let args = compile(&def, cmd).map_err(plain)?;
+    let args = compile(&def, cmd)?;
     let target = match &def.target {
         ProbeTarget::Symbol { obj, sym, offset } => KprobeTarget::Symbol {
             module: obj.clone(),
@@ -154,17 +187,18 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
     let at = target_pos(cmd);
     let reg_err = |e: KprobeError| {
         let kind = match &e {
-            KprobeError::NoSymbol(_) | KprobeError::OffsetOutside { .. } => {
-                ProbeErrorKind::BadProbeAddr
-            }
+            KprobeError::NoSymbol(_)
+            | KprobeError::NoObject(_)
+            | KprobeError::OffsetOutside { .. } => ProbeErrorKind::BadProbeAddr,
             KprobeError::NotUnique { .. } => ProbeErrorKind::NonUniqSymbol,
             KprobeError::NotInsnBoundary => ProbeErrorKind::BadInsnBndry,
-            KprobeError::NotASite { .. } => ProbeErrorKind::NotSupported,
             _ => ProbeErrorKind::FailRegProbe,
         };
+        // The detail only where it adds to the kernel's text.
+        let detail = (e.to_string() != kind.text()).then(|| e.to_string());
         EventError {
             err: ProbeError::new(kind, at),
-            detail: Some(e.to_string()),
+            detail,
         }
     };
     let addr = kprobes::resolve(&target).map_err(reg_err)?;
@@ -183,6 +217,18 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         .store(tk as *const TraceKprobe as u64, Ordering::Relaxed);
     kprobes::register_kprobe(kp).map_err(reg_err)?;
     Ok(tk)
+}
+
+/// Probe path: a register out of `regs` by its offset. (`Reg::value`'s match compiles to a
+/// copy of all of `pt_regs` onto the stack here: 200 bytes of frame, which small signal
+/// stacks cannot spare.)
+#[inline(always)]
+fn reg_value(regs: &PtRegs, r: crate::events::Reg) -> u64 {
+    const WORDS: usize = std::mem::size_of::<PtRegs>() / 8;
+    // SAFETY: PtRegs is repr(C) and made only of u64 fields, so it has the layout of
+    // [u64; WORDS]; the reference is valid for the call.
+    let words = unsafe { &*(regs as *const PtRegs as *const [u64; WORDS]) };
+    words.get(r.pt_regs_offset() / 8).copied().unwrap_or(0)
 }
 
 /// Probe path: read argument `n` (1-based) by the SysV ABI at function entry.
@@ -216,32 +262,55 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
         return 0;
     };
     let (tsc, cpu) = trace::clock();
-    let n = tk.args.len().min(MAX_TRACE_ARGS);
-    // Uninitialized: zeroing 1 KiB per hit cost more than the rest of the event.
-    let mut buf = [std::mem::MaybeUninit::<u64>::uninit(); RECORD_HEAD_WORDS + MAX_TRACE_ARGS];
-    buf[0].write(tsc);
-    buf[1].write(p.addr());
-    let mut faults = 0u64;
-    for (i, a) in tk.args.iter().take(n).enumerate() {
-        let v = match *a {
-            Fetch::Reg(r) => Some(r.value(regs)),
-            Fetch::Arg(k) => fetch_arg(k, regs, tk.after_prologue),
-            Fetch::Stack(k) => crate::sys::read_u64_nofault(regs.sp + 8 * k as u64),
-            Fetch::StackPtr => Some(regs.sp),
-            Fetch::Imm(v) => Some(v),
-            Fetch::Comm => Some(0),
-        };
-        if v.is_none() && i < 64 {
-            faults |= 1 << i;
-        }
-        buf[RECORD_HEAD_WORDS + i].write(v.unwrap_or(0));
-    }
-    buf[2].write(faults);
-    // SAFETY: words 0..RECORD_HEAD_WORDS + n were all written above; MaybeUninit<u64> has
-    // the layout of u64.
-    let words =
-        unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u64, RECORD_HEAD_WORDS + n) };
-    if !w.write_aux(rtype::KPROBE, cpu | (tk.id << 12), words) {
+    let n = tk
+        .args
+        .iter()
+        .map(|a| a.words())
+        .sum::<usize>()
+        .min(MAX_TRACE_ARGS * 2);
+    // Stored straight into the ring: a stack buffer for 128 arguments overflowed small
+    // stacks (a sigaltstack of a few KiB).
+    let written = w.write_with(
+        rtype::KPROBE,
+        cpu | (tk.id << 12),
+        RECORD_HEAD_WORDS + n,
+        |slots| {
+            slots[0].store(tsc, Ordering::Relaxed);
+            slots[1].store(p.addr(), Ordering::Relaxed);
+            let mut faults = 0u64;
+            let mut at = RECORD_HEAD_WORDS;
+            for (i, a) in tk.args.iter().enumerate() {
+                let v = match *a {
+                    Fetch::Reg(r) => Some(reg_value(regs, r)),
+                    Fetch::Arg(k) => fetch_arg(k, regs, tk.after_prologue),
+                    Fetch::Stack(k) => crate::sys::read_u64_nofault(regs.sp + 8 * k as u64),
+                    Fetch::StackPtr => Some(regs.sp),
+                    Fetch::Imm(v) => Some(v),
+                    Fetch::Comm => {
+                        // The thread's name now, as the kernel reads current->comm per hit.
+                        let c = crate::sys::thread_comm();
+                        if let Some(s) = slots.get(at) {
+                            s.store(
+                                u64::from_le_bytes(c[..8].try_into().unwrap_or_default()),
+                                Ordering::Relaxed,
+                            );
+                        }
+                        at += 1;
+                        Some(u64::from_le_bytes(c[8..].try_into().unwrap_or_default()))
+                    }
+                };
+                if v.is_none() && i < 64 {
+                    faults |= 1 << i;
+                }
+                if let Some(s) = slots.get(at) {
+                    s.store(v.unwrap_or(0), Ordering::Relaxed);
+                }
+                at += 1;
+            }
+            slots[2].store(faults, Ordering::Relaxed);
+        },
+    );
+    if !written {
         tk.dropped.fetch_add(1, Ordering::Relaxed);
     }
     0

@@ -77,13 +77,44 @@ fn main() {
         trace_kprobe::create(1, "p:withargs fx_add a=$arg1 b=%si:u32 s=$stack0 c=$comm").unwrap();
     run_phase(&reader); // first touch: thread-locals
     let before = common::allocations();
-    for i in 0..500 {
+    for i in 0..300 {
         // SAFETY: plain C function.
         unsafe { fx_add(i, 1) };
     }
     let allocs = common::allocations() - before;
     assert_eq!(allocs, 0, "allocations on the probe path");
-    // 500 x (48 + 32) bytes fit in the 64 KiB ring: every hit was recorded.
+    // 300 x (72 + 32) bytes fit in the 64 KiB ring: every hit was recorded.
     assert_eq!(tk2.dropped(), 0, "records dropped");
-    println!("test recording_allocates_nothing_per_hit ... ok\n\n2 passed, 0 failed");
+    println!("test recording_allocates_nothing_per_hit ... ok");
+
+    // $comm is read at each hit (the kernel reads current->comm): rename the thread, hit.
+    run_phase(&reader);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_NAME,
+            c"renamed-now".as_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    // SAFETY: plain C function.
+    unsafe { fx_add(1, 2) };
+    let mut comm = None;
+    for r in 0..reader.claimed() {
+        reader.reader(r).unwrap().drain_aux(|t, aux, w| {
+            if t == rtype::KPROBE && aux >> 12 == 1 {
+                // tsc, addr, faults, a, b, s, comm (2 words)
+                let bytes = [w[6].to_le_bytes(), w[7].to_le_bytes()].concat();
+                comm = Some(
+                    String::from_utf8_lossy(&bytes)
+                        .trim_end_matches('\0')
+                        .to_owned(),
+                );
+            }
+        });
+    }
+    assert_eq!(comm.as_deref(), Some("renamed-now"));
+    println!("test comm_is_read_at_each_hit ... ok\n\n3 passed, 0 failed");
 }

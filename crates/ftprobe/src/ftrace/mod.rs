@@ -242,14 +242,21 @@ thread_local! {
     static IN_FTRACE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Probe path: calls every registered ops that wants `ip`, under the recursion guard.
+/// Probe path: calls every registered ops that wants `ip`.
+///
+/// Recursion is handled per ops exactly as on its direct trampoline: an ops with
+/// [`FTRACE_OPS_FL_RECURSION`] goes through the guard (and counts [`FtraceOps::missed`]), one
+/// without is called as is and guards itself (the kprobes ops count `nmissed`, the function
+/// tracer counts lost events). The kernel's list function guards every ops, but its guard has
+/// a bit per context (normal, softirq, irq, NMI) so interrupts still get through; a user
+/// process cannot tell a signal handler from normal context, so a global guard here would
+/// silently drop every hit in a signal handler that interrupted a callback.
 unsafe extern "C" fn ftrace_ops_list_func(
     ip: u64,
     parent_ip: u64,
     _op: *const (),
     regs: *mut PtRegs,
 ) {
-    let recursing = IN_FTRACE.with(|g| g.replace(true));
     // Acquire pairs with the Release fetch_max in `register_ftrace_function`.
     let end = OPS_LIST_END.load(Ordering::Acquire).min(MAX_OPS);
     for slot in &OPS_LIST[..end] {
@@ -263,15 +270,13 @@ unsafe extern "C" fn ftrace_ops_list_func(
         if !op.wants(ip) {
             continue;
         }
-        if recursing {
-            op.missed.fetch_add(1, Ordering::Relaxed);
-            continue;
+        if op.flags & FTRACE_OPS_FL_RECURSION != 0 {
+            // SAFETY: forwarded: the trampoline's arguments.
+            unsafe { ftrace_ops_assist_func(ip, parent_ip, p as *const (), regs) };
+        } else {
+            // SAFETY: regs points to the trampoline's frame, live for this call.
+            unsafe { (op.func)(ip, parent_ip, op, &mut *regs) };
         }
-        // SAFETY: regs points to the trampoline's frame, live for this call.
-        unsafe { (op.func)(ip, parent_ip, op, &mut *regs) };
-    }
-    if !recursing {
-        IN_FTRACE.with(|g| g.set(false));
     }
 }
 
@@ -526,8 +531,8 @@ pub fn module_matches(module: &str, file: &str) -> bool {
     glob::module_names(file).any(|n| n == module)
 }
 
-/// Every function symbol called `name` (in the object `module`, if given) among the objects
-/// ftrace looked at.
+/// Every function called `name`, by any of its names (in the object `module`, if given),
+/// among the objects ftrace looked at; `NoObject` if `module` names none of them.
 pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, FtraceError> {
     let g = lock();
     let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
@@ -536,18 +541,21 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
         .iter()
         .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
         .flat_map(|o| {
-            o.image
-                .funcs
-                .iter()
-                .filter(|f| f.name == name)
-                .map(|f| SymbolAddr {
-                    name: f.name.clone(),
-                    module: o.module.clone(),
-                    addr: f.svma + o.bias,
-                    size: f.size,
-                })
+            o.image.funcs_named(name).map(|f| SymbolAddr {
+                name: name.to_owned(),
+                module: o.module.clone(),
+                addr: f.svma + o.bias,
+                size: f.size,
+            })
         })
         .collect())
+}
+
+/// Whether an object that `module` names is loaded (see [`module_matches`]).
+pub fn has_module(module: &str) -> bool {
+    let g = lock();
+    g.as_ref()
+        .is_some_and(|st| st.objects.iter().any(|o| module_matches(module, &o.module)))
 }
 
 /// The function containing `addr`, with the offset into it.

@@ -112,6 +112,9 @@ pub enum KprobeError {
     /// No function of that name (-ENOENT).
     #[error("symbol {0:?} not found")]
     NoSymbol(String),
+    /// No loaded object of that name (-ENOENT; the kernel's "module not loaded").
+    #[error("no object {0:?} is loaded in this process (objects loaded later with dlopen are not supported yet)")]
+    NoObject(String),
     /// Several functions of that name (-EADDRNOTAVAIL, "The symbol is not unique").
     #[error("the symbol {name:?} is not unique: in {modules}")]
     NotUnique {
@@ -156,7 +159,7 @@ impl KprobeError {
     /// The kernel errno for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            KprobeError::NoSymbol(_) => libc::ENOENT,
+            KprobeError::NoSymbol(_) | KprobeError::NoObject(_) => libc::ENOENT,
             KprobeError::NotUnique { .. } => libc::EADDRNOTAVAIL,
             KprobeError::NotInsnBoundary => libc::EILSEQ,
             KprobeError::NotASite { .. } => libc::EOPNOTSUPP,
@@ -233,6 +236,11 @@ pub fn resolve(target: &KprobeTarget) -> Result<u64, KprobeError> {
             name,
             offset,
         } => {
+            if let Some(m) = module {
+                if !ft::has_module(m) {
+                    return Err(KprobeError::NoObject(m.clone()));
+                }
+            }
             let hits = ft::find_symbol(module.as_deref(), name)?;
             let func = match hits.len() {
                 0 => return Err(KprobeError::NoSymbol(name.clone())),
