@@ -191,7 +191,10 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
             | KprobeError::NoObject(_)
             | KprobeError::OffsetOutside { .. } => ProbeErrorKind::BadProbeAddr,
             KprobeError::NotUnique { .. } => ProbeErrorKind::NonUniqSymbol,
-            KprobeError::NotInsnBoundary => ProbeErrorKind::BadInsnBndry,
+            KprobeError::NotInsnBoundary
+            | KprobeError::Insn(crate::arch::x86_64::insn::InsnError::NotBoundary) => {
+                ProbeErrorKind::BadInsnBndry
+            }
             _ => ProbeErrorKind::FailRegProbe,
         };
         // The detail only where it adds to the kernel's text.
@@ -201,7 +204,7 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
             detail,
         }
     };
-    let addr = kprobes::resolve(&target).map_err(reg_err)?;
+    let addr = kprobes::resolve(&target).map_err(reg_err)?.addr;
     let after_prologue = ft::record(addr).is_some_and(|r| r.flags & FTRACE_FL_AFTER_PROLOGUE != 0);
     let kp: &'static Kprobe =
         Box::leak(Box::new(Kprobe::new(target, Some(kprobe_dispatcher), None)));

@@ -176,21 +176,43 @@ fn inside_a_site_is_refused() {
     assert_eq!(bytes(fn_addr(fx_add)), NOP5, "nothing armed");
 }
 
-fn pg_func_plus_0_is_not_the_site() {
+fn pg_func_plus_0_is_an_int3_probe_and_plus_4_the_site() {
     let base = fn_addr(fx_pg_add);
     // push %rbp; mov %rsp,%rbp
     assert_eq!(bytes(base)[..4], [0x55, 0x48, 0x89, 0xe5]);
-    let e = kprobes::register_kprobe(leak(Kprobe::new(
+    let p0 = leak(Kprobe::new(
         sym("fx_pg_add", 0),
         Some(count_pre),
-        None,
-    )))
-    .unwrap_err();
-    assert!(matches!(e, KprobeError::NotASite { .. }), "{e}");
-    assert!(
-        e.to_string()
-            .contains("(the site of fx_pg_add is fx_pg_add+0x4)"),
-        "{e}"
+        Some(count_post),
+    ));
+    kprobes::register_kprobe(p0).unwrap();
+    assert_eq!(
+        p0.flags() & KPROBE_FLAG_FTRACE,
+        0,
+        "func+0 of a -pg function is no site"
+    );
+    assert_eq!(bytes(base)[0], 0xcc, "int3 armed");
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_pg_add(20, 22) }, 42);
+    assert_eq!(hits(p0), (1, 1));
+    assert_eq!(
+        LAST[0].load(Ordering::Relaxed),
+        base + 1,
+        "regs.ip = addr + 1 after int3"
+    );
+    assert_eq!(
+        POST_IP.load(Ordering::Relaxed),
+        base + 1,
+        "post: after the 1-byte push"
+    );
+    assert!(kprobes::list()
+        .lines()
+        .any(|l| l.contains("fx_pg_add+0x0") && !l.contains("[FTRACE]")));
+    kprobes::unregister_kprobe(p0).unwrap();
+    assert_eq!(
+        bytes(base)[..4],
+        [0x55, 0x48, 0x89, 0xe5],
+        "original byte back"
     );
     let p = leak(Kprobe::new(
         sym("fx_pg_add", 4),
@@ -198,6 +220,7 @@ fn pg_func_plus_0_is_not_the_site() {
         Some(count_post),
     ));
     kprobes::register_kprobe(p).unwrap();
+    assert_ne!(p.flags() & KPROBE_FLAG_FTRACE, 0);
     // SAFETY: plain C function.
     assert_eq!(unsafe { fx_pg_add(20, 22) }, 42);
     assert_eq!(hits(p), (1, 1));
@@ -210,6 +233,99 @@ fn pg_func_plus_0_is_not_the_site() {
         (20, 22)
     );
     assert_eq!(POST_IP.load(Ordering::Relaxed), base + 9);
+    kprobes::unregister_kprobe(p).unwrap();
+}
+
+/// The kernel's insn_boundary idea: a probe on every instruction boundary of a function in
+/// turn (int3 everywhere but the site), with pre and post handlers; the function's results
+/// and the exact hit counts.
+fn run_twice() -> i64 {
+    // SAFETY: plain C function.
+    unsafe { fx_twice(5) }
+}
+fn run_pg_mul() -> i64 {
+    // SAFETY: plain C function.
+    unsafe { fx_pg_mul(6, 7) }
+}
+fn run_cet_mul() -> i64 {
+    // SAFETY: plain C function.
+    unsafe { fx_cet_mul(6, 7) }
+}
+
+fn int3_probe_on_every_boundary() {
+    type Case = (&'static str, u64, fn() -> i64);
+    let cases: [Case; 3] = [
+        ("fx_twice", fx_twice as *const () as u64, run_twice),
+        ("fx_pg_mul", fn_addr(fx_pg_mul), run_pg_mul),
+        ("fx_cet_mul", fn_addr(fx_cet_mul), run_cet_mul),
+    ];
+    for (name, addr, run) in cases {
+        let want = run();
+        let func = ftrace::find_symbol(None, name).unwrap().remove(0);
+        // SAFETY: the function's own bytes, `size` long.
+        let code =
+            unsafe { std::slice::from_raw_parts(addr as *const u8, func.size as usize) }.to_vec();
+        let site = ftrace::site_covering_func(&func);
+        let mut probed = 0;
+        for b in ftprobe::arch::x86_64::insn::boundaries(&code, addr) {
+            if site.is_some_and(|s| b > s && b < s + 5) {
+                continue;
+            }
+            let off = b - addr;
+            let p = leak(Kprobe::new(
+                sym(name, off),
+                Some(count_pre),
+                Some(count_post),
+            ));
+            match kprobes::register_kprobe(p) {
+                Ok(()) => {}
+                // func+0 with endbr64 is the site at +4 (registered through it).
+                Err(e) => panic!("{name}+{off:#x}: {e}"),
+            }
+            for _ in 0..3 {
+                assert_eq!(run(), want, "{name}+{off:#x}: result unchanged");
+            }
+            assert_eq!(
+                hits(p),
+                (3, 3),
+                "{name}+{off:#x}: pre and post on each of 3 calls"
+            );
+            kprobes::unregister_kprobe(p).unwrap();
+            probed += 1;
+        }
+        // SAFETY: the function's own bytes, as above.
+        let now = unsafe { std::slice::from_raw_parts(addr as *const u8, code.len()) };
+        assert_eq!(&code[..], now, "{name} restored");
+        assert!(probed >= 4, "{name}: {probed} boundaries");
+    }
+}
+
+static THREAD_HITS: AtomicU64 = AtomicU64::new(0);
+fn thread_pre(_p: &Kprobe, _regs: &mut PtRegs) -> i32 {
+    THREAD_HITS.fetch_add(1, Ordering::Relaxed);
+    0
+}
+
+fn int3_probe_hammered_by_eight_threads() {
+    // fx_pg_mul+0: push %rbp, boosted (no post_handler).
+    let p = leak(Kprobe::new(sym("fx_pg_mul", 0), Some(thread_pre), None));
+    kprobes::register_kprobe(p).unwrap();
+    let per_thread = 20_000;
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..per_thread {
+                    // SAFETY: plain C function.
+                    assert_eq!(unsafe { fx_pg_mul(t, i) }, t * i);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(THREAD_HITS.load(Ordering::Relaxed), 8 * per_thread as u64);
+    assert_eq!(p.nmissed(), 0);
     kprobes::unregister_kprobe(p).unwrap();
 }
 
@@ -357,9 +473,10 @@ fn main() {
         ),
         ("inside_a_site_is_refused", inside_a_site_is_refused),
         (
-            "pg_func_plus_0_is_not_the_site",
-            pg_func_plus_0_is_not_the_site,
+            "pg_func_plus_0_is_an_int3_probe_and_plus_4_the_site",
+            pg_func_plus_0_is_an_int3_probe_and_plus_4_the_site,
         ),
+        ("int3_probe_on_every_boundary", int3_probe_on_every_boundary),
         (
             "recursion_into_the_probed_function_is_missed",
             recursion_into_the_probed_function_is_missed,
@@ -378,6 +495,11 @@ fn main() {
             failed_arming_enables_nothing,
         ),
         ("bad_targets", bad_targets),
+        // Last: it starts threads (ftrace::init is long done, nothing else patches meanwhile).
+        (
+            "int3_probe_hammered_by_eight_threads",
+            int3_probe_hammered_by_eight_threads,
+        ),
     ];
     for (name, case) in cases {
         print!("test {name} ... ");

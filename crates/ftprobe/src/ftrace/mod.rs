@@ -326,6 +326,7 @@ struct Object {
     module: String,
     areas: Vec<TrampArea>,
     text: (u64, u64),
+    writable: bool,
 }
 
 struct RecMeta {
@@ -430,12 +431,14 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
                 },
             ));
         }
+        let writable = !image.sites.is_empty();
         objects.push(Object {
             image,
             bias: lo.bias,
             module,
             areas: Vec::new(),
             text,
+            writable,
         });
     }
     sites.sort_by_key(|s| s.0);
@@ -579,6 +582,79 @@ pub fn symbol_at(addr: u64) -> Option<(SymbolAddr, u64)> {
             off,
         ))
     })
+}
+
+/// Executable memory near `addr` (within call/jmp rel32 reach of it) for code that `make`
+/// produces for the address it will have: XOL slots of int3 kprobes. Never freed.
+pub fn alloc_code_near(
+    addr: u64,
+    len: usize,
+    make: impl FnOnce(u64) -> Vec<u8>,
+) -> Result<u64, FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    let o = st
+        .objects
+        .iter_mut()
+        .find(|o| addr >= o.text.0 && addr < o.text.1)
+        .ok_or(FtraceError::NoSite(addr))?;
+    let mut make = Some(make);
+    if let Some(a) = o
+        .areas
+        .iter_mut()
+        .filter(|a| a.reachable_from(addr))
+        .find_map(|a| {
+            let m = make.take()?;
+            a.alloc_with(len, m)
+        })
+    {
+        return Ok(a);
+    }
+    let mut area = TrampArea::near(o.text.0, o.text.1)?;
+    let make = make.ok_or(FtraceError::NoSite(addr))?;
+    let a = area.alloc_with(len, make).expect("a new area holds a slot");
+    o.areas.push(area);
+    Ok(a)
+}
+
+/// Make the code of the object containing `addr` writable (once per object), for int3 probes
+/// on objects without ftrace sites.
+pub fn make_code_writable(addr: u64) -> Result<(), FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    let Some(o) = st
+        .objects
+        .iter_mut()
+        .find(|o| addr >= o.text.0 && addr < o.text.1)
+    else {
+        return Err(FtraceError::NoSite(addr));
+    };
+    if !o.writable {
+        // SAFETY: the range is the object's executable segments, mapped by the loader.
+        unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
+        o.writable = true;
+    }
+    Ok(())
+}
+
+/// Whether `addr` is in code ftprobe made (a trampoline or an XOL slot).
+pub fn is_ftprobe_code(addr: u64) -> bool {
+    let g = lock();
+    g.as_ref().is_some_and(|st| {
+        st.objects
+            .iter()
+            .any(|o| o.areas.iter().any(|a| a.contains(addr)))
+    })
+}
+
+/// The module (file name) of the object containing `addr`.
+pub fn module_of(addr: u64) -> Option<String> {
+    let g = lock();
+    let st = g.as_ref()?;
+    st.objects
+        .iter()
+        .find(|o| o.image.contains(addr.wrapping_sub(o.bias)))
+        .map(|o| o.module.clone())
 }
 
 /// The site whose 5 bytes cover `addr` (`ip <= addr < ip + 5`), if any.

@@ -11,6 +11,7 @@
 //! ordinary instruction, not the site.
 
 mod ftrace;
+mod int3;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -144,6 +145,12 @@ pub enum KprobeError {
         /// Where the function's site is, if it has one.
         hint: String,
     },
+    /// A probe on the probe path itself (the kernel's NOKPROBE_SYMBOL blacklist) (-EINVAL).
+    #[error("{0} is on ftprobe's probe path (blacklisted)")]
+    Blacklisted(String),
+    /// The instruction cannot be probed with int3 (refused, undecodable, out of reach).
+    #[error(transparent)]
+    Insn(#[from] crate::arch::x86_64::insn::InsnError),
     /// The same `Kprobe` is registered already (-EINVAL).
     #[error("kprobe is already registered")]
     AlreadyRegistered,
@@ -227,9 +234,21 @@ pub(crate) fn published() -> Option<&'static ProbeList> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-/// Resolve a target to the address to probe, applying the ENDBR rule and refusing what is
-/// not an instruction boundary or not a site.
-pub fn resolve(target: &KprobeTarget) -> Result<u64, KprobeError> {
+/// Where a probe goes and how it is armed.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The address probed (after the ENDBR rule).
+    pub addr: u64,
+    /// The function containing it.
+    pub func: SymbolAddr,
+    /// A site's first byte: armed through ftrace. Otherwise an int3 probe.
+    pub ftrace: bool,
+}
+
+/// Resolve a target to the address to probe, applying the ENDBR rule; refuse an address
+/// inside a site but not at its first byte (EILSEQ). Whether any other address is an
+/// instruction boundary is checked when an int3 probe is armed.
+pub fn resolve(target: &KprobeTarget) -> Result<Resolved, KprobeError> {
     let (func, offset) = match target {
         KprobeTarget::Symbol {
             module,
@@ -265,14 +284,10 @@ pub fn resolve(target: &KprobeTarget) -> Result<u64, KprobeError> {
         KprobeTarget::Addr(a) => match ft::symbol_at(*a) {
             Some((f, off)) => (f, off),
             None => {
-                return match ft::site_covering(*a) {
-                    Some(ip) if ip == *a => Ok(ip),
-                    Some(_) => Err(KprobeError::NotInsnBoundary),
-                    None => Err(KprobeError::NotASite {
-                        at: format!("{a:#x}"),
-                        hint: String::new(),
-                    }),
-                }
+                return Err(KprobeError::NotASite {
+                    at: format!("{a:#x}"),
+                    hint: " (no function symbol contains it)".to_owned(),
+                })
             }
         },
     };
@@ -282,24 +297,17 @@ pub fn resolve(target: &KprobeTarget) -> Result<u64, KprobeError> {
         addr += ENDBR64.len() as u64;
     }
     match ft::site_covering(addr) {
-        Some(ip) if ip == addr => Ok(addr),
+        Some(ip) if ip == addr => Ok(Resolved {
+            addr,
+            func,
+            ftrace: true,
+        }),
         Some(_) => Err(KprobeError::NotInsnBoundary),
-        None => {
-            let hint = ft::site_covering_func(&func)
-                .map(|ip| {
-                    format!(
-                        " (the site of {} is {}+{:#x})",
-                        func.name,
-                        func.name,
-                        ip - func.addr
-                    )
-                })
-                .unwrap_or_default();
-            Err(KprobeError::NotASite {
-                at: format!("{}+{offset:#x}", func.name),
-                hint,
-            })
-        }
+        None => Ok(Resolved {
+            addr,
+            func,
+            ftrace: false,
+        }),
     }
 }
 
@@ -322,17 +330,40 @@ pub fn register_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
     {
         return Err(KprobeError::AlreadyRegistered);
     }
-    let addr = resolve(&p.target)?;
+    let r = resolve(&p.target)?;
+    let addr = r.addr;
     p.addr.store(addr, Ordering::Relaxed);
-    p.flags.fetch_or(KPROBE_FLAG_FTRACE, Ordering::Relaxed);
+    if r.ftrace {
+        p.flags.fetch_or(KPROBE_FLAG_FTRACE, Ordering::Relaxed);
+    } else {
+        p.flags.fetch_and(!KPROBE_FLAG_FTRACE, Ordering::Relaxed);
+    }
     p.flags.fetch_and(!KPROBE_FLAG_GONE, Ordering::Relaxed);
     t.probes.entry(addr).or_default().push(p);
     t.publish();
-    if let Err(e) = ftrace::arm(&t.probes, addr) {
+    if let Err(e) = arm(&t, addr) {
         remove(&mut t, p);
-        return Err(e.into());
+        return Err(e);
     }
     Ok(())
+}
+
+/// Bring the arming of `addr` in line with the probes registered there: ftrace ops for a
+/// site, the int3 otherwise (armed while any probe there is enabled).
+fn arm(t: &Table, addr: u64) -> Result<(), KprobeError> {
+    let here = t.probes.get(&addr).map(Vec::as_slice).unwrap_or(&[]);
+    let is_site = ft::site_covering(addr) == Some(addr);
+    if is_site {
+        return ftrace::arm(&t.probes, addr).map_err(Into::into);
+    }
+    if here.iter().any(|p| !p.is_disabled()) {
+        let func = ft::symbol_at(addr)
+            .map(|(f, _)| f)
+            .ok_or_else(|| KprobeError::NoSymbol(format!("{addr:#x}")))?;
+        int3::arm(addr, &func)
+    } else {
+        int3::disarm(addr)
+    }
 }
 
 fn remove(t: &mut Table, p: &'static Kprobe) -> Option<u64> {
@@ -351,8 +382,7 @@ fn remove(t: &mut Table, p: &'static Kprobe) -> Option<u64> {
 pub fn unregister_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
     let mut t = lock();
     let addr = remove(&mut t, p).ok_or(KprobeError::NotRegistered)?;
-    ftrace::arm(&t.probes, addr)?;
-    Ok(())
+    arm(&t, addr)
 }
 
 /// Stop a probe's handlers without unregistering it (`disable_kprobe()`).
@@ -383,9 +413,9 @@ fn set_disabled(p: &'static Kprobe, disabled: bool) -> Result<(), KprobeError> {
         }
     };
     set(disabled);
-    if let Err(e) = ftrace::arm(&t.probes, p.addr()) {
+    if let Err(e) = arm(&t, p.addr()) {
         set(!disabled);
-        return Err(e.into());
+        return Err(e);
     }
     Ok(())
 }

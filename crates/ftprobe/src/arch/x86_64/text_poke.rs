@@ -46,6 +46,33 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// The SIGTRAP action that was in place before ours; written once, before `INSTALLED` is set.
 static mut OLD_ACTION: MaybeUninit<libc::sigaction> = MaybeUninit::zeroed();
 
+/// A trap handler of a higher layer (int3 kprobes), called for a trap that is not a batch in
+/// flight; returns whether the trap was its own. Probe path: async-signal-safe.
+pub type TrapHook = fn(&mut libc::ucontext_t) -> bool;
+
+static TRAP_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Register the trap hook (one; a later call replaces it).
+pub fn set_trap_hook(hook: TrapHook) {
+    // Release pairs with the Acquire load in `sigtrap_handler`.
+    TRAP_HOOK.store(hook as *mut (), Ordering::Release);
+}
+
+/// Write one byte of code and make every thread see it: arming or disarming an int3
+/// (a one-byte store is atomic with respect to instruction fetch; `sync_core` follows).
+///
+/// # Safety
+/// `addr` must be the first byte of an instruction in writable code of this process (or the
+/// int3 this module wrote there), and `byte` either `INT3` or that instruction's original first
+/// byte.
+pub unsafe fn poke_byte(addr: u64, byte: u8) -> Result<(), TextPokeError> {
+    init()?;
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::write_volatile(addr as *mut u8, byte) };
+    sys::sync_core_all_threads()?;
+    Ok(())
+}
+
 /// Install the SIGTRAP handler and register for membarrier. Idempotent.
 pub fn init() -> Result<(), TextPokeError> {
     if INSTALLED.load(Ordering::Acquire) {
@@ -55,7 +82,9 @@ pub fn init() -> Result<(), TextPokeError> {
     // SAFETY: a zeroed sigaction is a valid value (empty mask, no flags, SIG_DFL).
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
     act.sa_sigaction = sigtrap_handler as *const () as usize;
-    act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+    // SA_NODEFER: a probe handler running inside this handler may hit another int3 probe; with
+    // SIGTRAP blocked the kernel would kill the process instead of delivering it.
+    act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER;
     // SAFETY: `act` is a valid sigaction whose handler is async-signal-safe; OLD_ACTION is only
     // written here, before INSTALLED is published with Release, and only read by the handler
     // after it has seen INSTALLED (Acquire), so there is no concurrent access.
@@ -194,6 +223,15 @@ extern "C" fn sigtrap_handler(
             handled = true;
         }
     }
+    HANDLERS_ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    if !handled {
+        let hook = TRAP_HOOK.load(Ordering::Acquire);
+        if !hook.is_null() {
+            // SAFETY: TRAP_HOOK only ever holds a `TrapHook` (see `set_trap_hook`).
+            let hook: TrapHook = unsafe { std::mem::transmute::<*mut (), TrapHook>(hook) };
+            handled = hook(uc);
+        }
+    }
     if !handled {
         // SAFETY: `addr` is where the trapping int3 was fetched from: mapped, readable code.
         let still_int3 = unsafe { std::ptr::read_volatile(addr as *const u8) } == INT3;
@@ -204,7 +242,6 @@ extern "C" fn sigtrap_handler(
             handled = true;
         }
     }
-    HANDLERS_ACTIVE.fetch_sub(1, Ordering::SeqCst);
     if !handled {
         chain_to_old_handler(sig, info, ctx);
     }

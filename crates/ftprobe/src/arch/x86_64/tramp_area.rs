@@ -58,6 +58,23 @@ impl TrampArea {
         far < (1 << 31) - 4096
     }
 
+    /// Whether `addr` lies inside this area.
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.base && addr < self.base + AREA_SIZE
+    }
+
+    /// Reserve `len` bytes, let `make` produce their contents for the address they will have,
+    /// copy them in; `None` if the area is full.
+    pub fn alloc_with(&mut self, len: usize, make: impl FnOnce(u64) -> Vec<u8>) -> Option<u64> {
+        let at = self.base + self.used;
+        if self.used + len as u64 > AREA_SIZE {
+            return None;
+        }
+        let code = make(at);
+        debug_assert!(code.len() <= len);
+        self.alloc(&code[..code.len().min(len)])
+    }
+
     /// Copy `code` into the area and return its address, or `None` if the area is full.
     pub fn alloc(&mut self, code: &[u8]) -> Option<u64> {
         let len = (code.len() as u64).div_ceil(16) * 16;

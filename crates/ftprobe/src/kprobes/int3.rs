@@ -1,0 +1,447 @@
+//! int3 kprobes (arch/x86/kernel/kprobes/core.c): a breakpoint on any instruction boundary.
+//!
+//! Arming writes `int3` over the instruction's first byte. On a hit the SIGTRAP handler
+//! (`text_poke`'s, which calls [`handle_trap`] for traps that are not its own) runs the
+//! pre_handlers with `regs.ip = addr + 1`, then makes the thread execute the displaced
+//! instruction: emulated in the handler (branches, calls, returns: no slot), or copied into an
+//! XOL slot within rel32 reach (RIP-relative operands fixed up) that either ends with a `jmp`
+//! back (boosted: no second trap) or with an `int3`, whose trap runs the post_handlers with
+//! `regs.ip = addr + len` and resumes after the original instruction. A probe already running
+//! on the thread (a handler hit another probe) counts `nmissed` and the instruction runs
+//! without handlers, as the kernel's `reenter_kprobe()`.
+//!
+//! Everything reached from [`handle_trap`] is async-signal-safe: published tables read with
+//! atomics, no allocation, no lock.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
+
+use super::{kprobe_running, published, Kprobe, KprobeError, CURRENT_KPROBE};
+use crate::arch::x86_64::insn::{self, Emulate, GpReg, XolPlan};
+use crate::arch::x86_64::nops::INT3;
+use crate::arch::x86_64::text_poke;
+use crate::ftrace::{self as ft, PtRegs, SymbolAddr};
+
+/// One armed address.
+#[derive(Clone)]
+struct Armed {
+    addr: u64,
+    orig: u8,
+    len: u8,
+    plan: XolPlan,
+    /// XOL slot ending with `int3` (0 when emulated): used with post_handlers, or when the
+    /// instruction may not be boosted.
+    slot_step: u64,
+    /// XOL slot ending with `jmp addr+len` (0 when not boostable).
+    slot_boost: u64,
+}
+
+/// What the trap handler reads: sorted by address, and by the address of a slot's final
+/// `int3` (non-boosted slots).
+struct Table {
+    by_addr: Vec<Armed>,
+    by_slot_trap: Vec<(u64, usize)>,
+}
+
+struct Ctrl {
+    armed: BTreeMap<u64, Armed>,
+    /// Published tables: kept, never freed (a handler may still read one).
+    #[allow(clippy::vec_box)]
+    retired: Vec<Box<Table>>,
+}
+
+static CTRL: Mutex<Ctrl> = Mutex::new(Ctrl {
+    armed: BTreeMap::new(),
+    retired: Vec::new(),
+});
+static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    /// Between a non-boosted hit and its slot's trap: the probe address, and whether the
+    /// post_handlers are due (not on a re-entered hit). Const-initialized.
+    static SINGLE_STEP: Cell<(u64, bool)> = const { Cell::new((0, false)) };
+}
+
+fn publish(c: &mut Ctrl) {
+    let by_addr: Vec<Armed> = c.armed.values().cloned().collect();
+    let mut by_slot_trap: Vec<(u64, usize)> = by_addr
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.slot_step != 0)
+        .map(|(i, a)| (a.slot_step + xol_code_len(&a.plan) as u64, i))
+        .collect();
+    by_slot_trap.sort_unstable();
+    let t = Box::into_raw(Box::new(Table {
+        by_addr,
+        by_slot_trap,
+    }));
+    // Release pairs with the Acquire load in `handle_trap`.
+    let old = TABLE.swap(t, Ordering::AcqRel);
+    if !old.is_null() {
+        // SAFETY: old came from Box::into_raw above; kept alive in `retired` for readers.
+        c.retired.push(unsafe { Box::from_raw(old) });
+    }
+}
+
+/// Names on the probe path (the handler and what it calls): refused as targets, as the
+/// kernel's NOKPROBE_SYMBOL list.
+const BLACKLIST: &[&str] = &[
+    "syscall",
+    "prctl",
+    "process_vm_readv",
+    "getpid",
+    "gettid",
+    "__tls_get_addr",
+    "raise",
+    "sigaction",
+    "__restore_rt",
+    "membarrier",
+];
+
+fn lock() -> std::sync::MutexGuard<'static, Ctrl> {
+    CTRL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The function's code as it is in the file: memory, with the int3s already armed in it
+/// replaced by their original bytes.
+fn original_code(func: &SymbolAddr, c: &Ctrl) -> Vec<u8> {
+    let len = func.size.max(16) as usize;
+    // SAFETY: the function lies in an executable segment of a loaded object, `size` bytes
+    // long (16 when the symbol has no size: still inside the mapped segment's page).
+    let mut code = unsafe { std::slice::from_raw_parts(func.addr as *const u8, len) }.to_vec();
+    for (a, armed) in c.armed.range(func.addr..func.addr + len as u64) {
+        code[(a - func.addr) as usize] = armed.orig;
+    }
+    code
+}
+
+/// Check that `addr` can take an int3 probe and arm it (idempotent for an armed address).
+pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
+    let mut c = lock();
+    if c.armed.contains_key(&addr) {
+        return Ok(());
+    }
+    if ft::is_ftprobe_code(addr)
+        || ft::module_of(addr).is_some_and(|m| m.starts_with("libftprobe_agent"))
+        || BLACKLIST.contains(&func.name.as_str())
+    {
+        return Err(KprobeError::Blacklisted(format!(
+            "{}+{:#x}",
+            func.name,
+            addr - func.addr
+        )));
+    }
+    let code = original_code(func, &c);
+    // Classify first (the slot's address matters only to RIP-relative operands).
+    let plan = insn::plan(&code, func.addr, addr, addr).map_err(KprobeError::from)?;
+    let len = match &plan {
+        XolPlan::Xol { len, .. } | XolPlan::Emulate { len, .. } => *len,
+    };
+    let (mut slot_step, mut slot_boost) = (0, 0);
+    if let XolPlan::Xol { boostable, .. } = plan {
+        slot_step = xol_slot(&code, func.addr, addr, false)?;
+        if boostable {
+            slot_boost = xol_slot(&code, func.addr, addr, true)?;
+        }
+    }
+    ft::make_code_writable(addr)?;
+    let orig = code[(addr - func.addr) as usize];
+    c.armed.insert(
+        addr,
+        Armed {
+            addr,
+            orig,
+            len,
+            plan,
+            slot_step,
+            slot_boost,
+        },
+    );
+    publish(&mut c);
+    text_poke::set_trap_hook(handle_trap);
+    // SAFETY: addr is an instruction boundary (insn::plan checked it by decoding the function
+    // from its start) in code made writable above; int3 is a whole instruction.
+    if let Err(e) = unsafe { text_poke::poke_byte(addr, INT3) } {
+        c.armed.remove(&addr);
+        publish(&mut c);
+        return Err(KprobeError::Ftrace(e.into()));
+    }
+    Ok(())
+}
+
+/// Bytes of the relocated instruction in a slot.
+fn xol_code_len(plan: &XolPlan) -> usize {
+    match plan {
+        XolPlan::Xol { code, .. } => code.len(),
+        XolPlan::Emulate { .. } => 0,
+    }
+}
+
+/// Make an XOL slot near `addr`: the instruction relocated for the slot's address, then
+/// `jmp addr+len` (`boost`) or `int3`.
+fn xol_slot(code: &[u8], func_addr: u64, addr: u64, boost: bool) -> Result<u64, KprobeError> {
+    let mut planned: Option<Result<(), insn::InsnError>> = None;
+    let slot = ft::alloc_code_near(addr, 15 + 5, |slot| {
+        match insn::plan(code, func_addr, addr, slot) {
+            Ok(XolPlan::Xol { code, len, .. }) => {
+                planned = Some(Ok(()));
+                let mut bytes = code.clone();
+                if boost {
+                    let back = crate::arch::x86_64::nops::call_rel32(
+                        slot + code.len() as u64,
+                        addr + len as u64,
+                    )
+                    .map(|mut c| {
+                        c[0] = 0xe9; // jmp rel32: same encoding as call but the opcode
+                        c
+                    });
+                    match back {
+                        Some(j) => bytes.extend_from_slice(&j),
+                        None => bytes.push(INT3),
+                    }
+                } else {
+                    bytes.push(INT3);
+                }
+                bytes
+            }
+            Ok(XolPlan::Emulate { .. }) => {
+                planned = Some(Ok(()));
+                vec![INT3]
+            }
+            Err(e) => {
+                planned = Some(Err(e));
+                vec![INT3]
+            }
+        }
+    })?;
+    planned.expect("alloc_code_near calls make")?;
+    Ok(slot)
+}
+
+/// Put the original byte back (the slot stays: a thread may still be in it).
+pub(super) fn disarm(addr: u64) -> Result<(), KprobeError> {
+    let mut c = lock();
+    let Some(a) = c.armed.get(&addr) else {
+        return Ok(());
+    };
+    // SAFETY: addr holds the int3 `arm` wrote over this original byte.
+    unsafe { text_poke::poke_byte(addr, a.orig) }.map_err(|e| KprobeError::Ftrace(e.into()))?;
+    c.armed.remove(&addr);
+    publish(&mut c);
+    Ok(())
+}
+
+// ---- probe path ------------------------------------------------------------------------
+
+fn to_regs(g: &[libc::greg_t; 23]) -> PtRegs {
+    let r = |i: libc::c_int| g[i as usize] as u64;
+    PtRegs {
+        r15: r(libc::REG_R15),
+        r14: r(libc::REG_R14),
+        r13: r(libc::REG_R13),
+        r12: r(libc::REG_R12),
+        rbp: r(libc::REG_RBP),
+        rbx: r(libc::REG_RBX),
+        r11: r(libc::REG_R11),
+        r10: r(libc::REG_R10),
+        r9: r(libc::REG_R9),
+        r8: r(libc::REG_R8),
+        rax: r(libc::REG_RAX),
+        rcx: r(libc::REG_RCX),
+        rdx: r(libc::REG_RDX),
+        rsi: r(libc::REG_RSI),
+        rdi: r(libc::REG_RDI),
+        orig_rax: u64::MAX,
+        ip: r(libc::REG_RIP),
+        cs: 0x33,
+        flags: r(libc::REG_EFL),
+        sp: r(libc::REG_RSP),
+        ss: 0x2b,
+    }
+}
+
+fn from_regs(g: &mut [libc::greg_t; 23], regs: &PtRegs) {
+    let mut w = |i: libc::c_int, v: u64| g[i as usize] = v as libc::greg_t;
+    w(libc::REG_R15, regs.r15);
+    w(libc::REG_R14, regs.r14);
+    w(libc::REG_R13, regs.r13);
+    w(libc::REG_R12, regs.r12);
+    w(libc::REG_RBP, regs.rbp);
+    w(libc::REG_RBX, regs.rbx);
+    w(libc::REG_R11, regs.r11);
+    w(libc::REG_R10, regs.r10);
+    w(libc::REG_R9, regs.r9);
+    w(libc::REG_R8, regs.r8);
+    w(libc::REG_RAX, regs.rax);
+    w(libc::REG_RCX, regs.rcx);
+    w(libc::REG_RDX, regs.rdx);
+    w(libc::REG_RSI, regs.rsi);
+    w(libc::REG_RDI, regs.rdi);
+    w(libc::REG_RIP, regs.ip);
+    w(libc::REG_RSP, regs.sp);
+    w(libc::REG_EFL, regs.flags);
+}
+
+fn gp(regs: &mut PtRegs, r: GpReg) -> &mut u64 {
+    match r.index() {
+        0 => &mut regs.rax,
+        1 => &mut regs.rcx,
+        2 => &mut regs.rdx,
+        3 => &mut regs.rbx,
+        4 => &mut regs.sp,
+        5 => &mut regs.rbp,
+        6 => &mut regs.rsi,
+        7 => &mut regs.rdi,
+        8 => &mut regs.r8,
+        9 => &mut regs.r9,
+        10 => &mut regs.r10,
+        11 => &mut regs.r11,
+        12 => &mut regs.r12,
+        13 => &mut regs.r13,
+        14 => &mut regs.r14,
+        _ => &mut regs.r15,
+    }
+}
+
+/// Execute an emulated instruction on `regs` (the kernel's `int3_emulate_*`).
+fn emulate(e: &Emulate, addr: u64, len: u64, regs: &mut PtRegs) {
+    let next = addr + len;
+    let push = |regs: &mut PtRegs, v: u64| {
+        regs.sp -= 8;
+        // SAFETY: the thread's stack below sp: what the call instruction itself would write.
+        unsafe { std::ptr::write_volatile(regs.sp as *mut u64, v) };
+    };
+    regs.ip = match *e {
+        Emulate::CallRel { target } => {
+            push(regs, next);
+            target
+        }
+        Emulate::JmpRel { target } => target,
+        Emulate::Jcc { cond, target } => {
+            if cond.holds(regs.flags) {
+                target
+            } else {
+                next
+            }
+        }
+        Emulate::Loop {
+            kind,
+            target,
+            addr32,
+        } => {
+            if insn::loop_taken(kind, addr32, &mut regs.rcx, regs.flags) {
+                target
+            } else {
+                next
+            }
+        }
+        Emulate::Ret { pop } => {
+            // SAFETY: the return address at sp, which the ret instruction itself would read.
+            let to = unsafe { std::ptr::read_volatile(regs.sp as *const u64) };
+            regs.sp += 8 + pop as u64;
+            to
+        }
+        Emulate::CallReg { reg } => {
+            let to = *gp(regs, reg);
+            push(regs, next);
+            to
+        }
+        Emulate::JmpReg { reg } => *gp(regs, reg),
+        Emulate::Nop => next,
+    };
+}
+
+fn run_post(probes: &[&'static Kprobe], regs: &mut PtRegs) {
+    for p in probes.iter().filter(|p| !p.is_disabled()) {
+        if let Some(post) = p.post_handler {
+            CURRENT_KPROBE.set(*p as *const Kprobe);
+            post(p, regs, 0);
+        }
+    }
+}
+
+/// Probe path: a SIGTRAP that is not a text_poke batch's. Returns whether it was ours.
+pub(super) fn handle_trap(uc: &mut libc::ucontext_t) -> bool {
+    // Acquire pairs with the Release swap in `publish`.
+    let t = TABLE.load(Ordering::Acquire);
+    if t.is_null() {
+        return false;
+    }
+    // SAFETY: published tables are never freed (see Ctrl::retired).
+    let t = unsafe { &*t };
+    let g = &mut uc.uc_mcontext.gregs;
+    let trap = g[libc::REG_RIP as usize] as u64 - 1;
+    if let Ok(i) = t.by_addr.binary_search_by_key(&trap, |a| a.addr) {
+        hit(&t.by_addr[i], g);
+        return true;
+    }
+    if let Ok(i) = t.by_slot_trap.binary_search_by_key(&trap, |s| s.0) {
+        let a = &t.by_addr[t.by_slot_trap[i].1];
+        let (addr, post_due) = SINGLE_STEP.get();
+        let mut regs = to_regs(g);
+        regs.ip = a.addr + a.len as u64;
+        if addr == a.addr && post_due {
+            if let Some(probes) = published().and_then(|l| l.get(a.addr)) {
+                run_post(probes, &mut regs);
+            }
+            CURRENT_KPROBE.set(std::ptr::null());
+        }
+        SINGLE_STEP.set((0, false));
+        from_regs(g, &regs);
+        return true;
+    }
+    false
+}
+
+fn hit(a: &Armed, g: &mut [libc::greg_t; 23]) {
+    let probes: &[&'static Kprobe] = published().and_then(|l| l.get(a.addr)).unwrap_or(&[]);
+    let mut regs = to_regs(g);
+    let reentered = kprobe_running().is_some();
+    let has_post = probes
+        .iter()
+        .any(|p| !p.is_disabled() && p.post_handler.is_some());
+    if reentered {
+        for p in probes.iter().filter(|p| !p.is_disabled()) {
+            p.nmissed.fetch_add(1, Ordering::Relaxed);
+        }
+    } else {
+        regs.ip = a.addr + 1;
+        for p in probes.iter().filter(|p| !p.is_disabled()) {
+            CURRENT_KPROBE.set(*p as *const Kprobe);
+            if let Some(pre) = p.pre_handler {
+                if pre(p, &mut regs) != 0 {
+                    // The handler moved ip: continue there, skip the instruction.
+                    CURRENT_KPROBE.set(std::ptr::null());
+                    from_regs(g, &regs);
+                    return;
+                }
+            }
+        }
+    }
+    match &a.plan {
+        XolPlan::Emulate { insn, .. } => {
+            emulate(insn, a.addr, a.len as u64, &mut regs);
+            if !reentered && has_post {
+                run_post(probes, &mut regs);
+            }
+            if !reentered {
+                CURRENT_KPROBE.set(std::ptr::null());
+            }
+        }
+        XolPlan::Xol { .. } => {
+            if a.slot_boost != 0 && (reentered || !has_post) {
+                // The boosted slot jumps back by itself: no second trap.
+                regs.ip = a.slot_boost;
+                if !reentered {
+                    CURRENT_KPROBE.set(std::ptr::null());
+                }
+            } else {
+                regs.ip = a.slot_step;
+                SINGLE_STEP.set((a.addr, !reentered));
+            }
+        }
+    }
+    from_regs(g, &regs);
+}
