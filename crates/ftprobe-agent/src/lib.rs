@@ -152,7 +152,7 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    if ftrace::functions()?.is_empty() {
+    if env.events.is_empty() && ftrace::functions()?.is_empty() {
         return Err(
             "no function of this program or its libraries has an ftrace site: nothing to trace \
                     (build with -pg -mfentry, -pg, or -fpatchable-function-entry=5)"

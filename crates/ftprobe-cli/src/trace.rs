@@ -68,14 +68,18 @@ fn agent_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the ftprobe executable")?;
     let dir = exe.parent().context("ftprobe has no directory")?;
-    for cand in [
+    // In a cargo target dir both `libftprobe_agent.so` and `deps/libftprobe_agent.so` may
+    // exist, and `cargo test` refreshes only the second: take the newest.
+    let newest = [
         dir.join("libftprobe_agent.so"),
         dir.join("deps/libftprobe_agent.so"),
         dir.join("../lib/libftprobe_agent.so"),
-    ] {
-        if cand.exists() {
-            return Ok(cand);
-        }
+    ]
+    .into_iter()
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max_by_key(|(t, _)| *t);
+    if let Some((_, p)) = newest {
+        return Ok(p);
     }
     bail!(
         "cannot find libftprobe_agent.so next to {} (build it with `cargo build`, or pass --agent)",

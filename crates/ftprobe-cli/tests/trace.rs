@@ -511,15 +511,27 @@ fn malformed_and_unarmable_definitions_are_refused_with_a_caret() {
 }
 
 #[test]
-fn pg_func_plus_0_is_not_a_site() {
+fn pg_func_plus_0_is_an_int3_probe() {
+    // -pg: func+0 is `push %rbp`, an ordinary instruction: an int3 probe, not [FTRACE].
     let exe = fixture("calls", Flavour::McountPie).unwrap();
-    let (out, _) = trace(&["-e", "p work"], &[exe.to_str().unwrap(), "1"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("(work+0x0 is not an ftrace site"), "{err}");
-    assert!(err.contains("(the site of work is work+0x4)"), "{err}");
-    // At the site, $argN is refused as the kernel refuses it off a function's entry.
-    let (out, _) = trace(&["-e", "p work+4 $arg1"], &[exe.to_str().unwrap(), "1"]);
+    let exe = exe.to_str().unwrap();
+    let (out, text) = trace(&["-e", "p:w work a=$arg1 b=$arg2"], &[exe, "4"]);
+    assert_eq!(out.stdout, untraced(&[exe, "4"]).stdout);
+    let lines = kprobe_lines(&text, "w");
+    assert_eq!(lines.len(), 4, "{text}");
+    for (i, l) in lines.iter().enumerate() {
+        assert!(
+            l.starts_with("work+0x0/") && l.ends_with(&format!(") a={i:#x} b={:#x}", i + 1)),
+            "{l}"
+        );
+    }
+    let list = text
+        .lines()
+        .find(|l| l.contains("  k  work+0x0  "))
+        .unwrap();
+    assert!(!list.contains("[FTRACE]"), "{list}");
+    // At the site (+4), $argN is refused as the kernel refuses it off a function's entry.
+    let (out, _) = trace(&["-e", "p work+4 $arg1"], &[exe, "1"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -657,15 +669,15 @@ fn bitfields_removals_and_refusals_before_the_program_runs() {
 fn library_symbols_by_alias_and_unknown_objects() {
     let exe = fixture("calls", Flavour::Patchable).unwrap();
     let exe = exe.to_str().unwrap();
-    // glibc's printf is an alias of _IO_printf: found, and refused because it has no site.
-    let (out, _) = trace(&["-e", "p libc.so.6:printf"], &[exe]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        err.contains("error: Failed to register probe event"),
-        "{err}"
+    // glibc's printf is an alias of _IO_printf: found by that name, an int3 probe in libc.
+    let (out, text) = trace(
+        &["-e", "p:pf libc.so.6:printf", "-e", "p:pf2 libc:printf"],
+        &[exe, "3"],
     );
-    assert!(err.contains("printf+0x0 is not an ftrace site"), "{err}");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "sum=15\n");
+    assert_eq!(kprobe_lines(&text, "pf").len(), 1, "{text}");
+    assert_eq!(kprobe_lines(&text, "pf2").len(), 1, "{text}");
     let (out, _) = trace(&["-e", "p nosuchlib:work"], &[exe]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no object \"nosuchlib\" is loaded"), "{err}");
