@@ -42,6 +42,7 @@ fn main() {
         "c/fxsites.c",
         "c/fxsites_more.c",
         "c/sigstack.c",
+        "c/fetchargs.c",
         "c/lua_driver.c",
         "lua/tables.lua",
         "rust/calls_rs.rs",
@@ -113,6 +114,21 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     link(
         &[&obj],
         &fixtures.join(format!("sigstack-{}", fl.name())),
+        &[fl.ldflags()],
+    );
+
+    // fetchargs: one flavour, not PIE, so its globals' addresses are known before it runs.
+    let fl = Flavour::FentryNop;
+    let obj = objs.join("fetchargs.o");
+    compile(
+        &c_dir.join("fetchargs.c"),
+        &obj,
+        &[BASE_CFLAGS, fl.cflags()],
+        &[],
+    );
+    link(
+        &[&obj],
+        &fixtures.join(format!("fetchargs-{}", fl.name())),
         &[fl.ldflags()],
     );
 

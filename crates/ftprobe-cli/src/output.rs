@@ -5,8 +5,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use ftprobe::elf::ElfImage;
-use ftprobe::events::{FetchOp, ProbeDef};
-use ftprobe::trace_kprobe::RECORD_HEAD_WORDS;
+use ftprobe::events::{format_string, FetchType, ProbeDef};
+use ftprobe::trace_kprobe::{decode_args, ArgValue};
 
 use crate::symbols::Symbols;
 
@@ -30,39 +30,65 @@ pub fn header(out: &mut dyn Write, tracer: &str) -> std::io::Result<()> {
 }
 
 /// The rest of a kprobe event line as the kernel prints it (trace_kprobe.c,
-/// `print_kprobe_event()`): `EVENT: (sym+0xoff/0xsize) name=value ...`.
+/// `print_kprobe_event()`, trace_probe.c `print_probe_args()`): `EVENT: (sym+0xoff/0xsize)
+/// name=value ...`. Values as the kernel's print functions: integers as [`FetchType::format`],
+/// `char` as `'c'`, strings (`string`, `ustring`, `$comm`, `\"STR"`) as `"text"` with nothing
+/// escaped, `symbol` as `%pS` (`sym+0xoff/0xsize`, the bare address when no function covers
+/// it), `symstr` as that text in quotes, arrays as `{a,b,c}`, and `(fault)` for what could not
+/// be read.
 pub fn kprobe_event(def: &ProbeDef, words: &[u64], syms: &mut Symbols) -> String {
     let addr = words[1];
-    let faults = words[2];
-    let mut s = format!("{}: (", def.event);
-    match syms.lookup_sized(addr) {
-        Some((name, off, size)) => s.push_str(&format!("{name}+{off:#x}/{size:#x})")),
-        None => s.push_str(&format!("{addr:#x})")),
-    }
-    let mut at = RECORD_HEAD_WORDS;
-    for (i, a) in def.args.iter().enumerate() {
-        let value = if a.fetch == FetchOp::Comm {
-            // Two words: the thread's name at the hit, NUL-padded.
-            let (Some(lo), Some(hi)) = (words.get(at), words.get(at + 1)) else {
-                break;
-            };
-            at += 2;
-            let mut b = [lo.to_le_bytes(), hi.to_le_bytes()].concat();
-            b.truncate(b.iter().position(|&c| c == 0).unwrap_or(16));
-            format!("\"{}\"", String::from_utf8_lossy(&b))
-        } else {
-            let Some(&raw) = words.get(at) else { break };
-            at += 1;
-            if i < 64 && faults & (1 << i) != 0 {
-                "(fault)".to_owned()
-            } else {
-                a.ty.format(a.ty.extract_bitfield(raw))
-            }
-        };
-        s.push_str(&format!(" {}={value}", a.name));
+    let mut s = format!("{}: ({})", def.event, symbolize(addr, syms));
+    if let Some(values) = decode_args(def, words) {
+        for (a, v) in def.args.iter().zip(&values) {
+            s.push_str(&format!(" {}={}", a.name, format_value(&a.ty, v, syms)));
+        }
     }
     s.push('\n');
     s
+}
+
+/// An address as the kernel's `%pS`: `sym+0xoff/0xsize`, or `0x...` when no function of the
+/// target covers it.
+fn symbolize(addr: u64, syms: &mut Symbols) -> String {
+    match syms.lookup_sized(addr) {
+        Some((name, off, size)) => format!("{name}+{off:#x}/{size:#x}"),
+        None => format!("{addr:#x}"),
+    }
+}
+
+/// One value of type `ty` (an array's element type for its elements).
+fn format_scalar(ty: &FetchType, raw: u64, syms: &mut Symbols) -> String {
+    match ty {
+        FetchType::Symbol => symbolize(raw, syms),
+        // The kernel stores sprint_symbol()'s text and prints it as a string.
+        FetchType::Symstr => format!("\"{}\"", symbolize(raw, syms)),
+        _ => ty.format(ty.extract_bitfield(raw)),
+    }
+}
+
+/// One decoded argument of type `ty`.
+fn format_value(ty: &FetchType, v: &ArgValue, syms: &mut Symbols) -> String {
+    match v {
+        ArgValue::Fault => "(fault)".to_owned(),
+        ArgValue::Scalar(raw) => format_scalar(ty, *raw, syms),
+        ArgValue::Str(b) => format_string(b.as_deref()),
+        ArgValue::Array(elems) => {
+            let elem = match ty {
+                FetchType::Array { elem, .. } => elem,
+                t => t,
+            };
+            let parts: Vec<String> = elems
+                .iter()
+                .map(|&e| format_scalar(elem, e, syms))
+                .collect();
+            format!("{{{}}}", parts.join(","))
+        }
+        ArgValue::Strs(list) => {
+            let parts: Vec<String> = list.iter().map(|b| format_string(b.as_deref())).collect();
+            format!("{{{}}}", parts.join(","))
+        }
+    }
 }
 
 /// `ftprobe list functions BIN`.

@@ -41,11 +41,16 @@ const TARGET_DIR: &str = env!("FTPROBE_DEV_TARGET_DIR");
 /// - `sigstack [SIZE]` (only [`Flavour::FentryCallPieRecord`]): a signal handler on a
 ///   painted alternate stack calls `hf`; prints `used N`, the bytes of that stack used. With
 ///   SIZE (a multiple of 4096) the stack has a guard page below it.
+/// - `fetchargs` (only [`Flavour::FentryNop`], not PIE; it has no `work`): calls
+///   `take(struct thing *, const char *, long *)` four times with the data described at the
+///   top of `c/fetchargs.c` (heap, stack, NULL and wild pointers, a 5000-byte string); prints
+///   `gvar=0x.. gname=0x.. gwords=0x..` (its globals' addresses), then `calls=4`.
 /// - `threads [N]` (N = 1000 by default): 4 threads released together by a barrier; thread
 ///   `t` calls `work(i, t)` for `i` in `0..N` (from `thread_main`); prints `total=<6N^2>`.
 pub fn fixture(program: &str, flavour: Flavour) -> Option<PathBuf> {
     match program {
         "sigstack" if flavour == Flavour::FentryCallPieRecord => {}
+        "fetchargs" if flavour == Flavour::FentryNop => {}
         "calls" | "threads" => {}
         "calls_lib" if flavour.supports_pic() => {}
         _ => return None,

@@ -213,3 +213,82 @@ pub fn read_u64_nofault(addr: u64) -> Option<u64> {
     let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
     (n == 8).then_some(v)
 }
+
+/// Granularity at which [`read_nofault`] splits a read: `process_vm_readv` transfers
+/// partially only at iovec boundaries (process_vm_readv(2)), so a read split at every 4 KiB
+/// boundary returns the readable prefix of a range that runs into an unmapped page. (Larger
+/// pages are multiples of it.)
+const NOFAULT_PIECE: u64 = 4096;
+
+/// Read `buf.len()` bytes of this process's memory at `addr` without faulting; returns how
+/// many bytes, from the start, could be read (`buf.len()` when all of them). The range is
+/// split at 4 KiB boundaries, so a range that runs into an unmapped page yields its mapped
+/// prefix. *Probe path*: one `process_vm_readv` per two 4 KiB pieces (one for up to 4 KiB),
+/// 48 bytes of iovecs on the stack.
+#[inline(never)]
+pub fn read_nofault(addr: u64, buf: &mut [u8]) -> usize {
+    read_pieces(addr, buf)
+}
+
+#[inline(always)]
+fn read_pieces(addr: u64, buf: &mut [u8]) -> usize {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let at = addr.wrapping_add(done as u64);
+        let left = buf.len() - done;
+        let first = ((NOFAULT_PIECE - at % NOFAULT_PIECE) as usize).min(left);
+        let second = (left - first).min(NOFAULT_PIECE as usize);
+        let remote = [
+            libc::iovec {
+                iov_base: at as *mut libc::c_void,
+                iov_len: first,
+            },
+            libc::iovec {
+                iov_base: at.wrapping_add(first as u64) as *mut libc::c_void,
+                iov_len: second,
+            },
+        ];
+        let want = first + second;
+        let local = libc::iovec {
+            iov_base: buf[done..].as_mut_ptr().cast(),
+            iov_len: want,
+        };
+        let pieces = if second == 0 { 1 } else { 2 };
+        // SAFETY: the local iovec covers `want` bytes of `buf` from `done`, all writable and
+        // in bounds (want <= left); the remote ones are only read by the kernel, which checks
+        // them and fails with EFAULT rather than faulting us.
+        let got = unsafe {
+            libc::process_vm_readv(libc::getpid(), &local, 1, remote.as_ptr(), pieces, 0)
+        };
+        if got <= 0 {
+            break;
+        }
+        done += got as usize;
+        if (got as usize) < want {
+            break;
+        }
+    }
+    done
+}
+
+/// The length of the NUL-terminated string at `addr`, NUL included, as the kernel's
+/// `fetch_store_strlen()` counts it: at most `max` (a string with no NUL in its first `max`
+/// bytes counts `max`); `None` when a byte before the NUL (and before `max`) cannot be read.
+/// *Probe path*: reads 64 bytes at a time into a stack buffer, one `process_vm_readv` each.
+#[inline(never)]
+pub fn strnlen_nofault(addr: u64, max: usize) -> Option<usize> {
+    let mut chunk = [0u8; 64];
+    let mut len = 0usize;
+    while len < max {
+        let want = chunk.len().min(max - len);
+        let got = read_pieces(addr.wrapping_add(len as u64), &mut chunk[..want]);
+        if let Some(nul) = chunk[..got].iter().position(|&c| c == 0) {
+            return Some(len + nul + 1);
+        }
+        if got < want {
+            return None;
+        }
+        len += got;
+    }
+    Some(max)
+}

@@ -1,29 +1,91 @@
 //! kprobe events (kernel/trace/trace_kprobe.c): a definition in the `kprobe_events` language
-//! becomes a [`Kprobe`] whose pre_handler fetches the event's arguments from the registers
-//! and the stack and writes one record into this thread's ring.
+//! becomes a [`Kprobe`] whose pre_handler fetches the event's arguments from the registers,
+//! the stack and memory, and writes one record into this thread's ring.
 //!
-//! Record [`rtype::KPROBE`]: aux = CPU | event id << 12; words: tsc, probe address, a bitmask
-//! of arguments whose memory read faulted (printed `(fault)`), then one word per argument
-//! (two for `$comm`: the thread's name, NUL-padded, read at the hit).
+//! Supported: `p` probes on ftrace sites; every fetch arg of a `p` probe (`%REG`, `$argN`,
+//! `$stackN`, `$stack`, `$comm`, `\IMM`, `\"STR"`, `@ADDR`, `@SYM[+|-OFFS]`,
+//! `+|-[u]OFFS(FETCHARG)`) with every type (integers, `char`, `string`, `ustring`, `symbol`,
+//! `symstr`, bitfields, `TYPE[N]`). Refused with `NOT_SUPPORTED` at their position: return
+//! probes and `PATH:OFFSET` targets (they come with the int3 work), and `\IMM:string[N]`
+//! (the kernel's array loop goes back to the instruction before the store, which is the
+//! immediate, not a dereference, and the fetch fails with -EILSEQ).
 //!
-//! Supported today: `p` probes on ftrace sites; fetch args `%REG`, `$argN`, `$stackN`,
-//! `$stack`, `$comm`, `\IMM` with the integer and `char` types and bitfields. The rest of the
-//! grammar parses (see [`crate::events`]) and is refused here with `NOT_SUPPORTED` at its
-//! position: return probes, `PATH:OFFSET` targets, memory dereferences and strings come with
-//! the int3 and fetch-arg work.
+//! # Fetching
+//!
+//! An argument compiles to the kernel's fetch program (trace_probe.c `parse_probe_arg()`,
+//! `finalize_fetch_insn()`), flattened: a base value (`%REG`, `$argN`, `$stackN`, `$stack`,
+//! `\IMM`; `@ADDR` and `@SYM+OFFS` are the immediate address followed by a dereference, the
+//! symbol resolved when the event is created), dereferences `val = *(u64 *)(val + OFFS)`
+//! innermost first, then the store. As in the kernel the outermost dereference becomes the
+//! store: `+8(+16(%di)):s64` loads the word at `%di+16`, then stores the 8 bytes at that
+//! value `+8`; `+0(%di):string` stores the string at `%di`; `+0(%di):string[N]` reads N
+//! pointers at `%di`, `%di+8`, ... and stores the string each points to; `symstr` keeps its
+//! dereference (it symbolizes the loaded value). Every memory read is fault-safe
+//! ([`sys::read_nofault`], [`sys::read_u64_nofault`]): a bad pointer marks the argument
+//! `(fault)` and the program runs on. In one process user and kernel memory are the same:
+//! `ustring` and `+uOFFS` read as `string` and `+OFFS`.
+//!
+//! # Record layout
+//!
+//! Record [`rtype::KPROBE`], aux = CPU | event id << 12. Words:
+//!
+//! ```text
+//!  0              tsc
+//!  1              probe address
+//!  2 .. 2+M       fault mask, M = max(1, ceil(nargs / 64)) words (record_head_words): bit
+//!                 i % 64 of word i / 64 is set when argument i could not be fetched
+//!  fixed part     per argument, in order:
+//!    u*, s*, x*, char, bitfield, symbol, symstr   1 word, the value in its low bytes (a
+//!                                                 bitfield: its container; symstr: the address)
+//!    TYPE[N] of those                             ceil(N * size / 8) words: the N elements
+//!                                                 packed as in memory, the rest zero
+//!    string, ustring                              1 data_loc word
+//!    string[N], ustring[N]                        N data_loc words
+//!    $comm                                        2 words: the thread's name, NUL-padded
+//!    \"STR"                                       none (the text is the definition's)
+//!  data area      the strings' bytes, each with its NUL, back to back, padded to a word
+//!
+//!  data_loc: bits 0..32 byte offset in the data area | bits 32..64 length, NUL included;
+//!            length 0: the string could not be read (printed `(fault)`, as the kernel's
+//!            zero-length data_loc)
+//! ```
+//!
+//! Strings are variable-length, and the ring needs a record's size before it is written:
+//! like the kernel (`__get_data_size()` then `store_trace_args()`), the probe path measures
+//! every string first ([`sys::strnlen_nofault`], at most [`MAX_STRING_SIZE`] bytes, NUL
+//! included), reserves the sum (capped so the record stays within [`MAX_RECORD_WORDS`]),
+//! then reads each string straight into the ring, bounded by `MAX_STRING_SIZE` and the room
+//! left. A string with no NUL in its first `MAX_STRING_SIZE` bytes is cut to
+//! `MAX_STRING_SIZE - 1` bytes and a NUL (`strncpy_from_kernel_nofault()`); one that grew
+//! between the passes is cut to the room left, and the later ones get what remains, as the
+//! kernel's shrinking `maxlen` does. No allocation, no lock; the stack holds one 128-byte
+//! buffer while measuring.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::events::{
-    parse_probe_command, FetchOp, FetchType, ProbeCommand, ProbeDef, ProbeError, ProbeErrorKind,
-    ProbeKind, ProbeTarget, MAX_TRACE_ARGS,
+    parse_probe_command, FetchArg, FetchOp, FetchType, ProbeCommand, ProbeDef, ProbeError,
+    ProbeErrorKind, ProbeKind, ProbeTarget, Reg, MAX_STRING_SIZE, MAX_TRACE_ARGS,
 };
 use crate::ftrace::{self as ft, PtRegs, FTRACE_FL_AFTER_PROLOGUE};
 use crate::kprobes::{self, Kprobe, KprobeError, KprobeTarget};
+use crate::ring::MAX_RECORD_WORDS;
+use crate::sys;
 use crate::trace::{self, rtype};
 
-/// Words before the arguments in a record: tsc, address, fault mask.
+/// Words before the arguments in a record of an event with at most 64 arguments: tsc,
+/// address, fault mask. See [`record_head_words`].
 pub const RECORD_HEAD_WORDS: usize = 3;
+
+/// Most words of a fault mask.
+const MAX_MASK_WORDS: usize = MAX_TRACE_ARGS.div_ceil(64);
+
+/// Words before the arguments in a record of an event with `nargs` arguments: tsc, address,
+/// and one fault-mask word per 64 arguments (at least one).
+pub const fn record_head_words(nargs: usize) -> usize {
+    let m = nargs.div_ceil(64);
+    2 + if m == 0 { 1 } else { m }
+}
 
 /// A kprobe event: its definition, its probe, its counters.
 pub struct TraceKprobe {
@@ -34,6 +96,12 @@ pub struct TraceKprobe {
     /// The probe.
     pub kp: &'static Kprobe,
     args: Vec<Fetch>,
+    /// [`record_head_words`] of the event.
+    head_words: usize,
+    /// Words of the fixed part (every argument's words; the data area excluded).
+    fixed_words: usize,
+    /// Some argument is a string read from memory: records have a data area.
+    dynamic: bool,
     /// Whether the site stands after the prologue (stack arguments are above `rbp`).
     after_prologue: bool,
     dropped: AtomicU64,
@@ -49,25 +117,152 @@ impl TraceKprobe {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Fetch {
-    Reg(crate::events::Reg),
+/// Where an argument's value starts: the kernel's first fetch instruction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Base {
+    Reg(Reg),
     Arg(u32),
     Stack(u32),
     StackPtr,
     Imm(u64),
-    /// `$comm`: the thread's name, 16 bytes in two words.
-    Comm,
+    /// `@SYM+OFFS` before [`create`] resolves it into an [`Base::Imm`].
+    Sym {
+        name: String,
+        offset: i64,
+    },
+    /// `$comm` and `\"STR"`: no value (their store says what is stored).
+    None,
 }
 
-impl Fetch {
-    /// Words this argument takes in a record.
-    fn words(&self) -> usize {
+/// How an argument is stored in the record (the kernel's store instruction), see the module
+/// docs for the words each takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Store {
+    /// The value itself.
+    Raw,
+    /// `count` elements of `size` bytes at value + `off`, packed.
+    Mem { off: i64, size: u32, count: u32 },
+    /// The string at value + `off`.
+    Str { off: i64 },
+    /// `count` strings, pointed to by the words at value + `off`, + 8, ...
+    StrArray { off: i64, count: u32 },
+    /// `$comm`: the thread's name.
+    Comm,
+    /// `\"STR"`: nothing (the text is in the definition).
+    Const,
+}
+
+impl Store {
+    /// Words in the record's fixed part.
+    fn words(self) -> usize {
         match self {
-            Fetch::Comm => 2,
-            _ => 1,
+            Store::Raw | Store::Str { .. } => 1,
+            Store::Mem { size, count, .. } => (size as usize * count as usize).div_ceil(8),
+            Store::StrArray { count, .. } => count as usize,
+            Store::Comm => 2,
+            Store::Const => 0,
         }
     }
+
+    /// Stores strings in the data area.
+    fn is_dynamic(self) -> bool {
+        matches!(self, Store::Str { .. } | Store::StrArray { .. })
+    }
+}
+
+/// One argument's compiled fetch program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Fetch {
+    base: Base,
+    /// Offsets of the dereferences between the base and the store, innermost first.
+    derefs: Box<[i64]>,
+    store: Store,
+}
+
+/// `op` as a base and its dereferences (appended to `derefs`, innermost first); `Err` names
+/// what is not supported.
+fn flatten(op: &FetchOp, derefs: &mut Vec<i64>) -> Result<Base, &'static str> {
+    Ok(match op {
+        FetchOp::Reg(r) => Base::Reg(*r),
+        FetchOp::Arg(n) => Base::Arg(*n),
+        FetchOp::Stack(n) => Base::Stack(*n),
+        FetchOp::StackPtr => Base::StackPtr,
+        FetchOp::Imm(v) => Base::Imm(*v),
+        FetchOp::Comm | FetchOp::ImmStr(_) => Base::None,
+        // The kernel: FETCH_OP_IMM of the address, then FETCH_OP_DEREF with offset 0.
+        FetchOp::Mem(a) => {
+            derefs.push(0);
+            Base::Imm(*a)
+        }
+        FetchOp::Sym { name, offset } => {
+            derefs.push(0);
+            Base::Sym {
+                name: name.clone(),
+                offset: *offset,
+            }
+        }
+        FetchOp::Deref { offset, inner, .. } => {
+            let b = flatten(inner, derefs)?;
+            derefs.push(*offset);
+            b
+        }
+        FetchOp::Retval => return Err("$retval needs a return probe, not implemented yet"),
+        FetchOp::FileOffset(_) => {
+            return Err("@+OFFS needs a PATH:OFFSET probe, not implemented yet")
+        }
+    })
+}
+
+/// Compile one argument; `Err` names what ftprobe does not support.
+fn compile_arg(a: &FetchArg) -> Result<Fetch, &'static str> {
+    let mut derefs = Vec::new();
+    let base = flatten(&a.fetch, &mut derefs)?;
+    let (elem, count) = match &a.ty {
+        FetchType::Array { elem, len } => (&**elem, Some(*len)),
+        t => (t, None),
+    };
+    let store = match (&a.fetch, elem) {
+        (FetchOp::Comm, _) => Store::Comm,
+        (FetchOp::ImmStr(_), _) => Store::Const,
+        (_, FetchType::String | FetchType::Ustring) => match (derefs.pop(), count) {
+            (Some(off), Some(count)) => Store::StrArray { off, count },
+            (Some(off), None) => Store::Str { off },
+            // `\ADDR:string`: the string at the immediate address.
+            (None, None) => Store::Str { off: 0 },
+            (None, Some(_)) => {
+                return Err(
+                    "string arrays of an immediate are not supported (the kernel's \
+                            array loop re-runs the immediate as a store and fails)",
+                )
+            }
+        },
+        // The parser refuses them (BAD_STRING), as the kernel.
+        (_, FetchType::Symstr) if count.is_some() => return Err("symstr arrays are not supported"),
+        // The kernel keeps symstr's dereference: it symbolizes the loaded word.
+        (_, FetchType::Symstr) => match derefs.pop() {
+            Some(off) => Store::Mem {
+                off,
+                size: 8,
+                count: 1,
+            },
+            None => Store::Raw,
+        },
+        _ => match derefs.pop() {
+            Some(off) => Store::Mem {
+                off,
+                size: elem.size() as u32,
+                count: count.unwrap_or(1),
+            },
+            None if count.is_none() => Store::Raw,
+            // The parser refuses arrays of registers (BAD_STRING), as the kernel.
+            None => return Err("arrays of a value that is not in memory are not supported"),
+        },
+    };
+    Ok(Fetch {
+        base,
+        derefs: derefs.into_boxed_slice(),
+        store,
+    })
 }
 
 /// Byte offset of the probe target in a command: its second word.
@@ -104,27 +299,10 @@ fn compile(def: &ProbeDef, cmd: &str) -> Result<Vec<Fetch>, EventError> {
     def.args
         .iter()
         .map(|a| {
-            let scalar = !matches!(
-                a.ty,
-                FetchType::String
-                    | FetchType::Ustring
-                    | FetchType::Symbol
-                    | FetchType::Symstr
-                    | FetchType::Array { .. }
-            );
-            match &a.fetch {
-                FetchOp::Comm if a.ty == FetchType::String => Ok(Fetch::Comm),
-                _ if !scalar => Err(not_yet(a.pos, "string, symbol and array types")),
-                FetchOp::Reg(r) => Ok(Fetch::Reg(*r)),
-                FetchOp::Arg(n) => Ok(Fetch::Arg(*n)),
-                FetchOp::Stack(n) => Ok(Fetch::Stack(*n)),
-                FetchOp::StackPtr => Ok(Fetch::StackPtr),
-                FetchOp::Imm(v) => Ok(Fetch::Imm(*v)),
-                _ => Err(not_yet(
-                    a.pos,
-                    "memory fetch args (@ADDR, @SYM, +OFFS(...)) and immediate strings",
-                )),
-            }
+            compile_arg(a).map_err(|what| EventError {
+                err: ProbeError::new(ProbeErrorKind::NotSupported, a.pos),
+                detail: Some(what.to_owned()),
+            })
         })
         .collect()
 }
@@ -174,7 +352,16 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
             return Err(plain(ProbeError::new(ProbeErrorKind::NotSupported, 0)))
         }
     };
-    let args = compile(&def, cmd)?;
+    let mut args = compile(&def, cmd)?;
+    let at = target_pos(cmd);
+    // The kernel resolves `@SYM` when it registers the event, before the probe, and fails
+    // with -ENOENT, logged as BAD_PROBE_ADDR at the target (trace_kprobe.c).
+    resolve_symbols(&mut args).map_err(|name| EventError {
+        err: ProbeError::new(ProbeErrorKind::BadProbeAddr, at),
+        detail: Some(format!(
+            "@{name}: no data or function symbol {name:?} in the loaded objects"
+        )),
+    })?;
     let target = match &def.target {
         ProbeTarget::Symbol { obj, sym, offset } => KprobeTarget::Symbol {
             module: obj.clone(),
@@ -184,7 +371,6 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         ProbeTarget::Address(a) => KprobeTarget::Addr(*a),
         ProbeTarget::FileOffset { .. } => unreachable!("refused by compile"),
     };
-    let at = target_pos(cmd);
     let reg_err = |e: KprobeError| {
         let kind = match &e {
             KprobeError::NoSymbol(_)
@@ -212,6 +398,9 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         id,
         def,
         kp,
+        head_words: record_head_words(args.len()),
+        fixed_words: args.iter().map(|a| a.store.words()).sum(),
+        dynamic: args.iter().any(|a| a.store.is_dynamic()),
         args,
         after_prologue,
         dropped: AtomicU64::new(0),
@@ -220,6 +409,53 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         .store(tk as *const TraceKprobe as u64, Ordering::Relaxed);
     kprobes::register_kprobe(kp).map_err(reg_err)?;
     Ok(tk)
+}
+
+/// Resolve every `@SYM+OFFS` base into the symbol's address plus the offset, as the kernel's
+/// `kallsyms_lookup_name()`: the first definition of a data or function symbol of that name,
+/// objects in load order (the program first), `.symtab` before `.dynsym`. `Err`: a name that
+/// no loaded object defines.
+fn resolve_symbols(args: &mut [Fetch]) -> Result<(), String> {
+    use object::{Object, ObjectSymbol};
+    let mut todo: Vec<&mut Fetch> = args
+        .iter_mut()
+        .filter(|f| matches!(f.base, Base::Sym { .. }))
+        .collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    for o in ft::objects().unwrap_or_default() {
+        let Ok(data) = std::fs::read(&o.path) else {
+            continue;
+        };
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
+        todo.retain_mut(|f| {
+            let Base::Sym { name, offset } = &f.base else {
+                return false;
+            };
+            let found = file
+                .symbols()
+                .chain(file.dynamic_symbols())
+                .find(|s| s.is_definition() && s.name() == Ok(name.as_str()));
+            match found {
+                Some(s) => {
+                    let addr = s.address().wrapping_add(o.bias);
+                    f.base = Base::Imm(addr.wrapping_add(*offset as u64));
+                    false
+                }
+                None => true,
+            }
+        });
+        if todo.is_empty() {
+            return Ok(());
+        }
+    }
+    match &todo[0].base {
+        Base::Sym { name, .. } => Err(name.clone()),
+        _ => Ok(()),
+    }
 }
 
 /// Probe path: a register out of `regs` by its offset. (`Reg::value`'s match compiles to a
@@ -256,6 +492,167 @@ fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
     })
 }
 
+/// Probe path: an argument's value before its store: the base, then the dereferences.
+/// `None` when a read faulted (or for `$comm` and `\"STR"`, which have no value).
+#[inline(always)]
+fn fetch_value(f: &Fetch, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
+    let mut v = match f.base {
+        Base::Reg(r) => reg_value(regs, r),
+        Base::Arg(k) => fetch_arg(k, regs, after_prologue)?,
+        Base::Stack(k) => sys::read_u64_nofault(regs.sp.wrapping_add(8 * u64::from(k)))?,
+        Base::StackPtr => regs.sp,
+        Base::Imm(v) => v,
+        Base::Sym { .. } | Base::None => return None,
+    };
+    for &off in f.derefs.iter() {
+        v = sys::read_u64_nofault(v.wrapping_add(off as u64))?;
+    }
+    Some(v)
+}
+
+/// Probe path, first pass: the bytes the event's strings need in the data area (each
+/// string's length with its NUL, at most `MAX_STRING_SIZE`; 0 for one that cannot be read).
+/// Out of line: its 128-byte buffer stays off the dispatcher's frame.
+#[inline(never)]
+fn strings_size(tk: &TraceKprobe, regs: &PtRegs) -> usize {
+    let mut total = 0usize;
+    for f in tk.args.iter() {
+        let (off, count, array) = match f.store {
+            Store::Str { off } => (off, 1, false),
+            Store::StrArray { off, count } => (off, count, true),
+            _ => continue,
+        };
+        let Some(v) = fetch_value(f, regs, tk.after_prologue) else {
+            continue;
+        };
+        let at = v.wrapping_add(off as u64);
+        for k in 0..u64::from(count) {
+            let addr = if array {
+                match sys::read_u64_nofault(at.wrapping_add(8 * k)) {
+                    Some(p) => p,
+                    None => continue,
+                }
+            } else {
+                at
+            };
+            total += sys::strnlen_nofault(addr, MAX_STRING_SIZE).unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// Probe path: run `f` on the bytes of `words`, record slots this thread reserved and has
+/// not published.
+#[inline(always)]
+fn with_bytes<R>(words: &[AtomicU64], f: impl FnOnce(&mut [u8]) -> R) -> R {
+    // SAFETY: AtomicU64 has the size and alignment of u64 and is an UnsafeCell, so writing
+    // its bytes through a pointer derived from a shared reference is allowed; the slots are
+    // reserved for this thread's record and unpublished (the reader reads nothing before the
+    // Release store of `head`), and no `&AtomicU64` into them is used while the slice lives.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(words.as_ptr().cast::<u8>().cast_mut(), words.len() * 8)
+    };
+    f(bytes)
+}
+
+/// Probe path: read the string at `addr` into `data[*used..]`, bounded by `MAX_STRING_SIZE`
+/// and the room left; returns its data_loc (0 when it cannot be read or there is no room).
+#[inline(never)]
+fn store_string(data: &mut [u8], used: &mut usize, addr: u64) -> u64 {
+    let start = *used;
+    let cap = MAX_STRING_SIZE.min(data.len().saturating_sub(start));
+    let Some(buf) = data.get_mut(start..start + cap).filter(|b| !b.is_empty()) else {
+        return 0;
+    };
+    let got = sys::read_nofault(addr, buf);
+    let len = match buf[..got].iter().position(|&c| c == 0) {
+        Some(nul) => nul + 1,
+        // No NUL in the first `cap` bytes: cut, as strncpy_from_kernel_nofault().
+        None if got == cap => {
+            buf[cap - 1] = 0;
+            cap
+        }
+        None => return 0,
+    };
+    *used += len;
+    (start as u64) | ((len as u64) << 32)
+}
+
+/// Probe path, second pass: store argument `f` at `slots[at..]` (its fixed words) and its
+/// strings in `data`. Returns false when it faulted as a whole.
+#[inline(always)]
+fn store_arg(
+    f: &Fetch,
+    regs: &PtRegs,
+    after_prologue: bool,
+    slots: &[AtomicU64],
+    data: &mut [u8],
+    used: &mut usize,
+) -> bool {
+    let put = |i: usize, v: u64| {
+        if let Some(s) = slots.get(i) {
+            s.store(v, Ordering::Relaxed);
+        }
+    };
+    match f.store {
+        Store::Const => true,
+        Store::Comm => {
+            // The thread's name now, as the kernel reads current->comm per hit.
+            let c = sys::thread_comm();
+            put(0, u64::from_le_bytes(c[..8].try_into().unwrap_or_default()));
+            put(1, u64::from_le_bytes(c[8..].try_into().unwrap_or_default()));
+            true
+        }
+        Store::Raw => {
+            let v = fetch_value(f, regs, after_prologue);
+            put(0, v.unwrap_or(0));
+            v.is_some()
+        }
+        Store::Mem { off, size, count } => {
+            let words = slots.get(..f.store.words()).unwrap_or_default();
+            // Zeroed first: the elements may not fill the last word.
+            for w in words {
+                w.store(0, Ordering::Relaxed);
+            }
+            let Some(v) = fetch_value(f, regs, after_prologue) else {
+                return false;
+            };
+            let len = size as usize * count as usize;
+            let got = with_bytes(words, |b| {
+                sys::read_nofault(v.wrapping_add(off as u64), &mut b[..len])
+            });
+            if got < len {
+                for w in words {
+                    w.store(0, Ordering::Relaxed);
+                }
+                return false;
+            }
+            true
+        }
+        Store::Str { off } => {
+            let loc = fetch_value(f, regs, after_prologue)
+                .map_or(0, |v| store_string(data, used, v.wrapping_add(off as u64)));
+            put(0, loc);
+            true
+        }
+        Store::StrArray { off, count } => {
+            let Some(v) = fetch_value(f, regs, after_prologue) else {
+                for k in 0..count as usize {
+                    put(k, 0);
+                }
+                return false;
+            };
+            let at = v.wrapping_add(off as u64);
+            for k in 0..count as usize {
+                let loc = sys::read_u64_nofault(at.wrapping_add(8 * k as u64))
+                    .map_or(0, |p| store_string(data, used, p));
+                put(k, loc);
+            }
+            true
+        }
+    }
+}
+
 /// Probe path: the pre_handler of every kprobe event.
 fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
     // SAFETY: `data` holds the leaked TraceKprobe set before the probe was registered.
@@ -265,56 +662,308 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
         return 0;
     };
     let (tsc, cpu) = trace::clock();
-    let n = tk
-        .args
-        .iter()
-        .map(|a| a.words())
-        .sum::<usize>()
-        .min(MAX_TRACE_ARGS * 2);
+    let (head, fixed) = (tk.head_words, tk.fixed_words);
+    // The strings' bytes, capped so that the record (its header word included) fits.
+    let room = MAX_RECORD_WORDS.saturating_sub(1 + head + fixed) * 8;
+    let data_bytes = if tk.dynamic {
+        strings_size(tk, regs).min(room)
+    } else {
+        0
+    };
     // Stored straight into the ring: a stack buffer for 128 arguments overflowed small
     // stacks (a sigaltstack of a few KiB).
     let written = w.write_with(
         rtype::KPROBE,
         cpu | (tk.id << 12),
-        RECORD_HEAD_WORDS + n,
+        head + fixed + data_bytes.div_ceil(8),
         |slots| {
             slots[0].store(tsc, Ordering::Relaxed);
             slots[1].store(p.addr(), Ordering::Relaxed);
-            let mut faults = 0u64;
-            let mut at = RECORD_HEAD_WORDS;
-            for (i, a) in tk.args.iter().enumerate() {
-                let v = match *a {
-                    Fetch::Reg(r) => Some(reg_value(regs, r)),
-                    Fetch::Arg(k) => fetch_arg(k, regs, tk.after_prologue),
-                    Fetch::Stack(k) => crate::sys::read_u64_nofault(regs.sp + 8 * k as u64),
-                    Fetch::StackPtr => Some(regs.sp),
-                    Fetch::Imm(v) => Some(v),
-                    Fetch::Comm => {
-                        // The thread's name now, as the kernel reads current->comm per hit.
-                        let c = crate::sys::thread_comm();
-                        if let Some(s) = slots.get(at) {
-                            s.store(
-                                u64::from_le_bytes(c[..8].try_into().unwrap_or_default()),
-                                Ordering::Relaxed,
-                            );
+            let (fixed_slots, data_slots) = slots.split_at(slots.len().min(head + fixed));
+            with_bytes(data_slots, |data| {
+                let data = data.get_mut(..data_bytes).unwrap_or_default();
+                let mut used = 0usize;
+                let mut faults = [0u64; MAX_MASK_WORDS];
+                let mut at = head;
+                for (i, f) in tk.args.iter().enumerate() {
+                    let words = f.store.words();
+                    let arg_slots = fixed_slots.get(at..at + words).unwrap_or_default();
+                    let ok = store_arg(f, regs, tk.after_prologue, arg_slots, data, &mut used);
+                    if !ok {
+                        if let Some(m) = faults.get_mut(i / 64) {
+                            *m |= 1 << (i % 64);
                         }
-                        at += 1;
-                        Some(u64::from_le_bytes(c[8..].try_into().unwrap_or_default()))
                     }
-                };
-                if v.is_none() && i < 64 {
-                    faults |= 1 << i;
+                    at += words;
                 }
-                if let Some(s) = slots.get(at) {
-                    s.store(v.unwrap_or(0), Ordering::Relaxed);
+                for (k, m) in faults.iter().take(head - 2).enumerate() {
+                    fixed_slots[2 + k].store(*m, Ordering::Relaxed);
                 }
-                at += 1;
-            }
-            slots[2].store(faults, Ordering::Relaxed);
+            });
         },
     );
     if !written {
         tk.dropped.fetch_add(1, Ordering::Relaxed);
     }
     0
+}
+
+/// One argument of a record, decoded (see the module docs for the layout).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgValue {
+    /// It could not be fetched: the kernel's `(fault)`.
+    Fault,
+    /// A value of an integer, `char`, bitfield (the container, field not yet extracted),
+    /// `symbol` or `symstr` (the address) type, in its low bytes.
+    Scalar(u64),
+    /// `TYPE[N]` of such a type: the N elements.
+    Array(Vec<u64>),
+    /// A string: its bytes before the NUL; `None` when it could not be read.
+    Str(Option<Vec<u8>>),
+    /// `string[N]`: N strings.
+    Strs(Vec<Option<Vec<u8>>>),
+}
+
+/// The arguments of a record of `def`'s event, in order; `None` when `words` is too short for
+/// the definition (not a record of this event).
+pub fn decode_args(def: &ProbeDef, words: &[u64]) -> Option<Vec<ArgValue>> {
+    let head = record_head_words(def.args.len());
+    let stores: Vec<Store> = def
+        .args
+        .iter()
+        .map(|a| compile_arg(a).map(|f| f.store).ok())
+        .collect::<Option<_>>()?;
+    let fixed: usize = stores.iter().map(|s| s.words()).sum();
+    let bytes = |w: &[u64]| -> Vec<u8> { w.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let data = bytes(words.get(head + fixed..)?);
+    let string = |loc: u64| -> Option<Vec<u8>> {
+        let (start, len) = ((loc & 0xffff_ffff) as usize, (loc >> 32) as usize);
+        let s = data
+            .get(start..start.checked_add(len)?)
+            .filter(|_| len > 0)?;
+        let end = s.iter().position(|&c| c == 0).unwrap_or(s.len());
+        Some(s[..end].to_vec())
+    };
+    let mut out = Vec::with_capacity(def.args.len());
+    let mut at = head;
+    for (i, (a, store)) in def.args.iter().zip(stores).enumerate() {
+        let w = words.get(at..at + store.words())?;
+        at += store.words();
+        if words
+            .get(2 + i / 64)
+            .is_some_and(|m| m & (1 << (i % 64)) != 0)
+        {
+            out.push(ArgValue::Fault);
+            continue;
+        }
+        out.push(match store {
+            Store::Raw => ArgValue::Scalar(w[0]),
+            Store::Mem { size, count, .. } => {
+                let b = bytes(w);
+                let elems: Vec<u64> = b
+                    .chunks_exact(size as usize)
+                    .take(count as usize)
+                    .map(|e| {
+                        let mut v = [0u8; 8];
+                        v[..e.len()].copy_from_slice(e);
+                        u64::from_le_bytes(v)
+                    })
+                    .collect();
+                if matches!(a.ty, FetchType::Array { .. }) {
+                    ArgValue::Array(elems)
+                } else {
+                    ArgValue::Scalar(elems.first().copied().unwrap_or(0))
+                }
+            }
+            Store::Str { .. } => ArgValue::Str(string(w[0])),
+            Store::StrArray { .. } => ArgValue::Strs(w.iter().map(|&l| string(l)).collect()),
+            Store::Comm => {
+                let mut b = bytes(w);
+                b.truncate(b.iter().position(|&c| c == 0).unwrap_or(b.len()));
+                ArgValue::Str(Some(b))
+            }
+            Store::Const => match &a.fetch {
+                FetchOp::ImmStr(t) => ArgValue::Str(Some(t.as_bytes().to_vec())),
+                _ => ArgValue::Str(None),
+            },
+        });
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(cmd: &str) -> FetchArg {
+        match parse_probe_command(cmd).unwrap() {
+            ProbeCommand::Add(d) => d.args.into_iter().next().unwrap(),
+            ProbeCommand::Remove { .. } => unreachable!(),
+        }
+    }
+
+    fn prog(cmd: &str) -> Fetch {
+        compile_arg(&arg(cmd)).unwrap()
+    }
+
+    #[test]
+    fn programs_are_the_kernels_flattened() {
+        // +8(+16(%di)):s64: REG di, DEREF 16, ST_MEM 8 (size 8).
+        let f = prog("p f +8(+16(%di)):s64");
+        assert_eq!(f.base, Base::Reg(Reg::Di));
+        assert_eq!(&*f.derefs, &[16]);
+        assert_eq!(
+            f.store,
+            Store::Mem {
+                off: 8,
+                size: 8,
+                count: 1
+            }
+        );
+        // @ADDR: IMM, then the dereference that becomes the store.
+        let f = prog("p f @0x1000:u16");
+        assert_eq!((f.base, &*f.derefs), (Base::Imm(0x1000), &[][..]));
+        assert_eq!(
+            f.store,
+            Store::Mem {
+                off: 0,
+                size: 2,
+                count: 1
+            }
+        );
+        // @SYM-8 keeps the symbol until create resolves it.
+        let f = prog("p f @jiffies-8");
+        assert_eq!(
+            f.base,
+            Base::Sym {
+                name: "jiffies".into(),
+                offset: -8
+            }
+        );
+        // Strings: the outermost dereference is the string's address.
+        assert_eq!(prog("p f +4(%si):string").store, Store::Str { off: 4 });
+        assert_eq!(prog("p f +u4(%si):ustring").store, Store::Str { off: 4 });
+        assert_eq!(prog("p f \\0x1000:string").store, Store::Str { off: 0 });
+        let f = prog("p f +8(+0(%dx)):string[3]");
+        assert_eq!(&*f.derefs, &[0]);
+        assert_eq!(f.store, Store::StrArray { off: 8, count: 3 });
+        // symstr keeps its dereference: it symbolizes the loaded word.
+        assert_eq!(
+            prog("p f +8(%di):symstr").store,
+            Store::Mem {
+                off: 8,
+                size: 8,
+                count: 1
+            }
+        );
+        assert_eq!(prog("p f %di:symstr").store, Store::Raw);
+        // Arrays of scalars are packed; bitfields read their container.
+        let f = prog("p f +0(%di):b4@8/32[5]");
+        assert_eq!(
+            f.store,
+            Store::Mem {
+                off: 0,
+                size: 4,
+                count: 5
+            }
+        );
+        assert_eq!(f.store.words(), 3);
+        assert_eq!(prog("p f $comm").store, Store::Comm);
+        assert_eq!(prog("p f \\\"hi\"").store.words(), 0);
+        assert!(compile_arg(&arg("p f \\1:string[2]")).is_err());
+    }
+
+    #[test]
+    fn head_words_grow_with_the_fault_mask() {
+        assert_eq!(record_head_words(0), RECORD_HEAD_WORDS);
+        assert_eq!(record_head_words(64), 3);
+        assert_eq!(record_head_words(65), 4);
+        assert_eq!(record_head_words(MAX_TRACE_ARGS), 2 + MAX_MASK_WORDS);
+    }
+
+    #[test]
+    fn decodes_every_layout() {
+        let def = match parse_probe_command(
+            "p f a=%di:s8 b=+0(%di):u16[3] c=+0(%si):string d=+0(%dx):string[2] e=$comm \
+             g=\\\"hi\" h=+0(%di):u32",
+        )
+        .unwrap()
+        {
+            ProbeCommand::Add(d) => d,
+            ProbeCommand::Remove { .. } => unreachable!(),
+        };
+        let loc = |off: u64, len: u64| off | len << 32;
+        let mut words = vec![
+            1,
+            2,
+            1 << 6, // h faulted
+            0xff,
+            0x0003_0002_0001, // three u16 packed
+            loc(0, 4),        // "abc"
+            loc(4, 3),        // "xy"
+            0,                // an unreadable string
+            u64::from_le_bytes(*b"comm-nam"),
+            u64::from_le_bytes(*b"e\0\0\0\0\0\0\0"),
+            0,
+        ];
+        words.push(u64::from_le_bytes(*b"abc\0xy\0\0"));
+        let v = decode_args(&def, &words).unwrap();
+        assert_eq!(
+            v,
+            [
+                ArgValue::Scalar(0xff),
+                ArgValue::Array(vec![1, 2, 3]),
+                ArgValue::Str(Some(b"abc".to_vec())),
+                ArgValue::Strs(vec![Some(b"xy".to_vec()), None]),
+                ArgValue::Str(Some(b"comm-name".to_vec())),
+                ArgValue::Str(Some(b"hi".to_vec())),
+                ArgValue::Fault,
+            ]
+        );
+        assert_eq!(decode_args(&def, &words[..8]), None, "too short");
+    }
+
+    /// A read that runs into an unmapped page returns the mapped prefix; a string that
+    /// runs into it without a NUL is a fault.
+    #[test]
+    fn nofault_reads_stop_at_an_unmapped_page() {
+        // SAFETY: a fresh private mapping of two pages, the second made inaccessible; only
+        // this test uses it, and it unmaps it at the end.
+        let page = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(libc::mprotect(p.cast::<u8>().add(4096).cast(), 4096, 0), 0);
+            p as u64
+        };
+        let end = page + 4096;
+        // SAFETY: the last 6 bytes of the mapped first page.
+        unsafe { std::ptr::copy_nonoverlapping(b"ab\0xyz".as_ptr(), (end - 6) as *mut u8, 6) };
+        let mut buf = [0u8; 16];
+        assert_eq!(sys::read_nofault(end - 6, &mut buf), 6);
+        assert_eq!(&buf[..6], b"ab\0xyz");
+        assert_eq!(sys::read_nofault(end, &mut buf), 0);
+        assert_eq!(sys::strnlen_nofault(end - 6, MAX_STRING_SIZE), Some(3));
+        assert_eq!(sys::strnlen_nofault(end - 3, MAX_STRING_SIZE), None);
+        assert_eq!(sys::strnlen_nofault(end - 3, 2), Some(2), "cut at max");
+        assert_eq!(sys::strnlen_nofault(8, 16), None, "NULL page");
+        let mut data = [0xaau8; 8];
+        let mut used = 0;
+        assert_eq!(store_string(&mut data, &mut used, end - 6), 3 << 32);
+        assert_eq!((&data[..3], used), (&b"ab\0"[..], 3));
+        assert_eq!(store_string(&mut data, &mut used, end - 3), 0, "fault");
+        // Cut to the room left, with a NUL.
+        let mut small = [0xaau8; 2];
+        let mut used = 0;
+        assert_eq!(store_string(&mut small, &mut used, end - 3), 2 << 32);
+        assert_eq!(small, *b"x\0");
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(page as *mut libc::c_void, 8192) };
+    }
 }
