@@ -42,6 +42,7 @@ fn main() {
         "c/fxsites.c",
         "c/fxsites_more.c",
         "c/sigstack.c",
+        "c/mallocs.c",
         "c/fetchargs.c",
         "c/lua_driver.c",
         "lua/tables.lua",
@@ -101,6 +102,11 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &[BASE_CFLAGS],
         &[],
     );
+
+    // mallocs: no site flags at all, like a program nobody rebuilt.
+    let obj = objs.join("mallocs.o");
+    compile(&c_dir.join("mallocs.c"), &obj, &[BASE_CFLAGS], &[]);
+    link(&[&obj], &fixtures.join("mallocs"), &[]);
 
     // sigstack: one flavour is enough (the probe path's stack use does not depend on it).
     let fl = Flavour::FentryCallPieRecord;

@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use ftprobe_dev::{fixture, lua, lua_script, rust_fixture, Flavour, LuaBuild, LUA_TABLES_CREATED};
+use ftprobe_dev::{
+    fixture, lua, lua_script, mallocs_fixture, rust_fixture, Flavour, LuaBuild, LUA_TABLES_CREATED,
+};
 
 fn ftprobe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ftprobe"))
@@ -692,4 +694,32 @@ fn library_symbols_by_alias_and_unknown_objects() {
     let (out, _) = trace(&["-e", "p nosuchlib:work"], &[exe]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no object \"nosuchlib\" is loaded"), "{err}");
+}
+
+#[test]
+fn int3_probe_on_libc_malloc_in_unmodified_programs() {
+    // A fixture built with no site flags mallocs known sizes.
+    let exe = mallocs_fixture();
+    let exe = exe.to_str().unwrap();
+    let (out, text) = trace(
+        &["-e", "p:libc/malloc libc.so.6:malloc size=%di:u64"],
+        &[exe],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "mallocs done\n");
+    let sizes: Vec<u64> = kprobe_lines(&text, "malloc")
+        .iter()
+        .map(|l| l.rsplit_once(" size=").unwrap().1.parse().unwrap())
+        .collect();
+    let want = [11, 222, 3333, 44444];
+    let at = sizes.windows(4).position(|w| w == want);
+    assert!(at.is_some(), "the four mallocs, in order, among {sizes:?}");
+    assert!(text
+        .lines()
+        .any(|l| l.contains("  k  malloc+0x0  libc.so.6 ") && !l.contains("[FTRACE]")));
+    // And a system binary nobody rebuilt: ls, its output unchanged.
+    let (out, text) = trace(&["-e", "p libc:malloc size=%di:u64"], &["ls", "/"]);
+    assert!(out.status.success());
+    assert_eq!(out.stdout, untraced(&["ls", "/"]).stdout);
+    assert!(kprobe_lines(&text, "p_libc_malloc_0").len() > 5, "{text}");
 }

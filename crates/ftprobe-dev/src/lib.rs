@@ -58,6 +58,12 @@ pub fn fixture(program: &str, flavour: Flavour) -> Option<PathBuf> {
     Some(PathBuf::from(FIXTURES_DIR).join(format!("{program}-{}", flavour.name())))
 }
 
+/// Path of `mallocs`, built with no site flags: calls `malloc` with 11, 222, 3333 and 44444
+/// bytes in that order, frees them, prints `mallocs done`.
+pub fn mallocs_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("mallocs")
+}
+
 /// Path of `calls-rs`: the `calls` fixture written in Rust and compiled by rustc with
 /// `-Zpatchable-function-entry=5` (one LLVM NOP5 per function, `__patchable_function_entries`).
 /// `calls-rs N`: `run_calls` calls `caller(N)` once, which calls `work(i, i + 1)` N times;
