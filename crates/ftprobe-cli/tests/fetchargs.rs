@@ -4,18 +4,17 @@
 //! it under `ftprobe trace -e DEF` and checks every value of every hit exactly, as the kernel
 //! prints it.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use ftprobe_dev::{fixture, Flavour};
+
+mod common;
+use common::{trace, untraced};
 
 /// The length of the long string the fixture passes in its third call.
 const LONG_LEN: usize = 5000;
 /// The kernel's MAX_STRING_SIZE: a fetched string keeps at most this many bytes, NUL included.
 const MAX_STRING_SIZE: usize = 4096;
-
-fn ftprobe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ftprobe"))
-}
 
 fn exe() -> String {
     fixture("fetchargs", Flavour::FentryNop)
@@ -23,31 +22,6 @@ fn exe() -> String {
         .to_str()
         .unwrap()
         .to_owned()
-}
-
-/// Run `ftprobe trace ARGS -o TMP -- CMD`; returns (the CLI's output, the trace text).
-fn trace(args: &[&str], cmd: &[&str]) -> (Output, String) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!("ftprobe-fetchargs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out_file = dir.join(format!("trace-{}.txt", N.fetch_add(1, Ordering::Relaxed)));
-    let out = ftprobe()
-        .arg("trace")
-        .args(args)
-        .arg("-o")
-        .arg(&out_file)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .expect("run ftprobe");
-    let text = std::fs::read_to_string(&out_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_file);
-    (out, text)
-}
-
-fn untraced(cmd: &[&str]) -> Output {
-    Command::new(cmd[0]).args(&cmd[1..]).output().unwrap()
 }
 
 /// The arguments part (after `(take+0x0/0x..) `) of each hit of `event`.

@@ -2,40 +2,14 @@
 //! the CLI with the preloaded agent; exact counts against the fixtures' known call counts.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
+
+mod common;
+use common::{events, ftprobe, trace, untraced};
 
 use ftprobe_dev::{
     fixture, lua, lua_script, mallocs_fixture, rust_fixture, Flavour, LuaBuild, LUA_TABLES_CREATED,
 };
-
-fn ftprobe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ftprobe"))
-}
-
-/// Run `ftprobe trace ARGS -o TMP -- CMD`; returns (the CLI's output, the trace text).
-fn trace(args: &[&str], cmd: &[&str]) -> (Output, String) {
-    let dir = std::env::temp_dir().join(format!("ftprobe-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out_file = dir.join(format!("trace-{}.txt", rand_suffix()));
-    let out = ftprobe()
-        .arg("trace")
-        .args(args)
-        .arg("-o")
-        .arg(&out_file)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .expect("run ftprobe");
-    let text = std::fs::read_to_string(&out_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_file);
-    (out, text)
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
-}
 
 /// Event lines (not `#` comments) whose function part is exactly `func_line`
 /// (`work <-caller`).
@@ -43,15 +17,6 @@ fn count(text: &str, func_line: &str) -> usize {
     events(text)
         .filter(|l| l.split_once(": ").map(|x| x.1) == Some(func_line))
         .count()
-}
-
-fn events(text: &str) -> impl Iterator<Item = &str> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-}
-
-fn untraced(cmd: &[&str]) -> Output {
-    Command::new(cmd[0]).args(&cmd[1..]).output().unwrap()
 }
 
 fn lost(text: &str) -> u64 {
