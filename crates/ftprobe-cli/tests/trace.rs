@@ -688,3 +688,38 @@ fn int3_probe_on_libc_malloc_in_unmodified_programs() {
     assert_eq!(out.stdout, untraced(&["ls", "/"]).stdout);
     assert!(kprobe_lines(&text, "p_libc_malloc_0").len() > 5, "{text}");
 }
+
+#[test]
+fn uprobe_style_path_offset_target() {
+    // uprobe_events' PATH:OFFSET: malloc's file offset in libc, computed here from the ELF.
+    let libc = "/lib/x86_64-linux-gnu/libc.so.6";
+    let img = ftprobe::elf::ElfImage::open(Path::new(libc)).unwrap();
+    let malloc = img.funcs_named("malloc").next().unwrap().svma;
+    let seg = img
+        .segments
+        .iter()
+        .find(|s| malloc >= s.svma && malloc - s.svma < s.filesz)
+        .unwrap();
+    let offset = malloc - seg.svma + seg.offset;
+    let def = format!("p {libc}:{offset:#x} size=%di:u64");
+    let exe = mallocs_fixture();
+    let (out, text) = trace(&["-e", &def], &[exe.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let event = format!("p_libc_{offset:#x}");
+    assert!(text.starts_with("# tracer: nop"), "{text}");
+    let sizes: Vec<u64> = kprobe_lines(&text, &event)
+        .iter()
+        .map(|l| l.rsplit_once(" size=").unwrap().1.parse().unwrap())
+        .collect();
+    assert!(
+        sizes.windows(4).any(|w| w == [11, 222, 3333, 44444]),
+        "{sizes:?}\n{text}"
+    );
+    // A path that is not loaded: the kernel's FILE_NOT_FOUND, before main.
+    let (out, _) = trace(
+        &["-e", "p /no/such/lib.so:0x1000"],
+        &[exe.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("error: Failed to find the given file"));
+}

@@ -100,6 +100,10 @@ pub struct Segment {
     pub memsz: u64,
     /// Executable.
     pub exec: bool,
+    /// Offset of its first byte in the file.
+    pub offset: u64,
+    /// Bytes of it in the file.
+    pub filesz: u64,
 }
 
 /// What ftprobe needs from one ELF file.
@@ -180,6 +184,15 @@ impl ElfImage {
         let f = &self.funcs[i];
         let off = svma - f.svma;
         (off < f.size.max(1)).then_some((i, off))
+    }
+
+    /// The file address of a file offset (`uprobe_events`' `PATH:OFFSET`), if a loadable
+    /// segment maps it.
+    pub fn svma_of_offset(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| offset >= s.offset && offset - s.offset < s.filesz)
+            .map(|s| s.svma + (offset - s.offset))
     }
 
     /// Whether `svma` lies in one of the file's loadable segments.
@@ -406,6 +419,8 @@ fn load_segments(data: &[u8]) -> Vec<Segment> {
             svma: p.p_vaddr(endian),
             memsz: p.p_memsz(endian),
             exec: p.p_flags(endian) & object::elf::PF_X != 0,
+            offset: p.p_offset(endian),
+            filesz: p.p_filesz(endian),
         })
         .collect()
 }

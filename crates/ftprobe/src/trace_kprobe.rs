@@ -282,19 +282,13 @@ fn target_pos(cmd: &str) -> usize {
     0
 }
 
-fn compile(def: &ProbeDef, cmd: &str) -> Result<Vec<Fetch>, EventError> {
+fn compile(def: &ProbeDef) -> Result<Vec<Fetch>, EventError> {
     let not_yet = |pos: usize, what: &str| EventError {
         err: ProbeError::new(ProbeErrorKind::NotSupported, pos),
         detail: Some(format!("{what} are not implemented yet")),
     };
     if let ProbeKind::Kretprobe { .. } = def.kind {
         return Err(not_yet(0, "return probes (r, SYM%return)"));
-    }
-    if let ProbeTarget::FileOffset { .. } = def.target {
-        return Err(not_yet(
-            target_pos(cmd),
-            "PATH:OFFSET probes (they need int3 probes)",
-        ));
     }
     def.args
         .iter()
@@ -319,7 +313,7 @@ pub fn check(cmd: &str) -> Result<ProbeDef, EventError> {
             })
         }
     };
-    compile(&def, cmd)?;
+    compile(&def)?;
     Ok(def)
 }
 
@@ -352,7 +346,7 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
             return Err(plain(ProbeError::new(ProbeErrorKind::NotSupported, 0)))
         }
     };
-    let mut args = compile(&def, cmd)?;
+    let mut args = compile(&def)?;
     let at = target_pos(cmd);
     // The kernel resolves `@SYM` when it registers the event, before the probe, and fails
     // with -ENOENT, logged as BAD_PROBE_ADDR at the target (trace_kprobe.c).
@@ -369,7 +363,16 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
             offset: *offset,
         },
         ProbeTarget::Address(a) => KprobeTarget::Addr(*a),
-        ProbeTarget::FileOffset { .. } => unreachable!("refused by compile"),
+        // uprobe_events' PATH:OFFSET: a file offset in a loaded object.
+        ProbeTarget::FileOffset { path, offset } => match ft::addr_of_file_offset(path, *offset) {
+            Ok(a) => KprobeTarget::Addr(a),
+            Err(_) => return Err(EventError {
+                err: ProbeError::new(ProbeErrorKind::FileNotFound, target_pos(cmd)),
+                detail: Some(format!(
+                    "{path}: not a loaded object, or no loadable segment holds offset {offset:#x}"
+                )),
+            }),
+        },
     };
     let reg_err = |e: KprobeError| {
         let kind = match &e {

@@ -554,6 +554,26 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
         .collect())
 }
 
+/// The address in this process of `offset` bytes into the file of the loaded object at
+/// `path` (matched by canonical path, else by file name): the `uprobe_events` `PATH:OFFSET`
+/// form. `NoSite` if no loaded object is that file or no segment maps the offset.
+pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> {
+    let g = lock();
+    let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
+    let want = std::fs::canonicalize(path).ok();
+    let o = st
+        .objects
+        .iter()
+        .find(|o| want.is_some() && std::fs::canonicalize(&o.image.path).ok() == want)
+        .or_else(|| st.objects.iter().find(|o| module_matches(path, &o.module)))
+        .ok_or(FtraceError::NoSite(offset))?;
+    let svma = o
+        .image
+        .svma_of_offset(offset)
+        .ok_or(FtraceError::NoSite(offset))?;
+    Ok(svma + o.bias)
+}
+
 /// Whether an object that `module` names is loaded (see [`module_matches`]).
 pub fn has_module(module: &str) -> bool {
     let g = lock();
