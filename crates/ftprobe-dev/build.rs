@@ -43,6 +43,7 @@ fn main() {
         "c/fxsites_more.c",
         "c/sigstack.c",
         "c/mallocs.c",
+        "c/insn_zoo.c",
         "c/fetchargs.c",
         "c/lua_driver.c",
         "lua/tables.lua",
@@ -217,6 +218,8 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
         ]],
         &[],
     );
+    let zoo = objs.join("insn_zoo.o");
+    compile(&c_dir.join("insn_zoo.c"), &zoo, &[&["-O2", "-fPIC"]], &[]);
     let lib = out_dir.join("libfxsites.a");
     let _ = fs::remove_file(&lib);
     run(Command::new("ar")
@@ -224,7 +227,8 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
         .arg(&lib)
         .arg(&obj)
         .arg(&cet)
-        .arg(&pg));
+        .arg(&pg)
+        .arg(&zoo));
     println!("cargo:rustc-link-search=native={}", out_dir.display());
     println!("cargo:rustc-link-lib=static=fxsites");
 }

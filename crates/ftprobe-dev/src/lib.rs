@@ -165,6 +165,29 @@ pub mod fxsites {
         /// `a * b`, as `fx_pg_add`.
         pub fn fx_pg_mul(a: i64, b: i64) -> i64;
     }
+
+    /// The instruction zoo (`c/insn_zoo.c`, assembly, no sites): one function per class of
+    /// instruction an int3 kprobe emulates or refuses.
+    pub mod zoo {
+        extern "C" {
+            /// `x < 10 ? 1 : x < 100 ? 2 : 3`: `jl` rel8 and rel32.
+            pub fn zoo_jcc(x: i64) -> i64;
+            /// `n` (n >= 1): `loop`.
+            pub fn zoo_loop(n: i64) -> i64;
+            /// `n == 0 ? 0 : 5`: `jrcxz`.
+            pub fn zoo_jrcxz(n: i64) -> i64;
+            /// `x + 3`: `call rel32`, `call *%rbx`, `jmp rel8`, `jmp *%rax`.
+            pub fn zoo_calls(x: i64) -> i64;
+            /// `x`: `ret $8` in `zoo_retimm_inner`, `push imm`, `call`.
+            pub fn zoo_retimm(x: i64) -> i64;
+            /// `ret $8` with a word pushed by `zoo_retimm`.
+            pub fn zoo_retimm_inner(x: i64) -> i64;
+            /// `zoo_data + 1` (42): RIP-relative `mov` and `cmpq $imm` after the displacement.
+            pub fn zoo_riprel() -> i64;
+            /// Never called: `syscall`, `call *mem`, `jmp *mem`, `int3`, to be refused.
+            pub fn zoo_refused();
+        }
+    }
 }
 
 /// A spawned child that is killed (SIGKILL) and reaped when dropped, so a failing test leaves

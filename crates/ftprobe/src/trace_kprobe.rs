@@ -366,12 +366,14 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         // uprobe_events' PATH:OFFSET: a file offset in a loaded object.
         ProbeTarget::FileOffset { path, offset } => match ft::addr_of_file_offset(path, *offset) {
             Ok(a) => KprobeTarget::Addr(a),
-            Err(_) => return Err(EventError {
-                err: ProbeError::new(ProbeErrorKind::FileNotFound, target_pos(cmd)),
-                detail: Some(format!(
+            Err(_) => {
+                return Err(EventError {
+                    err: ProbeError::new(ProbeErrorKind::FileNotFound, target_pos(cmd)),
+                    detail: Some(format!(
                     "{path}: not a loaded object, or no loadable segment holds offset {offset:#x}"
                 )),
-            }),
+                })
+            }
         },
     };
     let reg_err = |e: KprobeError| {

@@ -300,6 +300,143 @@ fn int3_probe_on_every_boundary() {
     }
 }
 
+/// Every instruction class an int3 probe emulates (call/jmp rel and through a register, jcc
+/// rel8/rel32, loop, jrcxz, ret, ret imm16) or runs out of line with a RIP-relative operand
+/// (an immediate after the displacement too), probed at every boundary of the zoo's
+/// functions in turn, and every refused class (syscall, call/jmp through memory, int3, ud2).
+fn int3_every_instruction_class() {
+    use ftprobe::arch::x86_64::insn::{self, Emulate, XolPlan};
+    use ftprobe_dev::fxsites::zoo::*;
+    fn calls3() -> i64 {
+        // SAFETY: assembly functions of the zoo, no preconditions (likewise below).
+        unsafe { zoo_jcc(5) + zoo_jcc(50) * 10 + zoo_jcc(500) * 100 }
+    }
+    fn loops() -> i64 {
+        // SAFETY: an assembly function of the zoo, no preconditions.
+        unsafe { zoo_loop(7) }
+    }
+    fn jrcxz() -> i64 {
+        // SAFETY: an assembly function of the zoo, no preconditions.
+        unsafe { zoo_jrcxz(0) * 10 + zoo_jrcxz(3) }
+    }
+    fn callz() -> i64 {
+        // SAFETY: an assembly function of the zoo, no preconditions.
+        unsafe { zoo_calls(10) }
+    }
+    fn retimm() -> i64 {
+        // SAFETY: an assembly function of the zoo, no preconditions.
+        unsafe { zoo_retimm(9) }
+    }
+    fn riprel() -> i64 {
+        // SAFETY: an assembly function of the zoo, no preconditions.
+        unsafe { zoo_riprel() }
+    }
+    type Case = (&'static str, fn() -> i64, i64, u64);
+    let cases: [Case; 7] = [
+        ("zoo_jcc", calls3, 1 + 20 + 300, 3),
+        ("zoo_loop", loops, 7, 1),
+        ("zoo_jrcxz", jrcxz, 5, 2),
+        ("zoo_calls", callz, 13, 1),
+        ("zoo_retimm", retimm, 9, 1),
+        ("zoo_retimm_inner", retimm, 9, 1),
+        ("zoo_riprel", riprel, 42, 1),
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, run, want, calls) in cases {
+        assert_eq!(run(), want, "{name} untraced");
+        let func = ftrace::find_symbol(None, name).unwrap().remove(0);
+        // SAFETY: the function's own bytes.
+        let code =
+            unsafe { std::slice::from_raw_parts(func.addr as *const u8, func.size as usize) }
+                .to_vec();
+        for b in insn::boundaries(&code, func.addr) {
+            let off = b - func.addr;
+            let class = match insn::plan(&code, func.addr, b, b) {
+                Ok(XolPlan::Emulate { insn, .. }) => match insn {
+                    Emulate::CallRel { .. } => "call rel",
+                    Emulate::JmpRel { .. } => "jmp rel",
+                    Emulate::Jcc { .. } => "jcc",
+                    Emulate::Loop { .. } => "loop/jrcxz",
+                    Emulate::Ret { pop: 0 } => "ret",
+                    Emulate::Ret { .. } => "ret imm16",
+                    Emulate::CallReg { .. } => "call reg",
+                    Emulate::JmpReg { .. } => "jmp reg",
+                    Emulate::Nop => "nop",
+                },
+                Ok(XolPlan::Xol { .. }) => "xol",
+                Err(_) => {
+                    // ud2 in zoo_calls: never executed, refused.
+                    let e = kprobes::register_kprobe(leak(Kprobe::new(
+                        sym(name, off),
+                        Some(count_pre),
+                        None,
+                    )));
+                    assert!(matches!(e, Err(KprobeError::Insn(_))), "{name}+{off:#x}");
+                    seen.insert("refused");
+                    continue;
+                }
+            };
+            seen.insert(class);
+            let p = leak(Kprobe::new(
+                sym(name, off),
+                Some(count_pre),
+                Some(count_post),
+            ));
+            kprobes::register_kprobe(p).unwrap_or_else(|e| panic!("{name}+{off:#x}: {e}"));
+            let got = run();
+            kprobes::unregister_kprobe(p).unwrap();
+            assert_eq!(got, want, "{name}+{off:#x} ({class}): result");
+            let (pre, post) = hits(p);
+            assert_eq!(
+                pre, post,
+                "{name}+{off:#x} ({class}): every pre has its post"
+            );
+            assert!(
+                pre >= 1 && pre <= 7 * calls,
+                "{name}+{off:#x} ({class}): {pre} hits"
+            );
+        }
+    }
+    for class in [
+        "call rel",
+        "jmp rel",
+        "jcc",
+        "loop/jrcxz",
+        "ret",
+        "ret imm16",
+        "call reg",
+        "jmp reg",
+        "xol",
+    ] {
+        assert!(seen.contains(class), "{class} exercised: {seen:?}");
+    }
+    // The refused classes, each with its reason.
+    let func = ftrace::find_symbol(None, "zoo_refused").unwrap().remove(0);
+    // SAFETY: the function's own bytes.
+    let code =
+        unsafe { std::slice::from_raw_parts(func.addr as *const u8, func.size as usize) }.to_vec();
+    let mut refused = Vec::new();
+    for b in insn::boundaries(&code, func.addr) {
+        let p = leak(Kprobe::new(
+            sym("zoo_refused", b - func.addr),
+            Some(count_pre),
+            None,
+        ));
+        match kprobes::register_kprobe(p) {
+            Ok(()) => kprobes::unregister_kprobe(p).unwrap(),
+            Err(KprobeError::Insn(e)) => refused.push(e.to_string()),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(
+        refused.len(),
+        4,
+        "syscall, call *mem, jmp *mem, int3: {refused:?}"
+    );
+    let _ = zoo_refused as unsafe extern "C" fn();
+    let _ = zoo_retimm_inner as unsafe extern "C" fn(i64) -> i64;
+}
+
 static THREAD_HITS: AtomicU64 = AtomicU64::new(0);
 fn thread_pre(_p: &Kprobe, _regs: &mut PtRegs) -> i32 {
     THREAD_HITS.fetch_add(1, Ordering::Relaxed);
@@ -477,6 +614,7 @@ fn main() {
             pg_func_plus_0_is_an_int3_probe_and_plus_4_the_site,
         ),
         ("int3_probe_on_every_boundary", int3_probe_on_every_boundary),
+        ("int3_every_instruction_class", int3_every_instruction_class),
         (
             "recursion_into_the_probed_function_is_missed",
             recursion_into_the_probed_function_is_missed,
