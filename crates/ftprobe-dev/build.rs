@@ -44,6 +44,7 @@ fn main() {
         "c/sigstack.c",
         "c/mallocs.c",
         "c/insn_zoo.c",
+        "c/own_sigtrap.c",
         "c/fetchargs.c",
         "c/lua_driver.c",
         "lua/tables.lua",
@@ -103,6 +104,11 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &[BASE_CFLAGS],
         &[],
     );
+
+    // own_sigtrap: no site flags; a program that handles, ignores or blocks SIGTRAP itself.
+    let obj = objs.join("own_sigtrap.o");
+    compile(&c_dir.join("own_sigtrap.c"), &obj, &[BASE_CFLAGS], &[]);
+    link(&[&obj], &fixtures.join("own_sigtrap"), &[&["-pthread"]]);
 
     // mallocs: no site flags at all, like a program nobody rebuilt.
     let obj = objs.join("mallocs.o");

@@ -8,7 +8,8 @@ mod common;
 use common::{events, ftprobe, trace, untraced};
 
 use ftprobe_dev::{
-    fixture, lua, lua_script, mallocs_fixture, rust_fixture, Flavour, LuaBuild, LUA_TABLES_CREATED,
+    fixture, lua, lua_script, mallocs_fixture, own_sigtrap_fixture, rust_fixture, Flavour,
+    LuaBuild, LUA_TABLES_CREATED,
 };
 
 /// Event lines (not `#` comments) whose function part is exactly `func_line`
@@ -722,4 +723,24 @@ fn uprobe_style_path_offset_target() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("error: Failed to find the given file"));
+}
+
+/// Regression: a program that installed its own SIGTRAP handler, ignored SIGTRAP or blocked
+/// it was killed by the kernel at the next int3 probe hit (found by a user). The agent keeps
+/// ftprobe's handler (the program's becomes the one ftprobe chains to) and SIGTRAP unblocked.
+#[test]
+fn regression_programs_that_own_sigtrap_survive_int3_probes() {
+    let exe = own_sigtrap_fixture();
+    let exe = exe.to_str().unwrap();
+    for (mode, hits) in [("0", 5), ("1", 5), ("2", 4), ("3", 4), ("4", 4)] {
+        let plain = untraced(&[exe, mode]);
+        assert_eq!(plain.status.code(), Some(5));
+        let (out, text) = trace(&["-e", "p:w work x=%di:s32"], &[exe, mode]);
+        assert_eq!(out.status.code(), Some(5), "mode {mode}: {out:?}");
+        assert_eq!(
+            out.stdout, plain.stdout,
+            "mode {mode}: the program's own handler still ran"
+        );
+        assert_eq!(kprobe_lines(&text, "w").len(), hits, "mode {mode}:\n{text}");
+    }
 }

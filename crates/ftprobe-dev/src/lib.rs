@@ -64,6 +64,14 @@ pub fn mallocs_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("mallocs")
 }
 
+/// Path of `own_sigtrap MODE` (no site flags): handles (0: signal, 1: sigaction), ignores
+/// (2) or blocks (3: sigprocmask, 4: every signal in a thread) SIGTRAP itself, calls `work`
+/// (1 + 3 times, + once from its handler in modes 0 and 1), prints `mode=M s=S traps=T`,
+/// exits 5.
+pub fn own_sigtrap_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("own_sigtrap")
+}
+
 /// Path of `calls-rs`: the `calls` fixture written in Rust and compiled by rustc with
 /// `-Zpatchable-function-entry=5` (one LLVM NOP5 per function, `__patchable_function_entries`).
 /// `calls-rs N`: `run_calls` calls `caller(N)` once, which calls `work(i, i + 1)` N times;

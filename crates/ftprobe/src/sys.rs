@@ -31,6 +31,35 @@ impl SyscallError {
     }
 }
 
+/// The C library's `sigaction`, found past any interposer (the agent exports its own
+/// `sigaction` to keep ftprobe's SIGTRAP handler in place).
+///
+/// # Safety
+/// As `sigaction(2)`: `act` and `old` null or valid.
+pub unsafe fn real_sigaction(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    type F = unsafe extern "C" fn(
+        libc::c_int,
+        *const libc::sigaction,
+        *mut libc::sigaction,
+    ) -> libc::c_int;
+    static REAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let mut f = REAL.load(std::sync::atomic::Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; looks up, changes nothing.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sigaction".as_ptr()) } as usize;
+        if f == 0 {
+            return -1;
+        }
+        REAL.store(f, std::sync::atomic::Ordering::Relaxed);
+    }
+    // SAFETY: `f` is libc's sigaction, whose signature is F; the caller's contract.
+    unsafe { std::mem::transmute::<usize, F>(f)(sig, act, old) }
+}
+
 /// Page size of this machine in bytes.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions and touches no memory of ours.

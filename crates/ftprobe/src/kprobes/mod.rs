@@ -137,8 +137,9 @@ pub enum KprobeError {
     /// Inside a site but not at its first byte (-EILSEQ).
     #[error("Probe point is not an instruction boundary")]
     NotInsnBoundary,
-    /// Not an ftrace site; int3 probes are not implemented yet (-EOPNOTSUPP).
-    #[error("{at} is not an ftrace site: only probes on ftrace sites are supported so far (int3 probes are not implemented){hint}")]
+    /// An address no function symbol of a loaded object contains (-EINVAL): ftprobe must
+    /// decode from a function's start to know the instruction boundaries.
+    #[error("{at} is not inside a function of a loaded object{hint}")]
     NotASite {
         /// `sym+0xoff`.
         at: String,
@@ -169,7 +170,7 @@ impl KprobeError {
             KprobeError::NoSymbol(_) | KprobeError::NoObject(_) => libc::ENOENT,
             KprobeError::NotUnique { .. } => libc::EADDRNOTAVAIL,
             KprobeError::NotInsnBoundary => libc::EILSEQ,
-            KprobeError::NotASite { .. } => libc::EOPNOTSUPP,
+            KprobeError::NotASite { .. } => libc::EINVAL,
             KprobeError::Ftrace(e) => e.errno(),
             _ => libc::EINVAL,
         }
@@ -249,48 +250,49 @@ pub struct Resolved {
 /// inside a site but not at its first byte (EILSEQ). Whether any other address is an
 /// instruction boundary is checked when an int3 probe is armed.
 pub fn resolve(target: &KprobeTarget) -> Result<Resolved, KprobeError> {
-    let (func, offset) = match target {
-        KprobeTarget::Symbol {
-            module,
-            name,
-            offset,
-        } => {
-            if let Some(m) = module {
-                if !ft::has_module(m) {
-                    return Err(KprobeError::NoObject(m.clone()));
+    let (func, offset) =
+        match target {
+            KprobeTarget::Symbol {
+                module,
+                name,
+                offset,
+            } => {
+                if let Some(m) = module {
+                    if !ft::has_module(m) {
+                        return Err(KprobeError::NoObject(m.clone()));
+                    }
                 }
-            }
-            let hits = ft::find_symbol(module.as_deref(), name)?;
-            let func = match hits.len() {
-                0 => return Err(KprobeError::NoSymbol(name.clone())),
-                1 => hits.into_iter().next().expect("one"),
-                _ => {
-                    let modules: Vec<String> = hits.iter().map(|h| h.module.clone()).collect();
-                    return Err(KprobeError::NotUnique {
+                let hits = ft::find_symbol(module.as_deref(), name)?;
+                let func = match hits.len() {
+                    0 => return Err(KprobeError::NoSymbol(name.clone())),
+                    1 => hits.into_iter().next().expect("one"),
+                    _ => {
+                        let modules: Vec<String> = hits.iter().map(|h| h.module.clone()).collect();
+                        return Err(KprobeError::NotUnique {
+                            name: name.clone(),
+                            modules: modules.join(", "),
+                        });
+                    }
+                };
+                if func.size != 0 && *offset >= func.size {
+                    return Err(KprobeError::OffsetOutside {
                         name: name.clone(),
-                        modules: modules.join(", "),
+                        offset: *offset,
+                        size: func.size,
                     });
                 }
-            };
-            if func.size != 0 && *offset >= func.size {
-                return Err(KprobeError::OffsetOutside {
-                    name: name.clone(),
-                    offset: *offset,
-                    size: func.size,
-                });
+                (func, *offset)
             }
-            (func, *offset)
-        }
-        KprobeTarget::Addr(a) => match ft::symbol_at(*a) {
-            Some((f, off)) => (f, off),
-            None => {
-                return Err(KprobeError::NotASite {
+            KprobeTarget::Addr(a) => match ft::symbol_at(*a) {
+                Some((f, off)) => (f, off),
+                None => return Err(KprobeError::NotASite {
                     at: format!("{a:#x}"),
-                    hint: " (no function symbol contains it)".to_owned(),
-                })
-            }
-        },
-    };
+                    hint:
+                        " (ftprobe decodes from a function's start to find instruction boundaries)"
+                            .to_owned(),
+                }),
+            },
+        };
     let mut addr = func.addr + offset;
     // ENDBR: func+0 means the instruction after endbr64 (arch_adjust_kprobe_addr).
     if offset == 0 && starts_with_endbr(&func) {

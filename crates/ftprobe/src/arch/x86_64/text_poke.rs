@@ -15,7 +15,6 @@
 //!
 //! Text is made writable once per executable segment ([`make_writable`]), never per site.
 
-use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use super::nops::{call_target, INT3, SITE_LEN};
@@ -43,8 +42,37 @@ pub enum TextPokeError {
 static BATCH: AtomicPtr<Vec<Poke>> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLERS_ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
-/// The SIGTRAP action that was in place before ours; written once, before `INSTALLED` is set.
-static mut OLD_ACTION: MaybeUninit<libc::sigaction> = MaybeUninit::zeroed();
+/// The program's SIGTRAP action, which ours chains to for traps that are not ftprobe's: the
+/// one in place before ours, then whatever the program installs later (the agent interposes
+/// `sigaction`/`signal`, see [`replace_chained`]). Leaked boxes: a handler may be reading the
+/// previous one.
+static CHAINED: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Whether ftprobe's SIGTRAP handler is installed.
+pub fn installed() -> bool {
+    INSTALLED.load(Ordering::Acquire)
+}
+
+/// The program's view of SIGTRAP while ftprobe's handler is installed: store `new` (if any)
+/// as the action traps that are not ftprobe's go to, and return the previous one. What an
+/// interposed `sigaction(SIGTRAP, new, old)` does, so that the program's handler keeps
+/// working and ftprobe's stays in place.
+pub fn replace_chained(new: Option<&libc::sigaction>) -> libc::sigaction {
+    // Acquire pairs with the Release swap below / in `init`.
+    let cur = CHAINED.load(Ordering::Acquire);
+    let prev = if cur.is_null() {
+        // SAFETY: a zeroed sigaction is valid: SIG_DFL.
+        unsafe { std::mem::zeroed() }
+    } else {
+        // SAFETY: CHAINED holds a leaked, never-freed Box once `init` ran.
+        unsafe { *cur }
+    };
+    if let Some(n) = new {
+        // Release pairs with the Acquire loads here and in `chain_to_old_handler`.
+        CHAINED.store(Box::into_raw(Box::new(*n)), Ordering::Release);
+    }
+    prev
+}
 
 /// A trap handler of a higher layer (int3 kprobes), called for a trap that is not a batch in
 /// flight; returns whether the trap was its own. Probe path: async-signal-safe.
@@ -85,16 +113,11 @@ pub fn init() -> Result<(), TextPokeError> {
     // SA_NODEFER: a probe handler running inside this handler may hit another int3 probe; with
     // SIGTRAP blocked the kernel would kill the process instead of delivering it.
     act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER;
-    // SAFETY: `act` is a valid sigaction whose handler is async-signal-safe; OLD_ACTION is only
-    // written here, before INSTALLED is published with Release, and only read by the handler
-    // after it has seen INSTALLED (Acquire), so there is no concurrent access.
-    let r = unsafe {
-        libc::sigaction(
-            libc::SIGTRAP,
-            &act,
-            std::ptr::addr_of_mut!(OLD_ACTION).cast(),
-        )
-    };
+    // SAFETY: a zeroed sigaction is a valid value.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: `act` is a valid sigaction whose handler is async-signal-safe; `old` is ours.
+    let r = unsafe { sys::real_sigaction(libc::SIGTRAP, &act, &mut old) };
+    CHAINED.store(Box::into_raw(Box::new(old)), Ordering::Release);
     if r != 0 {
         return Err(SyscallError {
             call: "sigaction",
@@ -207,6 +230,13 @@ extern "C" fn sigtrap_handler(
     info: *mut libc::siginfo_t,
     ctx: *mut libc::c_void,
 ) {
+    // A SIGTRAP sent by kill/raise/tgkill is the program's, never an int3 of ours (those come
+    // with si_code SI_KERNEL).
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
+    if unsafe { (*info).si_code } != libc::SI_KERNEL {
+        chain_to_old_handler(sig, info, ctx);
+        return;
+    }
     HANDLERS_ACTIVE.fetch_add(1, Ordering::SeqCst);
     // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler; this thread owns it.
     let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
@@ -270,8 +300,13 @@ fn chain_to_old_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     if !INSTALLED.load(Ordering::Acquire) {
         return;
     }
-    // SAFETY: OLD_ACTION was written before INSTALLED was set and is never written again.
-    let old = unsafe { (*std::ptr::addr_of!(OLD_ACTION)).assume_init_ref() };
+    // Acquire pairs with the Release stores in `init` and `replace_chained`.
+    let p = CHAINED.load(Ordering::Acquire);
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: CHAINED points to a leaked Box that is never freed.
+    let old = unsafe { &*p };
     let h = old.sa_sigaction;
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
         // Not our trap and nobody else's: die of SIGTRAP as the program would have without us.
@@ -279,7 +314,7 @@ fn chain_to_old_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(libc::SIGTRAP, &dfl, std::ptr::null_mut());
+            sys::real_sigaction(libc::SIGTRAP, &dfl, std::ptr::null_mut());
             libc::raise(libc::SIGTRAP);
         }
     } else if old.sa_flags & libc::SA_SIGINFO != 0 {
