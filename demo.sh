@@ -8,6 +8,7 @@ cd "$(dirname "$0")"
 
 need=()
 command -v cc >/dev/null || need+=(gcc)
+command -v g++ >/dev/null || need+=(g++)
 [ -e /usr/include/stdio.h ] || need+=(libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then

@@ -45,6 +45,7 @@ fn main() {
         "c/mallocs.c",
         "c/insn_zoo.c",
         "c/own_sigtrap.c",
+        "c/cxx.cc",
         "c/fetchargs.c",
         "c/lua_driver.c",
         "lua/tables.lua",
@@ -104,6 +105,22 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &[BASE_CFLAGS],
         &[],
     );
+
+    // cxx: C++ with -mfentry sites, for demangled names.
+    let fl = Flavour::FentryCallPieRecord;
+    let obj = objs.join("cxx.o");
+    run(Command::new("g++")
+        .args(BASE_CFLAGS)
+        .args(fl.cflags())
+        .arg("-c")
+        .arg(c_dir.join("cxx.cc"))
+        .arg("-o")
+        .arg(&obj));
+    run(Command::new("g++")
+        .arg(&obj)
+        .args(fl.ldflags())
+        .arg("-o")
+        .arg(fixtures.join("cxx")));
 
     // own_sigtrap: no site flags; a program that handles, ignores or blocks SIGTRAP itself.
     let obj = objs.join("own_sigtrap.o");

@@ -105,11 +105,12 @@ pub fn list_functions(bin: &Path) -> Result<()> {
     writeln!(out, "# FUNCTION                       SITE                       KIND      PLACE           FOUND IN")?;
     for s in &img.sites {
         let f = &img.funcs[s.func];
-        let site = format!("{}+{:#x}", f.name, s.svma - f.svma);
+        let name = ftprobe::elf::display_name(&f.name);
+        let site = format!("{name}+{:#x}", s.svma - f.svma);
         writeln!(
             out,
             "{:<32} {:<26} {:<9} {:<15} {}",
-            f.name,
+            name,
             site,
             s.kind.name(),
             s.place.name(),

@@ -43,7 +43,11 @@ impl Symbols {
                     return None;
                 }
                 let (i, off) = img.func_at(svma)?;
-                Some((img.funcs[i].name.clone(), off, img.funcs[i].size))
+                Some((
+                    ftprobe::elf::display_name(&img.funcs[i].name),
+                    off,
+                    img.funcs[i].size,
+                ))
             })
         });
         hit.as_ref().map(|(n, o, z)| (n.as_str(), *o, *z))

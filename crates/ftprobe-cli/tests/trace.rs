@@ -8,8 +8,8 @@ mod common;
 use common::{events, ftprobe, trace, untraced};
 
 use ftprobe_dev::{
-    fixture, lua, lua_script, mallocs_fixture, own_sigtrap_fixture, rust_fixture, Flavour,
-    LuaBuild, LUA_TABLES_CREATED,
+    cxx_fixture, fixture, lua, lua_script, mallocs_fixture, own_sigtrap_fixture, rust_fixture,
+    Flavour, LuaBuild, LUA_TABLES_CREATED,
 };
 
 /// Event lines (not `#` comments) whose function part is exactly `func_line`
@@ -743,4 +743,38 @@ fn regression_programs_that_own_sigtrap_survive_int3_probes() {
         );
         assert_eq!(kprobe_lines(&text, "w").len(), hits, "mode {mode}:\n{text}");
     }
+}
+
+#[test]
+fn demangled_cxx_and_rust_names() {
+    let exe = cxx_fixture();
+    let exe = exe.to_str().unwrap();
+    // Filters and output use demangled names; probes accept them (with '::').
+    let (out, text) = trace(
+        &[
+            "-F",
+            "ns::*",
+            "-e",
+            "p:get ns::K::get i=%si:s64",
+            "-e",
+            "p:tw ns::twice<long> x=%di:s64",
+        ],
+        &[exe, "3"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "cxx=606\n");
+    assert_eq!(count(&text, "ns::K::get <-main"), 3, "{text}");
+    assert_eq!(count(&text, "ns::twice<long> <-main"), 3, "{text}");
+    let gets: Vec<&str> = kprobe_lines(&text, "get");
+    assert_eq!(gets.len(), 3);
+    assert!(
+        gets[2].starts_with("ns::K::get+0x0/") && gets[2].ends_with(") i=2"),
+        "{}",
+        gets[2]
+    );
+    assert_eq!(kprobe_lines(&text, "tw").len(), 3);
+    // A Rust function by its demangled path (calls-rs is built by rustc).
+    let rs = rust_fixture();
+    let (_, text) = trace(&["-e", "p:m calls_rs::main"], &[rs.to_str().unwrap(), "2"]);
+    assert_eq!(kprobe_lines(&text, "m").len(), 1, "{text}");
+    assert!(kprobe_lines(&text, "m")[0].starts_with("calls_rs::main+0x0/"));
 }

@@ -64,6 +64,13 @@ pub fn mallocs_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("mallocs")
 }
 
+/// Path of `cxx N` (C++, `-pg -mfentry -mrecord-mcount` sites): `main` calls
+/// `ns::K::get(i)` and `ns::twice<long>(...)` N times (default 3); prints `cxx=<sum>`
+/// (`sum` of `2 * (100 + i)`).
+pub fn cxx_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("cxx")
+}
+
 /// Path of `own_sigtrap MODE` (no site flags): handles (0: signal, 1: sigaction), ignores
 /// (2) or blocks (3: sigprocmask, 4: every signal in a thread) SIGTRAP itself, calls `work`
 /// (1 + 3 times, + once from its handler in modes 0 and 1), prints `mode=M s=S traps=T`,

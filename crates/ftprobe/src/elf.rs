@@ -352,9 +352,46 @@ fn func_symbols(file: &object::File<'_>) -> (Vec<FuncSym>, Vec<(String, usize)>)
             (f.name, i)
         })
         .collect();
+    // Demangled names answer too: `ns::K::get(int) const` and `ns::K::get` for C++,
+    // `crate::module::func` for Rust (legacy and v0 manglings, without the hash).
+    let demangled: Vec<(String, usize)> = names
+        .iter()
+        .flat_map(|(n, i)| demangled_names(n).into_iter().map(move |d| (d, *i)))
+        .collect();
+    names.extend(demangled);
     names.sort();
     names.dedup();
     (funcs, names)
+}
+
+/// The demangled forms of a symbol name (none if it is not mangled).
+pub fn demangled_names(name: &str) -> Vec<String> {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        return vec![format!("{d:#}")];
+    }
+    if name.starts_with("_Z") {
+        if let Ok(sym) = cpp_demangle::Symbol::new(name) {
+            if let Ok(full) = sym.demangle() {
+                let mut out = vec![full];
+                // Without return type and parameters: the name a user types (last: shown).
+                let short = cpp_demangle::DemangleOptions::new()
+                    .no_params()
+                    .no_return_type();
+                if let Ok(s) = sym.demangle_with_options(&short) {
+                    out.push(s);
+                }
+                return out;
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// The name to show for a symbol: demangled without parameters, or as is.
+pub fn display_name(name: &str) -> String {
+    demangled_names(name)
+        .pop()
+        .unwrap_or_else(|| name.to_owned())
 }
 
 /// Place -> addend of every R_X86_64_RELATIVE dynamic relocation.

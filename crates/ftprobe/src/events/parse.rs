@@ -331,8 +331,14 @@ impl<'a> Parser<'a> {
             s = &s[..i];
         }
         let bad = ProbeError::new(E::BadProbeAddr, p1);
-        let (obj, rest) = match s.find(':') {
-            Some(i) => (Some(&s[..i]), &s[i + 1..]),
+        // OBJ:SYM splits at a single ':'; a '::' belongs to a demangled C++/Rust name
+        // (`ns::K::get`, `libfoo.so:ns::K::get`).
+        let b = s.as_bytes();
+        let single = (0..b.len())
+            .find(|&i| b[i] == b':' && b.get(i + 1) != Some(&b':') && (i == 0 || b[i - 1] != b':'))
+            .map(|i| (i, ':'));
+        let (obj, rest) = match single {
+            Some((i, _)) => (Some(&s[..i]), &s[i + 1..]),
             None => (None, s),
         };
         let (sym, offset) = match rest.find(['+', '-']) {

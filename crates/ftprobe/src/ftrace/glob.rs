@@ -55,7 +55,8 @@ impl FilterEntry {
         if func.is_empty() && module.is_none() {
             return Err(err(base, "empty pattern"));
         }
-        if let Some(i) = func.find(':') {
+        // A ':' that is not part of '::' (C++ and Rust names) would be a command.
+        if let Some(i) = func.replace("::", "\0\0").find(':') {
             return Err(err(base + i, "unknown command (only :mod: is supported)"));
         }
         let func = if func.is_empty() {

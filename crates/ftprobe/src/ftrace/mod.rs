@@ -342,6 +342,8 @@ struct State {
     /// Sorted by ip.
     records: Vec<DynFtrace>,
     meta: Vec<RecMeta>,
+    /// Each site's function name as shown and matched by filters too: demangled.
+    display: Vec<String>,
     /// What each site holds now.
     current: Vec<[u8; 5]>,
     registered: Vec<&'static FtraceOps>,
@@ -469,10 +471,15 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         meta.push(m);
     }
     let current = vec![NOP5; records.len()];
+    let display = meta
+        .iter()
+        .map(|m: &RecMeta| crate::elf::display_name(&objects[m.obj].image.funcs[m.func].name))
+        .collect();
     *g = Some(State {
         objects,
         records,
         meta,
+        display,
         current,
         registered: Vec::new(),
         tramps: HashMap::new(),
@@ -721,9 +728,9 @@ fn set_filter(
     if !e.negate {
         let g = lock();
         let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-        if !st.meta.iter().any(|m| {
+        if !st.meta.iter().zip(&st.display).any(|(m, d)| {
             let o = &st.objects[m.obj];
-            e.matches(&o.image.funcs[m.func].name, &o.module)
+            e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module)
         }) {
             return Err(FtraceError::NoMatch(pattern.to_owned()));
         }
@@ -912,12 +919,28 @@ impl State {
     /// Sorted ips the ops selects: its filter (empty: all) minus its notrace.
     fn hash_of(&self, ops: &FtraceOps) -> Vec<u64> {
         let f = ops.lock_filters();
+        // Patterns match the symbol name or its demangled form (see `FuncMeta::display`).
         let items = self.meta.iter().map(|m| {
             let o = &self.objects[m.obj];
             (o.image.funcs[m.func].name.as_str(), o.module.as_str())
         });
-        let mut filter = glob::select(&f.filter, items.clone());
-        let notrace = glob::select(&f.notrace, items);
+        let shown = self
+            .meta
+            .iter()
+            .zip(&self.display)
+            .map(|(m, d)| (d.as_str(), self.objects[m.obj].module.as_str()));
+        let either = |a: Option<Vec<bool>>, b: Option<Vec<bool>>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| *x || *y).collect()),
+            (a, b) => a.or(b),
+        };
+        let mut filter = either(
+            glob::select(&f.filter, items.clone()),
+            glob::select(&f.filter, shown.clone()),
+        );
+        let notrace = either(
+            glob::select(&f.notrace, items),
+            glob::select(&f.notrace, shown),
+        );
         if !f.ips.is_empty() {
             let set = filter.get_or_insert_with(|| vec![false; self.records.len()]);
             for ip in &f.ips {

@@ -431,7 +431,7 @@ pub fn list() -> String {
     for (addr, probes) in &t.probes {
         for p in probes {
             let (sym, off, module) = match ft::symbol_at(*addr) {
-                Some((s, off)) => (s.name, off, s.module),
+                Some((s, off)) => (crate::elf::display_name(&s.name), off, s.module),
                 None => (format!("{addr:#x}"), 0, String::new()),
             };
             let f = p.flags();
