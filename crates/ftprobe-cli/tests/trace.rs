@@ -778,3 +778,51 @@ fn demangled_cxx_and_rust_names() {
     assert_eq!(kprobe_lines(&text, "m").len(), 1, "{text}");
     assert!(kprobe_lines(&text, "m")[0].starts_with("calls_rs::main+0x0/"));
 }
+
+/// The kernel's errors that only the target can raise, each with its text and caret (the
+/// parse-level ones are the events module's table of 113 cases).
+#[test]
+fn engine_errors_have_the_kernels_names_and_carets() {
+    let exe = fixture("calls", Flavour::FentryCallPieRecord).unwrap();
+    let exe = exe.to_str().unwrap();
+    for (def, text, col) in [
+        // Inside the ftrace site (call *GOT, 6 bytes at work+0).
+        ("p work+2", "Probe point is not an instruction boundary", 2),
+        // Inside an instruction of a function with no site: decoded from its start.
+        (
+            "p libc:malloc+1",
+            "Probe point is not an instruction boundary",
+            2,
+        ),
+        ("p no_such_function", "Invalid probed address or symbol", 2),
+        // Defined in both ld.so and libc.
+        ("p _dl_catch_exception", "The symbol is not unique", 2),
+        ("p /no/such/file:0x10", "Failed to find the given file", 2),
+        ("p zz:work", "Invalid probed address or symbol", 2),
+        ("p libc:syscall", "Failed to register probe event", 2),
+    ] {
+        let (out, _) = trace(&["-e", def], &[exe, "1"]);
+        assert_eq!(out.status.code(), Some(1), "{def}");
+        assert!(out.stdout.is_empty(), "{def}: main did not run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        // PATH:OFFSET is uprobe_events syntax: the kernel logs it as trace_uprobe.
+        let sub = if def.contains('/') {
+            "trace_uprobe"
+        } else {
+            "trace_kprobe"
+        };
+        let want = format!(
+            "{sub}: error: {text}\n  Command: {def}\n{}^\n",
+            " ".repeat(11 + col)
+        );
+        assert!(err.contains(&want), "{def}:\n{err}\nwanted:\n{want}");
+    }
+    // Two events of one name: the kernel's EVENT_EXIST, from the CLI, before anything runs.
+    let (out, _) = trace(&["-e", "p:ev work", "-e", "p:ev caller"], &[exe, "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: Given group/event name is already used by another event"),
+        "{err}"
+    );
+}
