@@ -4,8 +4,6 @@
 //! it under `ftprobe trace -e DEF` and checks every value of every hit exactly, as the kernel
 //! prints it.
 
-use std::process::Output;
-
 use ftprobe_dev::{fixture, Flavour};
 
 mod common;
@@ -232,14 +230,7 @@ fn strings_and_arrays_fit_on_a_small_signal_stack() {
     const BUDGET: usize = 1024;
     let exe = fixture("sigstack", Flavour::FentryCallPieRecord).unwrap();
     let exe = exe.to_str().unwrap();
-    let used = |out: &Output| -> usize {
-        let s = String::from_utf8_lossy(&out.stdout);
-        s.trim()
-            .strip_prefix("used ")
-            .unwrap_or_else(|| panic!("{s:?}"))
-            .parse()
-            .unwrap()
-    };
+    let used = common::signal_stack_used;
     let plain = used(&untraced(&[exe]));
     let def = "p hf s=+0($stack):string a=+0($stack):u64[8] p=+0(+0($stack)):string[2] \
                y=+0($stack):symstr c=$comm";

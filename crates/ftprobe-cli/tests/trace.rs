@@ -2,7 +2,7 @@
 //! the CLI with the preloaded agent; exact counts against the fixtures' known call counts.
 
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 
 mod common;
 use common::{events, ftprobe, trace, untraced};
@@ -548,14 +548,7 @@ fn regression_probes_fit_on_a_small_signal_stack() {
     const BUDGET: usize = 1024;
     let exe = fixture("sigstack", Flavour::FentryCallPieRecord).unwrap();
     let exe = exe.to_str().unwrap();
-    let used = |out: &Output| -> usize {
-        let s = String::from_utf8_lossy(&out.stdout);
-        s.trim()
-            .strip_prefix("used ")
-            .unwrap_or_else(|| panic!("{s:?}"))
-            .parse()
-            .unwrap()
-    };
+    let used = common::signal_stack_used;
     let plain = used(&untraced(&[exe]));
     // The smallest page-multiple stack with BUDGET bytes to spare beyond what the program uses.
     let size = (plain + BUDGET).div_ceil(4096) * 4096;

@@ -41,3 +41,13 @@ pub fn events(text: &str) -> impl Iterator<Item = &str> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
 }
+
+/// What the `sigstack` fixture printed: bytes of its signal stack used (`used N`).
+pub fn signal_stack_used(out: &Output) -> usize {
+    let s = String::from_utf8_lossy(&out.stdout);
+    s.trim()
+        .strip_prefix("used ")
+        .unwrap_or_else(|| panic!("{s:?}"))
+        .parse()
+        .unwrap()
+}
