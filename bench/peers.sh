@@ -7,8 +7,10 @@
 # process and tool start-up cancel; minus the untraced slope of the same binary it is the
 # cost per hit. min-max: the same slope per run pair (run i at N1 and at N2).
 #
-# Full run: installs missing peers (apt-get, pip), builds target/release/ftprobe, writes
-# bench/RESULTS-peers.md. --quick (CI smoke test): tiny N, 1 run each, installs and builds
+# Full run: installs missing peers (apt-get, pip), builds target/release/ftprobe, runs the whole
+# harness twice and writes both runs, and their run-to-run differences, to bench/RESULTS-peers.md.
+# Also: whole-program slowdown of Lua 5.4 (lua-patchable build) running fib.lua LUA_N (env,
+# default 32) under ftprobe and uftrace --patch, and record throughput (events/s, bytes/event). --quick (CI smoke test): tiny N, 1 run each, installs and builds
 # nothing, writes nothing into the tree, always exits 0. A peer that cannot run prints
 # "skipped: REASON" in its row; the script never fails because of one.
 set -u -o pipefail
@@ -26,6 +28,43 @@ esac
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 FTPROBE=$ROOT/target/release/ftprobe
+# Full run: the whole harness twice (two passes of this script), both written into
+# RESULTS-peers.md with the relative difference of each row's medians between them.
+if ((!QUICK)) && [[ -z ${PEERS_PASS_OUT:-} ]]; then
+	D=$(mktemp -d /tmp/ftprobe-peers-runs.XXXXXX)
+	for p in 1 2; do
+		echo "peers: ==== full run $p of 2" >&2
+		PEERS_PASS_OUT=$D/run$p.md "$0" || { rm -rf "$D"; exit 1; }
+	done
+	{
+		cat "$D/run1.md"
+		echo
+		sed 's/^# .*/# Second run (the same harness, right after the first)/; s/^## /### /; s/^# /## /' "$D/run2.md"
+		echo
+		echo "## Run to run: second run against the first"
+		echo
+		echo "Relative difference of the medians, (second - first) / first. Per-hit rows: ns per hit (median minus" \
+			"the untraced slope), so a small figure moves a lot in relative terms; Lua rows: seconds of the whole command."
+		echo
+		echo "| row | first | second | difference | first, in program / events | second | difference |"
+		echo "|---|---:|---:|---:|---:|---:|---:|"
+		awk -F'\t' '
+			function rel(a, b) {return (a + 0 != 0 && a ~ /^-?[0-9.]+$/ && b ~ /^-?[0-9.]+$/) ? sprintf("%+.1f%%", 100 * (b - a) / a) : "n/a"}
+			NR == FNR {k[$1 FS $2] = 1; a1[$1 FS $2] = $3; b1[$1 FS $2] = $4; order[++n] = $1 FS $2; next}
+			{a2[$1 FS $2] = $3; b2[$1 FS $2] = $4; if (!($1 FS $2 in k)) order[++n] = $1 FS $2}
+			END {
+				for (i = 1; i <= n; i++) {
+					key = order[i]; split(key, p, FS)
+					name = (p[1] == "lua" ? "Lua: " p[2] " (s)" : p[2] " (ns/hit)")
+					printf "| %s | %s | %s | %s | %s | %s | %s |\n", name, a1[key], a2[key], rel(a1[key], a2[key]),
+						b1[key], b2[key], rel(b1[key], b2[key])
+				}
+			}' "$D/run1.md.tsv" "$D/run2.md.tsv"
+	} >"$HERE/RESULTS-peers.md"
+	echo "peers: wrote $HERE/RESULTS-peers.md (two runs)" >&2
+	rm -rf "$D"
+	exit 0
+fi
 W=$(mktemp -d /tmp/ftprobe-peers.XXXXXX)
 TRACEFS=/sys/kernel/tracing
 UPROBE_GROUP=ftprobe_peers
@@ -305,6 +344,114 @@ else
 	fi
 fi
 
+# ---- whole program: Lua 5.4 running fib.lua -----------------------------------------------
+# Wall time of whole runs (median of RUNS) of the lua-patchable build (-fpatchable-function-entry=5,
+# which both ftprobe and uftrace's --patch can use), untraced and traced, plus the events each
+# tool recorded (from one extra run: a tool that drops events is faster for a bad reason).
+LUA_N=${LUA_N:-$((QUICK ? 18 : 32))}
+LUA_NAME=() LUA_MED=() LUA_MIN=() LUA_MAX=() LUA_EV=() LUA_NOTE=() LUA_CMD=()
+lua_skip() { # NAME REASON
+	LUA_NAME+=("$1") LUA_MED+=("") LUA_MIN+=("") LUA_MAX+=("") LUA_EV+=("") LUA_NOTE+=("skipped: $2") LUA_CMD+=("")
+	log "$1: skipped: $2"
+}
+# Wall times of CMD (RUNS runs); PRE, if set, is run (untimed) before each run.
+lua_row() { # NAME EVENTS CMD...
+	local name=$1 ev=$2 i t0 t1 ts=()
+	shift 2
+	log "lua: $name"
+	: >"$W/stderr"
+	for ((i = 0; i < RUNS; i++)); do
+		[[ -n ${PRE:-} ]] && eval "$PRE"
+		t0=$(now_ns)
+		"$@" >/dev/null 2>>"$W/stderr" || { lua_skip "$name" "command failed: $(tail -n 2 "$W/stderr" | tr '\n' ' ' | cut -c1-150)"; return 1; }
+		t1=$(now_ns)
+		ts+=($((t1 - t0)))
+	done
+	LUA_NAME+=("$name") LUA_NOTE+=("") LUA_EV+=("$ev")
+	LUA_MED+=("$(printf '%s\n' "${ts[@]}" | median | awk '{printf "%.3f", $1/1e9}')")
+	LUA_MIN+=("$(printf '%s\n' "${ts[@]}" | sort -g | head -n 1 | awk '{printf "%.3f", $1/1e9}')")
+	LUA_MAX+=("$(printf '%s\n' "${ts[@]}" | sort -g | tail -n 1 | awk '{printf "%.3f", $1/1e9}')")
+	LUA_CMD+=("$(printf '%q ' "$@" | sed "s|$W|\$W|g; s|$ROOT/||g; s|$LUA_BIN|LUA|g; s|$LUA_SCRIPT|fib.lua|g")")
+}
+# ftprobe's events: entries written, and the lost count, from a run whose trace goes to awk.
+ft_events() { # FTPROBE-ARGS... (before --)
+	"$FTPROBE" trace --buffer-size-kb 262144 -o /dev/stdout "$@" -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N" 2>/dev/null |
+		awk '/^# lost events:/ {lost += $4} !/^#/ && !/^fib\(/ {n++} END {printf "%d (lost %d)", n, lost}'
+}
+# uftrace's calls: its per-thread .dat files hold 16 B per entry and 16 B per exit (no args).
+uft_events() { # DIR
+	du -cb "$1"/[0-9]*.dat 2>/dev/null | awk 'END {printf "%d", $1/32}'
+}
+LROWS=("untraced" "ftprobe function tracer, all functions" "ftprobe function tracer, -F 'luaH_*'"
+	"uftrace record -P . (all functions, dynamic patching)" "uftrace record -P '^luaH_' (dynamic patching)")
+LUA_BIN=$( [[ -x $ROOT/target/release/fixture-path ]] && "$ROOT/target/release/fixture-path" lua-patchable 2>/dev/null)
+LUA_SCRIPT=$( [[ -x $ROOT/target/release/fixture-path ]] && "$ROOT/target/release/fixture-path" lua-script:fib.lua 2>/dev/null)
+if [[ -z $LUA_BIN || ! -x $LUA_BIN || -z $LUA_SCRIPT || ! -f $LUA_SCRIPT ]]; then
+	for r in "${LROWS[@]}"; do lua_skip "$r" "no lua-patchable build or fib.lua (target/release/fixture-path; cargo build --release)"; done
+else
+	log "lua: $LUA_BIN fib.lua $LUA_N"
+	lua_row "${LROWS[0]}" "-" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+	FTL="$FTPROBE trace -o /dev/null --buffer-size-kb 262144"
+	if ((FT_OK)); then
+		lua_row "${LROWS[1]}" "$(ft_events)" $FTL -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+		lua_row "${LROWS[2]}" "$(ft_events -F 'luaH_*')" $FTL -F 'luaH_*' -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+	else
+		lua_skip "${LROWS[1]}" "$FT_REASON"
+		lua_skip "${LROWS[2]}" "$FT_REASON"
+	fi
+	if have uftrace; then
+		# --no-libcall: only the program's own functions, as ftprobe (libc has no sites).
+		PRE='rm -rf "$W/lua-uft.data"'
+		if lua_row "${LROWS[3]}" "?" uftrace record --no-libcall -P . -d "$W/lua-uft.data" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"; then
+			LUA_EV[-1]=$(uft_events "$W/lua-uft.data")
+		fi
+		if lua_row "${LROWS[4]}" "?" uftrace record --no-libcall -P '^luaH_' -d "$W/lua-uft.data" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"; then
+			LUA_EV[-1]=$(uft_events "$W/lua-uft.data")
+		fi
+		PRE=
+		rm -rf "$W/lua-uft.data"
+	else
+		lua_skip "${LROWS[3]}" "uftrace not installed"
+		lua_skip "${LROWS[4]}" "uftrace not installed"
+	fi
+fi
+lua_table() {
+	local i base=${LUA_MED[0]:-}
+	echo "| row (lua-patchable fib.lua $LUA_N) | wall s (median) | min-max | x untraced | events recorded |"
+	echo "|---|---:|---:|---:|---:|"
+	for i in "${!LUA_NAME[@]}"; do
+		if [[ -z ${LUA_MED[$i]} ]]; then
+			echo "| ${LUA_NAME[$i]} | ${LUA_NOTE[$i]} | | | |"
+			continue
+		fi
+		printf '| %s | %s | %s to %s | %s | %s |\n' "${LUA_NAME[$i]}" "${LUA_MED[$i]}" "${LUA_MIN[$i]}" "${LUA_MAX[$i]}" \
+			"$(awk -v a="${LUA_MED[$i]}" -v b="$base" 'BEGIN {if (b > 0) printf "%.2f", a/b; else print "n/a"}')" "${LUA_EV[$i]}"
+	done
+}
+# Record throughput, from the in-program per-hit rows: one thread, events/s = 1e9 / ns.
+throughput() {
+	local i n ns b
+	for i in "${!ROW_NAME[@]}"; do
+		ns=${ROW_LOOP[$i]}
+		[[ -n $ns && $ns != n/a ]] || continue
+		case ${ROW_NAME[$i]} in
+		"${FT_ROWS[0]}") n="ftprobe function tracer" b=32 ;;
+		"${FT_ROWS[2]}") n="ftprobe kprobe event, 2 args" b=48 ;;
+		"$UROW") n="uftrace record (-pg), per call = entry + exit record" b=32 ;;
+		*) continue ;;
+		esac
+		awk -v n="$n" -v ns="$ns" -v b="$b" 'BEGIN {
+			if (ns <= 0) {printf "- %s: %s ns per hit in program: no throughput figure\n", n, ns; exit}
+			printf "- %s: %.1f ns per hit in program = %.2f M events/s, %d B per event = %.0f MB/s\n", n, ns, 1e3/ns, b, b*1e3/ns}'
+	done
+	# The same, whole-program: events recorded per second of added wall time in the Lua rows.
+	for i in "${!LUA_NAME[@]}"; do
+		[[ -n ${LUA_MED[$i]} && ${LUA_EV[$i]} =~ ^[0-9] && -n ${LUA_MED[0]} ]] || continue
+		awk -v n="${LUA_NAME[$i]}" -v t="${LUA_MED[$i]}" -v b="${LUA_MED[0]}" -v e="${LUA_EV[$i]%% *}" 'BEGIN {
+			if (t > b && e > 10000) printf "- Lua, %s: %d events in %.3f s added wall time = %.2f M events/s (whole command)\n", n, e, t-b, e/(t-b)/1e6}'
+	done
+}
+
 # ---- the table ----------------------------------------------------------------------------
 REF= REFL=
 for i in "${!ROW_NAME[@]}"; do
@@ -338,10 +485,24 @@ bases
 echo "(slope of $RUNS runs at N = $N1 and N2; per hit = median slope minus the untraced slope;"
 echo " wall: the whole command, so a tool's own work after the program (draining, formatting) counts;"
 echo " in program: hit.c's own clock around its loop)"
+echo
+lua_table
+echo
+echo "Record throughput (one thread; bytes per event: ftprobe 32 B per function entry, 48 B per kprobe event with 2 args; uftrace 16 B per entry + 16 B per exit = 32 B per call):"
+throughput
 ((QUICK)) && echo "(--quick: tiny N, one run: a smoke test, the figures mean nothing)"
 
 if ((!QUICK)); then
-	OUT=$HERE/RESULTS-peers.md
+	OUT=${PEERS_PASS_OUT:-$HERE/RESULTS-peers.md}
+	# Medians for the run-to-run comparison: KIND<TAB>NAME<TAB>VALUE<TAB>VALUE2.
+	{
+		for i in "${!ROW_NAME[@]}"; do
+			[[ -n ${ROW_NS[$i]} ]] && printf 'hit\t%s\t%s\t%s\n' "${ROW_NAME[$i]}" "${ROW_NS[$i]}" "${ROW_LOOP[$i]}"
+		done
+		for i in "${!LUA_NAME[@]}"; do
+			[[ -n ${LUA_MED[$i]} ]] && printf 'lua\t%s\t%s\t%s\n' "${LUA_NAME[$i]}" "${LUA_MED[$i]}" "${LUA_EV[$i]%% *}"
+		done
+	} >"$OUT.tsv"
 	{
 		echo "# Per-hit cost, ftprobe and its peers (bench/peers.sh)"
 		echo
@@ -363,10 +524,34 @@ if ((!QUICK)); then
 		echo
 		bases
 		echo
+		echo "## Whole program: Lua 5.4 (lua-patchable build) running fib.lua $LUA_N"
+		echo
+		echo "Wall time of the whole command, median of $RUNS runs; x untraced: median / untraced median." \
+			"Build: lua-src's Lua 5.4 with -fpatchable-function-entry=5 (ftprobe-dev's lua-patchable), the one build" \
+			"both tools can trace (uftrace cannot use the -pg -mfentry -mnop-mcount NOP5 build; -P/--patch uses the" \
+			"patchable entries). Events: ftprobe, trace lines (function entries) of one extra run, and '# lost events';" \
+			"uftrace (--no-libcall: the program's own functions only), calls = size of its .dat files / 32 B" \
+			"(16 B entry + 16 B exit record), from the last timed run. ftprobe's all-functions row formats every" \
+			"event as text after the run (-o /dev/null still formats), uftrace writes binary: see the throughput lines."
+		echo
+		lua_table
+		echo
+		echo "## Record throughput (one thread)"
+		echo
+		echo "From the in-program ns per hit above: events/s = 1e9 / ns. Bytes per event: ftprobe 32 B per function" \
+			"entry (tsc, ip, parent_ip), 48 B per kprobe event with 2 args; uftrace 16 B per entry and 16 B per exit," \
+			"32 B per call (its row is per call). Whole-program lines: events / (traced - untraced wall) in the Lua rows."
+		echo
+		throughput
+		echo
 		echo "Commands (\$W: the temp dir with the builds):"
 		echo
 		for i in "${!ROW_NAME[@]}"; do
 			[[ -n ${ROW_CMD[$i]} ]] && printf -- '- %s: `%s`\n' "${ROW_NAME[$i]}" "${ROW_CMD[$i]}"
+		done
+		for i in "${!LUA_NAME[@]}"; do
+			[[ -n ${LUA_CMD[$i]} ]] && printf -- '- Lua, %s: `%s` (LUA: %s, fib.lua: %s)\n' "${LUA_NAME[$i]}" "${LUA_CMD[$i]}" \
+				"${LUA_BIN#$ROOT/}" "${LUA_SCRIPT#$ROOT/}"
 		done
 	} >"$OUT"
 	log "wrote $OUT"
