@@ -269,22 +269,22 @@ file_offset() { # BIN OFF
 		fi
 	done < <(readelf -lW "$1")
 }
-uprobe_row() { # NAME EVENT BIN OFF N2
-	local name=$1 ev=$2 bin=$3 off=$4 n2=$5 fo
+uprobe_row() { # NAME EVENT BIN OFF N2 [KIND: p (uprobe, default) or r (uretprobe)]
+	local name=$1 ev=$2 bin=$3 off=$4 n2=$5 kind=${6:-p} fo
 	fo=$(file_offset "$bin" "$off")
 	[[ -n $fo ]] || { skip "$name" "no file offset for target+$off"; return; }
 	base_slope "$bin" "$n2" # before the uprobe is armed
-	if ! echo "p:$UPROBE_GROUP/$ev $bin:$fo" >>"$TRACEFS/uprobe_events" 2>"$W/err" ||
+	if ! echo "$kind:$UPROBE_GROUP/$ev $bin:$fo" >>"$TRACEFS/uprobe_events" 2>"$W/err" ||
 		! echo 1 >"$TRACEFS/events/$UPROBE_GROUP/$ev/enable" 2>>"$W/err"; then
 		skip "$name" "uprobe_events: $(cat "$W/err")"
 		return
 	fi
 	row "$name" "$bin" "$n2" "$bin" @N@
-	ROW_CMD[-1]="echo 'p:$UPROBE_GROUP/$ev \$W/$(basename "$bin"):$fo' >> $TRACEFS/uprobe_events; echo 1 > .../enable; ${ROW_CMD[-1]}"
+	ROW_CMD[-1]="echo '$kind:$UPROBE_GROUP/$ev \$W/$(basename "$bin"):$fo' >> $TRACEFS/uprobe_events; echo 1 > .../enable; ${ROW_CMD[-1]}"
 	echo 0 >"$TRACEFS/events/$UPROBE_GROUP/$ev/enable"
 	echo "-:$UPROBE_GROUP/$ev" >>"$TRACEFS/uprobe_events"
 }
-KROWS=("kernel uprobe on the NOP5 site (target+0, fentry build)" "kernel uprobe on an ordinary insn (target+$INT3_OFF, $INT3_INSN)")
+KROWS=("kernel uprobe on the NOP5 site (target+0, fentry build)" "kernel uprobe on an ordinary insn (target+$INT3_OFF, $INT3_INSN)" "kernel uretprobe on target (fentry build)")
 if [[ ! -e $TRACEFS/uprobe_events ]] && ! mount -t tracefs nodev "$TRACEFS" 2>"$W/err"; then
 	for r in "${KROWS[@]}"; do skip "$r" "tracefs not available: $(cat "$W/err")"; done
 elif [[ ! -w $TRACEFS/uprobe_events ]]; then
@@ -292,6 +292,7 @@ elif [[ ! -w $TRACEFS/uprobe_events ]]; then
 else
 	uprobe_row "${KROWS[0]}" nop5 "$W/hit-fentry" 0 "$NMID"
 	uprobe_row "${KROWS[1]}" insn "$W/hit-plain" "$INT3_OFF" "$NSLOW"
+	uprobe_row "${KROWS[2]}" ret "$W/hit-fentry" 0 "$NSLOW" r
 fi
 
 # ---- bpftrace ---------------------------------------------------------------------------
