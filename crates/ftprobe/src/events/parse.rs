@@ -294,6 +294,19 @@ impl<'a> Parser<'a> {
         })
     }
 
+    /// `TEXT[%return]`: TEXT, noting a return probe; any other `%` suffix is BAD_ADDR_SUFFIX
+    /// (`pos` is TEXT's position in the command).
+    fn strip_return<'t>(&mut self, text: &'t str, pos: usize) -> Result<&'t str> {
+        match text.find('%') {
+            Some(i) if &text[i..] == "%return" => {
+                self.ret = true;
+                Ok(&text[..i])
+            }
+            Some(i) => Err(ProbeError::new(E::BadAddrSuffix, pos + i)),
+            None => Ok(text),
+        }
+    }
+
     /// `PATH:OFFSET[%return]` (kernel `__trace_uprobe_create()`); PATH is the engine's.
     fn file_target(&mut self, p1: usize, w1: &str) -> Result<ProbeTarget> {
         let colon = w1.rfind(':').unwrap_or_default();
@@ -305,14 +318,7 @@ impl<'a> Parser<'a> {
         if let Some(i) = spec.find('(') {
             return Err(ProbeError::new(E::NotSupported, spec_pos + i));
         }
-        let mut num = spec;
-        if let Some(i) = spec.find('%') {
-            if &spec[i..] != "%return" {
-                return Err(ProbeError::new(E::BadAddrSuffix, spec_pos + i));
-            }
-            self.ret = true;
-            num = &spec[..i];
-        }
+        let num = self.strip_return(spec, spec_pos)?;
         let offset = kstrtoull(num, 0).ok_or(ProbeError::new(E::BadUprobeOffs, spec_pos))?;
         Ok(ProbeTarget::FileOffset {
             path: path.to_string(),
@@ -322,14 +328,7 @@ impl<'a> Parser<'a> {
 
     /// `[OBJ:]SYM[+OFFS][%return]` (kernel `trace_kprobe_create_internal()`).
     fn symbol_target(&mut self, p1: usize, w1: &str) -> Result<ProbeTarget> {
-        let mut s = w1;
-        if let Some(i) = s.find('%') {
-            if &s[i..] != "%return" {
-                return Err(ProbeError::new(E::BadAddrSuffix, p1 + i));
-            }
-            self.ret = true;
-            s = &s[..i];
-        }
+        let s = self.strip_return(w1, p1)?;
         let bad = ProbeError::new(E::BadProbeAddr, p1);
         // OBJ:SYM splits at a single ':'; a '::' belongs to a demangled C++/Rust name
         // (`ns::K::get`, `libfoo.so:ns::K::get`).
