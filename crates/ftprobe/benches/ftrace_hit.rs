@@ -15,7 +15,6 @@ use ftprobe::function_tracer;
 use ftprobe::kprobes::{self, Kprobe, KprobeTarget};
 use ftprobe::ring::{RingConfig, SharedRings};
 use ftprobe::{trace, trace_kprobe};
-use ftprobe_dev::fxsites::fx_add;
 
 const N: i64 = 2_000_000;
 const RUNS: usize = 11;
@@ -25,27 +24,17 @@ static EMPTY: FtraceOps = FtraceOps::new(empty, 0);
 static EMPTY2: FtraceOps = FtraceOps::new(empty, 0);
 static EMPTY_REGS: FtraceOps = FtraceOps::new(empty, FTRACE_OPS_FL_SAVE_REGS);
 
-#[inline(never)]
+mod common;
+
 fn loop_once() -> f64 {
-    let t = Instant::now();
-    let mut acc = 0;
-    for i in 0..N {
-        // SAFETY: plain C function.
-        acc += unsafe { fx_add(black_box(i), 1) };
-    }
-    black_box(acc);
-    t.elapsed().as_nanos() as f64 / N as f64
+    common::loop_fx_add(N)
 }
 
 fn median(mut between: impl FnMut()) -> (f64, f64, f64) {
-    let mut v: Vec<f64> = (0..RUNS)
-        .map(|_| {
-            between();
-            loop_once()
-        })
-        .collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (v[RUNS / 2], v[0], v[RUNS - 1])
+    common::median_of(RUNS, || {
+        between();
+        loop_once()
+    })
 }
 
 fn main() {

@@ -10,33 +10,23 @@
 //!
 //! `cargo bench -p ftprobe --bench int3_hit`
 
-use std::hint::black_box;
 use std::io::Write;
 use std::time::Instant;
 
 use ftprobe::ftrace::{self, PtRegs};
 use ftprobe::kprobes::{self, Kprobe, KprobeTarget};
-use ftprobe_dev::fxsites::fx_add;
 
 const N: i64 = 20_000;
 const RUNS: usize = 7;
 
-#[inline(never)]
+mod common;
+
 fn loop_once() -> f64 {
-    let t = Instant::now();
-    let mut acc = 0;
-    for i in 0..N {
-        // SAFETY: plain C function.
-        acc += unsafe { fx_add(black_box(i), 1) };
-    }
-    black_box(acc);
-    t.elapsed().as_nanos() as f64 / N as f64
+    common::loop_fx_add(N)
 }
 
-fn median(mut run: impl FnMut() -> f64) -> (f64, f64, f64) {
-    let mut v: Vec<f64> = (0..RUNS).map(|_| run()).collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (v[RUNS / 2], v[0], v[RUNS - 1])
+fn median(run: impl FnMut() -> f64) -> (f64, f64, f64) {
+    common::median_of(RUNS, run)
 }
 
 fn empty_pre(_p: &Kprobe, _r: &mut PtRegs) -> i32 {
