@@ -237,23 +237,11 @@ extern "C" fn sigtrap_handler(
         chain_to_old_handler(sig, info, ctx);
         return;
     }
-    HANDLERS_ACTIVE.fetch_add(1, Ordering::SeqCst);
     // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler; this thread owns it.
     let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
     let ip = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
     let addr = ip.wrapping_sub(1);
-    let batch = BATCH.load(Ordering::SeqCst);
-    let mut handled = false;
-    if !batch.is_null() {
-        // SAFETY: a non-null BATCH points to a live Vec until HANDLERS_ACTIVE drops to zero
-        // after BATCH is cleared (see text_poke_batch).
-        let pokes = unsafe { &*batch };
-        if let Ok(i) = pokes.binary_search_by_key(&addr, |p| p.addr) {
-            emulate(uc, &pokes[i]);
-            handled = true;
-        }
-    }
-    HANDLERS_ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    let mut handled = emulate_if_in_batch(uc, addr);
     if !handled {
         let hook = TRAP_HOOK.load(Ordering::Acquire);
         if !hook.is_null() {
@@ -270,11 +258,36 @@ extern "C" fn sigtrap_handler(
             // instruction that is there now.
             uc.uc_mcontext.gregs[libc::REG_RIP as usize] = addr as i64;
             handled = true;
+        } else {
+            // The int3 may be the next batch's, written after we looked: a batch is published
+            // before it writes its int3s (x86 keeps stores in order), so seeing the int3 means
+            // a look now finds that batch. Found by a test flipping sites 200 times while two
+            // threads ran through them.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            handled = emulate_if_in_batch(uc, addr);
         }
     }
     if !handled {
         chain_to_old_handler(sig, info, ctx);
     }
+}
+
+/// Probe path: if `addr` is a site of the batch in flight, emulate its new instruction.
+fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
+    HANDLERS_ACTIVE.fetch_add(1, Ordering::SeqCst);
+    let batch = BATCH.load(Ordering::SeqCst);
+    let mut handled = false;
+    if !batch.is_null() {
+        // SAFETY: a non-null BATCH points to a live Vec until HANDLERS_ACTIVE drops to zero
+        // after BATCH is cleared (see text_poke_batch).
+        let pokes = unsafe { &*batch };
+        if let Ok(i) = pokes.binary_search_by_key(&addr, |p| p.addr) {
+            emulate(uc, &pokes[i]);
+            handled = true;
+        }
+    }
+    HANDLERS_ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    handled
 }
 
 /// Emulate the new instruction of a site hit while in flight (the kernel's
