@@ -8,17 +8,33 @@ use ftprobe::elf::ElfImage;
 use ftprobe::events::{format_string, FetchType, ProbeDef};
 use ftprobe::trace_kprobe::{decode_args, ArgValue};
 
-use crate::symbols::Symbols;
+use crate::symbols::{push_hex, Symbols};
 
-/// The `TASK-PID [CPU] TIMESTAMP: ` prefix of a line of ftrace's `trace` file
-/// (kernel/trace/trace_output.c, `trace_print_context()`): comm right-aligned in 16 columns,
-/// pid left-aligned in 7, CPU in 3 digits, seconds.microseconds.
-pub fn context(comm: &str, pid: u32, cpu: u32, ts_ns: u64) -> String {
-    format!(
-        "{comm:>16}-{pid:<7} [{cpu:03}] {:5}.{:06}: ",
-        ts_ns / 1_000_000_000,
-        ts_ns % 1_000_000_000 / 1000
-    )
+/// The `TASK-PID ` part of a line of ftrace's `trace` file (kernel/trace/trace_output.c,
+/// `trace_print_context()`): comm right-aligned in 16 columns, pid left-aligned in 7. Fixed
+/// per thread, so made once per ring.
+pub fn task_prefix(comm: &str, pid: u32) -> Vec<u8> {
+    format!("{comm:>16}-{pid:<7} ").into_bytes()
+}
+
+/// Appends the `[CPU] TIMESTAMP: ` part that follows [`task_prefix`]: the CPU in at least 3
+/// digits, zero-padded, then seconds (right-aligned in 5 columns) `.` microseconds (6 digits).
+/// Byte for byte `format!("[{cpu:03}] {:5}.{:06}: ", ts_ns / 1e9, ts_ns % 1e9 / 1e3)`.
+pub fn push_cpu_time(out: &mut Vec<u8>, cpu: u32, ts_ns: u64) {
+    let mut buf = itoa::Buffer::new();
+    out.push(b'[');
+    let c = buf.format(cpu);
+    out.extend(std::iter::repeat_n(b'0', 3usize.saturating_sub(c.len())));
+    out.extend_from_slice(c.as_bytes());
+    out.extend_from_slice(b"] ");
+    let s = buf.format(ts_ns / 1_000_000_000);
+    out.extend(std::iter::repeat_n(b' ', 5usize.saturating_sub(s.len())));
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'.');
+    let us = buf.format(ts_ns % 1_000_000_000 / 1000);
+    out.extend(std::iter::repeat_n(b'0', 6 - us.len()));
+    out.extend_from_slice(us.as_bytes());
+    out.extend_from_slice(b": ");
 }
 
 /// The header ftrace prints above a trace (`function` or `nop` tracer).
@@ -36,25 +52,42 @@ pub fn header(out: &mut dyn Write, tracer: &str) -> std::io::Result<()> {
 /// escaped, `symbol` as `%pS` (`sym+0xoff/0xsize`, the bare address when no function covers
 /// it), `symstr` as that text in quotes, arrays as `{a,b,c}`, and `(fault)` for what could not
 /// be read.
-pub fn kprobe_event(def: &ProbeDef, words: &[u64], syms: &mut Symbols) -> String {
+pub fn kprobe_event(out: &mut Vec<u8>, def: &ProbeDef, words: &[u64], syms: &mut Symbols) {
     let addr = words[1];
-    let mut s = format!("{}: ({})", def.event, symbolize(addr, syms));
+    out.extend_from_slice(def.event.as_bytes());
+    out.extend_from_slice(b": (");
+    push_symbolized(out, addr, syms);
+    out.push(b')');
     if let Some(values) = decode_args(def, words) {
         for (a, v) in def.args.iter().zip(&values) {
-            s.push_str(&format!(" {}={}", a.name, format_value(&a.ty, v, syms)));
+            out.push(b' ');
+            out.extend_from_slice(a.name.as_bytes());
+            out.push(b'=');
+            out.extend_from_slice(format_value(&a.ty, v, syms).as_bytes());
         }
     }
-    s.push('\n');
-    s
+    out.push(b'\n');
 }
 
 /// An address as the kernel's `%pS`: `sym+0xoff/0xsize`, or `0x...` when no function of the
 /// target covers it.
-fn symbolize(addr: u64, syms: &mut Symbols) -> String {
+fn push_symbolized(out: &mut Vec<u8>, addr: u64, syms: &mut Symbols) {
     match syms.lookup_sized(addr) {
-        Some((name, off, size)) => format!("{name}+{off:#x}/{size:#x}"),
-        None => format!("{addr:#x}"),
+        Some((name, off, size)) => {
+            out.extend_from_slice(name.as_bytes());
+            out.push(b'+');
+            push_hex(out, off);
+            out.push(b'/');
+            push_hex(out, size);
+        }
+        None => push_hex(out, addr),
     }
+}
+
+fn symbolize(addr: u64, syms: &mut Symbols) -> String {
+    let mut out = Vec::new();
+    push_symbolized(&mut out, addr, syms);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// One value of type `ty` (an array's element type for its elements).
@@ -128,4 +161,32 @@ pub fn list_functions(bin: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{push_cpu_time, task_prefix};
+
+    /// The hand-written formatting is byte for byte the `format!` it replaces.
+    #[test]
+    fn context_as_format() {
+        for (cpu, ts) in [
+            (0, 0),
+            (1, 9_232_652_648_123),
+            (12, 999_999_999),
+            (123, 123_456_789_000_001),
+            (4095, u64::MAX),
+        ] {
+            let mut out = task_prefix("lua-patchable", 3337);
+            push_cpu_time(&mut out, cpu, ts);
+            let want = format!(
+                "{:>16}-{:<7} [{cpu:03}] {:5}.{:06}: ",
+                "lua-patchable",
+                3337,
+                ts / 1_000_000_000,
+                ts % 1_000_000_000 / 1000
+            );
+            assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
+    }
 }

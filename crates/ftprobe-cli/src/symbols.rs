@@ -1,15 +1,32 @@
 //! Addresses of the traced process to `function+offset`, from the objects table the agent
 //! publishes in the rings' header (path and load bias of every object).
+//!
+//! A trace repeats the same few thousand addresses millions of times, so every address is
+//! resolved once and kept: a lookup after the first is one hash probe, and names are handed
+//! out as `&str` into a table of the names seen (no allocation per line).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ftprobe::elf::ElfImage;
+use rustc_hash::FxHashMap;
+
+/// A resolved address: the index of its function's name in `Symbols::names`, the offset into
+/// the function, and the function's size.
+#[derive(Clone, Copy)]
+struct Resolved {
+    name: u32,
+    off: u64,
+    size: u64,
+}
 
 /// Symbolizer over the target's objects.
 pub struct Symbols {
     objects: Vec<(u64, ElfImage)>,
-    cache: HashMap<u64, Option<(String, u64, u64)>>,
+    /// Display names (demangled) of the functions seen so far.
+    names: Vec<String>,
+    /// (object index, function index) to its slot in `names`.
+    name_ids: FxHashMap<(usize, usize), u32>,
+    cache: FxHashMap<u64, Option<Resolved>>,
 }
 
 impl Symbols {
@@ -24,8 +41,39 @@ impl Symbols {
             .collect();
         Symbols {
             objects,
-            cache: HashMap::new(),
+            names: Vec::new(),
+            name_ids: FxHashMap::default(),
+            cache: FxHashMap::default(),
         }
+    }
+
+    fn resolve(&mut self, addr: u64) -> Option<Resolved> {
+        if let Some(r) = self.cache.get(&addr) {
+            return *r;
+        }
+        let found = self
+            .objects
+            .iter()
+            .enumerate()
+            .find_map(|(o, (bias, img))| {
+                let svma = addr.checked_sub(*bias)?;
+                if !img.contains(svma) {
+                    return None;
+                }
+                let (i, off) = img.func_at(svma)?;
+                Some((o, i, off, img.funcs[i].size))
+            });
+        let r = found.map(|(o, i, off, size)| {
+            let next = self.names.len() as u32;
+            let name = *self.name_ids.entry((o, i)).or_insert(next);
+            if name == next {
+                let f = &self.objects[o].1.funcs[i];
+                self.names.push(ftprobe::elf::display_name(&f.name));
+            }
+            Resolved { name, off, size }
+        });
+        self.cache.insert(addr, r);
+        r
     }
 
     /// The function containing `addr` and the offset into it.
@@ -35,29 +83,39 @@ impl Symbols {
 
     /// The function containing `addr`, the offset into it, and the function's size.
     pub fn lookup_sized(&mut self, addr: u64) -> Option<(&str, u64, u64)> {
-        let objects = &self.objects;
-        let hit = self.cache.entry(addr).or_insert_with(|| {
-            objects.iter().find_map(|(bias, img)| {
-                let svma = addr.checked_sub(*bias)?;
-                if !img.contains(svma) {
-                    return None;
-                }
-                let (i, off) = img.func_at(svma)?;
-                Some((
-                    ftprobe::elf::display_name(&img.funcs[i].name),
-                    off,
-                    img.funcs[i].size,
-                ))
-            })
-        });
-        hit.as_ref().map(|(n, o, z)| (n.as_str(), *o, *z))
+        let r = self.resolve(addr)?;
+        Some((self.names[r.name as usize].as_str(), r.off, r.size))
     }
 
-    /// The function name at `addr`, or the address in hex.
-    pub fn name(&mut self, addr: u64) -> String {
+    /// Appends the function name at `addr`, or the address in hex (`0x...`), to `out`.
+    pub fn push_name(&mut self, addr: u64, out: &mut Vec<u8>) {
         match self.lookup(addr) {
-            Some((n, _)) => n.to_owned(),
-            None => format!("{addr:#x}"),
+            Some((n, _)) => out.extend_from_slice(n.as_bytes()),
+            None => push_hex(out, addr),
+        }
+    }
+}
+
+/// Appends `0x` and `v` in lower-case hex, as `format!("{v:#x}")`.
+pub fn push_hex(out: &mut Vec<u8>, v: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.extend_from_slice(b"0x");
+    let n = (64 - v.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..n).rev() {
+        out.push(DIGITS[((v >> (4 * i)) & 0xf) as usize]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_hex;
+
+    #[test]
+    fn hex_as_format() {
+        for v in [0, 1, 0xf, 0x10, 0x7f87_6cef_124a, u64::MAX] {
+            let mut out = Vec::new();
+            push_hex(&mut out, v);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("{v:#x}"));
         }
     }
 }

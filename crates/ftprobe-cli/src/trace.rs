@@ -231,6 +231,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         objects: Vec::new(),
         events: events.into_iter().map(|(_, d)| d).collect(),
         batch: Vec::new(),
+        arena: Vec::new(),
+        tasks: Vec::new(),
+        lines: Vec::new(),
         profile: Vec::new(),
         seen: Vec::new(),
     };
@@ -260,12 +263,15 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
+/// One record of a poll, its words in `Printer::arena`.
 struct Event {
     ts: u64,
     ring: u32,
     aux: u32,
     rtype: u16,
-    words: Vec<u64>,
+    /// `arena[start..start + len]`: the record's payload (timestamp first).
+    start: usize,
+    len: usize,
 }
 
 struct Printer {
@@ -276,6 +282,12 @@ struct Printer {
     objects: Vec<(u64, Vec<u8>)>,
     events: Vec<ProbeDef>,
     batch: Vec<Event>,
+    /// Payload words of the records in `batch`, reused from poll to poll.
+    arena: Vec<u64>,
+    /// `TASK-PID ` per ring (a thread's comm and tid are fixed when it claims its ring).
+    tasks: Vec<Option<Vec<u8>>>,
+    /// The text of a poll, reused.
+    lines: Vec<u8>,
     profile: Vec<(u32, u64, u64)>,
     /// Records seen per event id.
     seen: Vec<u64>,
@@ -300,21 +312,27 @@ impl Printer {
     /// Drain every ring, merge the records by timestamp, print them.
     fn poll(&mut self, rings: &SharedRings) {
         self.batch.clear();
+        self.arena.clear();
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
             let Some(mut r) = rings.reader(i) else {
                 continue;
             };
             let batch = &mut self.batch;
+            let arena = &mut self.arena;
             let profile = &mut self.profile;
             let mut texts = Vec::new();
             r.drain_aux(|rtype, aux, w| match rtype {
-                rtype::FUNC | rtype::KPROBE if !w.is_empty() => batch.push(Event {
-                    ts: w[0],
-                    ring: i,
-                    aux,
-                    rtype,
-                    words: w.to_vec(),
-                }),
+                rtype::FUNC | rtype::KPROBE if !w.is_empty() => {
+                    batch.push(Event {
+                        ts: w[0],
+                        ring: i,
+                        aux,
+                        rtype,
+                        start: arena.len(),
+                        len: w.len(),
+                    });
+                    arena.extend_from_slice(w);
+                }
                 rtype::TEXT => texts.push(
                     w.iter()
                         .flat_map(|x| x.to_le_bytes())
@@ -340,49 +358,56 @@ impl Printer {
             self.symbols = Some(Symbols::new(&objects));
             self.objects = objects;
         }
-        self.batch.sort_by_key(|e| e.ts);
-        let mut comms: Vec<Option<(String, u32)>> = vec![None; rings.config().nr_rings as usize];
-        let mut lines = String::new();
+        // Each ring is in time order already; with one thread (or threads that never
+        // overlapped in this poll) there is nothing to merge. The sort is stable: records of
+        // one ring with equal timestamps keep their order.
+        if !self.batch.windows(2).all(|p| p[0].ts <= p[1].ts) {
+            self.batch.sort_by_key(|e| e.ts);
+        }
+        let nr_rings = rings.config().nr_rings as usize;
+        if self.tasks.len() < nr_rings {
+            self.tasks.resize(nr_rings, None);
+        }
+        let lines = &mut self.lines;
+        lines.clear();
         let syms = self.symbols.as_mut().expect("set above");
         for e in &self.batch {
-            let (comm, tid) = comms[e.ring as usize]
-                .get_or_insert_with(|| {
-                    let r = rings.reader(e.ring).expect("claimed ring");
-                    let c = r.comm();
-                    let n = c.iter().position(|&b| b == 0).unwrap_or(16);
-                    (String::from_utf8_lossy(&c[..n]).into_owned(), r.tid())
-                })
-                .clone();
-            let cpu = e.aux & 0xfff;
-            lines.push_str(&output::context(
-                &comm,
-                tid,
-                cpu,
-                self.clock.tsc_to_mono_ns(e.ts),
-            ));
+            let mark = lines.len();
+            let task = self.tasks[e.ring as usize].get_or_insert_with(|| {
+                let r = rings.reader(e.ring).expect("claimed ring");
+                let c = r.comm();
+                let n = c.iter().position(|&b| b == 0).unwrap_or(16);
+                output::task_prefix(&String::from_utf8_lossy(&c[..n]), r.tid())
+            });
+            lines.extend_from_slice(task);
+            output::push_cpu_time(lines, e.aux & 0xfff, self.clock.tsc_to_mono_ns(e.ts));
+            let words = &self.arena[e.start..e.start + e.len];
             match e.rtype {
-                rtype::FUNC if e.words.len() == 3 => {
-                    lines.push_str(&format!(
-                        "{} <-{}\n",
-                        syms.name(e.words[1]),
-                        syms.name(e.words[2])
-                    ));
+                rtype::FUNC if words.len() == 3 => {
+                    syms.push_name(words[1], lines);
+                    lines.extend_from_slice(b" <-");
+                    syms.push_name(words[2], lines);
+                    lines.push(b'\n');
                 }
-                rtype::KPROBE if e.words.len() >= RECORD_HEAD_WORDS => {
+                rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
                     let id = (e.aux >> 12) as usize;
                     let Some(def) = self.events.get(id) else {
+                        // Not an event of ours (a mismatched agent): no line.
+                        lines.truncate(mark);
                         continue;
                     };
                     if self.seen.len() <= id {
                         self.seen.resize(id + 1, 0);
                     }
                     self.seen[id] += 1;
-                    lines.push_str(&output::kprobe_event(def, &e.words, syms));
+                    output::kprobe_event(lines, def, words, syms);
                 }
-                _ => lines.push('\n'),
+                _ => lines.push(b'\n'),
             }
         }
-        self.write(|o| o.write_all(lines.as_bytes()));
+        let lines = std::mem::take(&mut self.lines);
+        self.write(|o| o.write_all(&lines));
+        self.lines = lines;
     }
 
     fn finish(&mut self, rings: &SharedRings) {
