@@ -36,7 +36,7 @@ impl Symbols {
             .iter()
             .filter_map(|(bias, path)| {
                 let path = PathBuf::from(String::from_utf8_lossy(path).into_owned());
-                Some((*bias, ElfImage::open(&path).ok()?))
+                Some((*bias, ElfImage::open_symbols(&path).ok()?))
             })
             .collect();
         Symbols {

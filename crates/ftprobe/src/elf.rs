@@ -130,6 +130,9 @@ pub struct ElfImage {
 
 impl ElfImage {
     /// Read and parse a file.
+    ///
+    /// The file is read into memory, not mapped: in a traced process a mapped file that is
+    /// truncated meanwhile would raise SIGBUS in the program.
     pub fn open(path: &Path) -> Result<ElfImage, ElfError> {
         let data = std::fs::read(path).map_err(|source| ElfError::Read {
             path: path.to_owned(),
@@ -138,8 +141,24 @@ impl ElfImage {
         ElfImage::parse(path, &data)
     }
 
+    /// Map and parse a file for its symbols and segments only: `sites` and `rejected` stay
+    /// empty (what a symbolizer needs; finding sites decodes code and costs more). For tools
+    /// outside the traced process (the CLI): the file is mapped, not copied, so a file
+    /// truncated while it is parsed raises SIGBUS in the caller.
+    pub fn open_symbols(path: &Path) -> Result<ElfImage, ElfError> {
+        let map = crate::sys::FileMap::open(path).map_err(|source| ElfError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        ElfImage::parse_inner(path, map.bytes(), false)
+    }
+
     /// Parse file contents.
     pub fn parse(path: &Path, data: &[u8]) -> Result<ElfImage, ElfError> {
+        ElfImage::parse_inner(path, data, true)
+    }
+
+    fn parse_inner(path: &Path, data: &[u8], sites: bool) -> Result<ElfImage, ElfError> {
         let file = object::File::parse(data).map_err(|source| ElfError::Parse {
             path: path.to_owned(),
             source,
@@ -161,7 +180,9 @@ impl ElfImage {
             segments,
             rejected: Vec::new(),
         };
-        img.find_sites(&file);
+        if sites {
+            img.find_sites(&file);
+        }
         Ok(img)
     }
 

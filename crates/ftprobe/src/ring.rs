@@ -573,6 +573,15 @@ impl SharedRings {
     /// CLI side: creates the memfd (inherited across `exec`: no `MFD_CLOEXEC`), sizes and seals
     /// it, maps it, writes the header with a freshly calibrated [`Clock`] (takes ~20 ms).
     pub fn create(cfg: RingConfig) -> Result<(Self, OwnedFd), RingError> {
+        let (rings, fd) = Self::create_uncalibrated(cfg)?;
+        rings.set_clock(Clock::calibrate());
+        Ok((rings, fd))
+    }
+
+    /// [`create`](Self::create) without the ~20 ms clock calibration: the header's clock is
+    /// zero until [`set_clock`](Self::set_clock). The agent never reads the clock (it writes
+    /// raw TSC values), so the CLI calibrates while its target starts.
+    pub fn create_uncalibrated(cfg: RingConfig) -> Result<(Self, OwnedFd), RingError> {
         let layout = cfg.check()?;
         let fd = sys::memfd_create(c"ftprobe-rings", libc::MFD_ALLOW_SEALING)?;
         sys::ftruncate(fd_ref(&fd), layout.total_bytes)?;
@@ -589,19 +598,23 @@ impl SharedRings {
             layout,
         };
         let h = rings.header();
-        let clock = Clock::calibrate();
         h.version.store(LAYOUT_VERSION, Relaxed);
         h.header_bytes.store(HEADER_BYTES as u32, Relaxed);
         h.nr_rings.store(cfg.nr_rings, Relaxed);
         h.ring_bytes.store(cfg.ring_bytes, Relaxed);
         h.total_bytes.store(layout.total_bytes as u64, Relaxed);
+        // Release: publishes the fields above; pairs with the Acquire load in `attach`.
+        h.magic.store(MAGIC_U64, Release);
+        Ok((rings, fd))
+    }
+
+    /// Store `clock` in the header (what [`clock`](Self::clock) returns from then on).
+    pub fn set_clock(&self, clock: Clock) {
+        let h = self.header();
         h.clock_tsc_ref.store(clock.tsc_ref, Relaxed);
         h.clock_mono_ref_ns.store(clock.mono_ref_ns, Relaxed);
         h.clock_ns_per_tick_q32
             .store(clock.ns_per_tick_q32, Relaxed);
-        // Release: publishes the fields above; pairs with the Acquire load in `attach`.
-        h.magic.store(MAGIC_U64, Release);
-        Ok((rings, fd))
     }
 
     /// Agent side: maps the memfd `fd` and checks magic, version and sizes.

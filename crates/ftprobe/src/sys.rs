@@ -119,6 +119,65 @@ pub fn mmap_anon_at(hint: usize, len: usize, prot: i32) -> Result<usize, Syscall
     Ok(p as usize)
 }
 
+/// A whole file mapped read-only and private: ELF files are parsed in place instead of being
+/// copied into the heap (the agent library alone is ~10 MB with its debug info). Unmapped on
+/// drop. Not for use inside a traced process ([`crate::elf::ElfImage::open_symbols`]).
+pub struct FileMap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl FileMap {
+    /// Map the file at `path`. An empty file maps as an empty slice.
+    pub fn open(path: &std::path::Path) -> io::Result<FileMap> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(path)?;
+        let len = usize::try_from(file.metadata()?.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        if len == 0 {
+            return Ok(FileMap {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            });
+        }
+        // SAFETY: a new private read-only mapping of an open file; nothing else refers to the
+        // range it returns. A file truncated meanwhile raises SIGBUS on access (as for any
+        // mapped file): the reason this is not used inside traced processes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(FileMap { ptr: p, len })
+    }
+
+    /// The file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: ptr..ptr+len is our readable mapping, alive until drop.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: the mapping made in `open`; no borrow of `bytes()` outlives self.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}
+
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 1 << 5;
