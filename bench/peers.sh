@@ -189,7 +189,8 @@ slopes() { # N2 CMD...
 		if (la == "nan" || lb == "nan") print "nan"; else printf "%.3f\n", (lb-la)/(n2-n1)}'
 }
 
-# Untraced slope of BIN at N2, cached.
+# Untraced slope of BIN at N2, cached: the base of the rows that cannot interleave their base
+# runs (a kernel uprobe, armed on the file, would slow the untraced runs too).
 base_slope() { # BIN N2
 	local key="$1:$2" s
 	if [[ -z ${BASE_SLOPE[$key]:-} ]]; then
@@ -198,28 +199,71 @@ base_slope() { # BIN N2
 	fi
 }
 
-# A traced row: per hit = slope of CMD minus the untraced slope of BIN (run as "BIN N", or
-# as BASECMD when given through the BASECMD variable).
+# Per hit, pair by pair: run i times the untraced BIN and CMD, each at N1 and N2, interleaved
+# (base N1, CMD N1, base N2, CMD N2), so that drift of the machine hits both alike; per-hit_i =
+# slope_i(CMD) - slope_i(base). Prints "MEDIAN MIN MAX LOOP-MEDIAN BASE-MEDIAN BASE-LOOP" of the
+# per-hit values (wall, and the program's own loop time), and of the base slopes. With
+# FIXED_BASE set (uprobe rows), the base is the cached base_slope of BIN instead.
+per_hit() { # BIN N2 CMD...
+	local bin=$1 n2=$2 i a b a0 b0 la lb la0 lb0
+	shift 2
+	local wall=() loop=() bw=() bl=()
+	for ((i = 0; i < RUNS; i++)); do
+		if [[ -z ${FIXED_BASE:-} ]]; then
+			read -r a0 la0 < <(run_once "$N1" "$bin" @N@) && [[ -n $a0 ]] || return 2
+		fi
+		read -r a la < <(run_once "$N1" "$@") && [[ -n $a ]] || return 1
+		if [[ -z ${FIXED_BASE:-} ]]; then
+			read -r b0 lb0 < <(run_once "$n2" "$bin" @N@) && [[ -n $b0 ]] || return 2
+		fi
+		read -r b lb < <(run_once "$n2" "$@") && [[ -n $b ]] || return 1
+		if [[ -n ${FIXED_BASE:-} ]]; then
+			bw+=("${BASE_SLOPE[$bin:$n2]}") bl+=("${BASE_LOOP[$bin:$n2]}")
+		else
+			bw+=("$(awk -v a="$a0" -v b="$b0" -v n1="$N1" -v n2="$n2" 'BEGIN {printf "%.3f", (b-a)/(n2-n1)}')")
+			bl+=("$(awk -v a="$la0" -v b="$lb0" -v n1="$N1" -v n2="$n2" 'BEGIN {if (a == "nan" || b == "nan") print "nan"; else printf "%.3f", (b-a)/(n2-n1)}')")
+		fi
+		wall+=("$(awk -v a="$a" -v b="$b" -v s="${bw[-1]}" -v n1="$N1" -v n2="$n2" 'BEGIN {printf "%.3f", (b-a)/(n2-n1) - s}')")
+		loop+=("$(awk -v a="$la" -v b="$lb" -v s="${bl[-1]}" -v n1="$N1" -v n2="$n2" 'BEGIN {if (a == "nan" || b == "nan" || s == "nan") print "nan"; else printf "%.3f", (b-a)/(n2-n1) - s}')")
+	done
+	local lm bwm blm
+	lm=$(printf '%s\n' "${loop[@]}" | median)
+	bwm=$(printf '%s\n' "${bw[@]}" | median)
+	blm=$(printf '%s\n' "${bl[@]}" | median)
+	printf '%s\n' "${wall[@]}" | sort -g | awk -v l="$lm" -v bw="$bwm" -v bl="$blm" '
+		{v[NR]=$1} END {print v[int((NR+1)/2)], v[1], v[NR], l, bw, bl}'
+}
+
+# A traced row: ns per hit of CMD over the untraced BIN (run as "BIN N").
 row() { # NAME BIN N2 CMD...
-	local name=$1 bin=$2 n2=$3 s m lo hi l
+	local name=$1 bin=$2 n2=$3 s m lo hi l bw bl rc
 	shift 3
 	log "$name"
-	if ! base_slope "$bin" "$n2"; then
+	if [[ -n ${FIXED_BASE:-} ]] && ! base_slope "$bin" "$n2"; then
 		skip "$name" "untraced $bin failed"
 		return
 	fi
 	: >"$W/stderr"
-	if ! s=$(slopes "$n2" "$@"); then
+	s=$(per_hit "$bin" "$n2" "$@")
+	rc=$?
+	if ((rc == 2)); then
+		skip "$name" "untraced $bin failed: $(tail -n 2 "$W/stderr" | tr '\n' ' ' | cut -c1-150)"
+		return
+	elif ((rc != 0)); then
 		skip "$name" "command failed: $(tail -n 2 "$W/stderr" | tr '\n' ' ' | cut -c1-150)"
 		return
 	fi
-	read -r m lo hi l <<<"$s"
-	local b=${BASE_SLOPE[$bin:$n2]} bl=${BASE_LOOP[$bin:$n2]}
+	read -r m lo hi l bw bl <<<"$s"
+	if [[ -z ${FIXED_BASE:-} ]]; then
+		# The untraced slopes of this row's interleaved base runs (the last row of a binary
+		# and N2 is listed under the table).
+		BASE_SLOPE[$bin:$n2]=$bw BASE_LOOP[$bin:$n2]=$bl BASE_MIN[$bin:$n2]=- BASE_MAX[$bin:$n2]=-
+	fi
 	ROW_NAME+=("$name")
-	ROW_NS+=("$(awk -v m="$m" -v b="$b" 'BEGIN {printf "%.1f", m-b}')")
-	ROW_MIN+=("$(awk -v m="$lo" -v b="$b" 'BEGIN {printf "%.1f", m-b}')")
-	ROW_MAX+=("$(awk -v m="$hi" -v b="$b" 'BEGIN {printf "%.1f", m-b}')")
-	ROW_LOOP+=("$(awk -v m="$l" -v b="$bl" 'BEGIN {if (m == "nan" || b == "nan") print "n/a"; else printf "%.1f", m-b}')")
+	ROW_NS+=("$(awk -v m="$m" 'BEGIN {printf "%.1f", m}')")
+	ROW_MIN+=("$(awk -v m="$lo" 'BEGIN {printf "%.1f", m}')")
+	ROW_MAX+=("$(awk -v m="$hi" 'BEGIN {printf "%.1f", m}')")
+	ROW_LOOP+=("$(awk -v m="$l" 'BEGIN {if (m == "nan") print "n/a"; else printf "%.1f", m}')")
 	ROW_NOTE+=("")
 	ROW_CMD+=("$(printf '%q ' "$@" | sed "s|$W|\$W|g; s|$ROOT/||g; s|@N@|N|g") (N = $N1, $n2; base: $(basename "$bin") N)")
 }
@@ -343,13 +387,13 @@ uprobe_row() { # NAME EVENT BIN OFF N2 [KIND: p (uprobe, default) or r (uretprob
 	local name=$1 ev=$2 bin=$3 off=$4 n2=$5 kind=${6:-p} fo
 	fo=$(file_offset "$bin" "$off")
 	[[ -n $fo ]] || { skip "$name" "no file offset for target+$off"; return; }
-	base_slope "$bin" "$n2" # before the uprobe is armed
+	base_slope "$bin" "$n2" # before the uprobe is armed: it slows every run of the file
 	if ! echo "$kind:$UPROBE_GROUP/$ev $bin:$fo" >>"$TRACEFS/uprobe_events" 2>"$W/err" ||
 		! echo 1 >"$TRACEFS/events/$UPROBE_GROUP/$ev/enable" 2>>"$W/err"; then
 		skip "$name" "uprobe_events: $(cat "$W/err")"
 		return
 	fi
-	row "$name" "$bin" "$n2" "$bin" @N@
+	FIXED_BASE=1 row "$name" "$bin" "$n2" "$bin" @N@
 	ROW_CMD[-1]="echo '$kind:$UPROBE_GROUP/$ev \$W/$(basename "$bin"):$fo' >> $TRACEFS/uprobe_events; echo 1 > .../enable; ${ROW_CMD[-1]}"
 	echo 0 >"$TRACEFS/events/$UPROBE_GROUP/$ev/enable"
 	echo "-:$UPROBE_GROUP/$ev" >>"$TRACEFS/uprobe_events"
@@ -421,28 +465,45 @@ fi
 # tool recorded (from one extra run: a tool that drops events is faster for a bad reason).
 LUA_N=${LUA_N:-$((QUICK ? 18 : 32))}
 LUA_NAME=() LUA_MED=() LUA_MIN=() LUA_MAX=() LUA_EV=() LUA_NOTE=() LUA_CMD=()
-lua_skip() { # NAME REASON
-	LUA_NAME+=("$1") LUA_MED+=("") LUA_MIN+=("") LUA_MAX+=("") LUA_EV+=("") LUA_NOTE+=("skipped: $2") LUA_CMD+=("")
-	log "$1: skipped: $2"
-}
-# Wall times of CMD (RUNS runs); PRE, if set, is run (untimed) before each run.
-lua_row() { # NAME EVENTS CMD...
-	local name=$1 ev=$2 i t0 t1 ts=()
-	shift 2
-	log "lua: $name"
-	: >"$W/stderr"
-	for ((i = 0; i < RUNS; i++)); do
-		[[ -n ${PRE:-} ]] && eval "$PRE"
-		t0=$(now_ns)
-		"$@" >/dev/null 2>>"$W/stderr" || { lua_skip "$name" "command failed: $(tail -n 2 "$W/stderr" | tr '\n' ' ' | cut -c1-150)"; return 1; }
-		t1=$(now_ns)
-		ts+=($((t1 - t0)))
-	done
-	LUA_NAME+=("$name") LUA_NOTE+=("") LUA_EV+=("$ev")
-	LUA_MED+=("$(printf '%s\n' "${ts[@]}" | median | awk '{printf "%.3f", $1/1e9}')")
-	LUA_MIN+=("$(printf '%s\n' "${ts[@]}" | sort -g | head -n 1 | awk '{printf "%.3f", $1/1e9}')")
-	LUA_MAX+=("$(printf '%s\n' "${ts[@]}" | sort -g | tail -n 1 | awk '{printf "%.3f", $1/1e9}')")
+# Rows are registered first (lua_add), then run round-robin (lua_run_all): round r runs every
+# row once, so that drift of the machine over the minutes of the section hits all rows alike.
+LUA_Q=() LUA_PRE=() LUA_TS=()
+lua_add() { # NAME EVENTS PRE CMD...: PRE is eval'ed (untimed) before each run
+	LUA_NAME+=("$1") LUA_EV+=("$2") LUA_PRE+=("$3") LUA_NOTE+=("") LUA_TS+=("")
+	LUA_MED+=("") LUA_MIN+=("") LUA_MAX+=("")
+	shift 3
+	LUA_Q+=("$(printf '%q ' "$@")")
 	LUA_CMD+=("$(printf '%q ' "$@" | sed "s|$W|\$W|g; s|$ROOT/||g; s|$LUA_BIN|LUA|g; s|$LUA_SCRIPT|fib.lua|g")")
+}
+lua_run_all() {
+	local r j t0 t1
+	for ((r = 0; r < RUNS; r++)); do
+		log "lua: round $((r + 1)) of $RUNS"
+		for j in "${!LUA_Q[@]}"; do
+			[[ -n ${LUA_Q[$j]} && -z ${LUA_NOTE[$j]} ]] || continue
+			: >"$W/stderr"
+			[[ -n ${LUA_PRE[$j]} ]] && eval "${LUA_PRE[$j]}"
+			t0=$(now_ns)
+			if ! eval "${LUA_Q[$j]}" >/dev/null 2>>"$W/stderr"; then
+				LUA_NOTE[$j]="skipped: command failed: $(tail -n 2 "$W/stderr" | tr '\n' ' ' | cut -c1-150)"
+				log "lua: ${LUA_NAME[$j]}: ${LUA_NOTE[$j]}"
+				continue
+			fi
+			t1=$(now_ns)
+			LUA_TS[$j]+="$((t1 - t0)) "
+		done
+	done
+	for j in "${!LUA_Q[@]}"; do
+		[[ -n ${LUA_Q[$j]} && -z ${LUA_NOTE[$j]} ]] || continue
+		LUA_MED[$j]=$(printf '%s\n' ${LUA_TS[$j]} | median | awk '{printf "%.3f", $1/1e9}')
+		LUA_MIN[$j]=$(printf '%s\n' ${LUA_TS[$j]} | sort -g | head -n 1 | awk '{printf "%.3f", $1/1e9}')
+		LUA_MAX[$j]=$(printf '%s\n' ${LUA_TS[$j]} | sort -g | tail -n 1 | awk '{printf "%.3f", $1/1e9}')
+	done
+}
+lua_skip() { # NAME REASON
+	LUA_NAME+=("$1") LUA_EV+=("") LUA_PRE+=("") LUA_NOTE+=("skipped: $2") LUA_TS+=("")
+	LUA_MED+=("") LUA_MIN+=("") LUA_MAX+=("") LUA_Q+=("") LUA_CMD+=("")
+	log "$1: skipped: $2"
 }
 # ftprobe's events: entries written, and the lost count, from a run whose trace goes to awk.
 ft_events() { # FTPROBE-ARGS... (before --)
@@ -462,30 +523,36 @@ if [[ -z $LUA_BIN || ! -x $LUA_BIN || -z $LUA_SCRIPT || ! -f $LUA_SCRIPT ]]; the
 	for r in "${LROWS[@]}"; do lua_skip "$r" "no lua-patchable build or fib.lua ($FIXTURE_PATH; cargo build --release)"; done
 else
 	log "lua: $LUA_BIN fib.lua $LUA_N"
-	lua_row "${LROWS[0]}" "-" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+	lua_add "${LROWS[0]}" "-" "" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
 	FTL="$FTPROBE trace -o /dev/null --buffer-size-kb 262144"
 	if ((FT_OK)); then
-		lua_row "${LROWS[1]}" "$(ft_events)" $FTL -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
-		lua_row "${LROWS[2]}" "$(ft_events -F 'luaH_*')" $FTL -F 'luaH_*' -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+		lua_add "${LROWS[1]}" "$(ft_events)" "" $FTL -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+		lua_add "${LROWS[2]}" "$(ft_events -F 'luaH_*')" "" $FTL -F 'luaH_*' -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
 	else
 		lua_skip "${LROWS[1]}" "$FT_REASON"
 		lua_skip "${LROWS[2]}" "$FT_REASON"
 	fi
+	UFT_ROWS=()
 	if have uftrace; then
 		# --no-libcall: only the program's own functions, as ftprobe (libc has no sites).
-		PRE='rm -rf "$W/lua-uft.data"'
-		if lua_row "${LROWS[3]}" "?" uftrace record --no-libcall -P . -d "$W/lua-uft.data" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"; then
-			LUA_EV[-1]=$(uft_events "$W/lua-uft.data")
-		fi
-		if lua_row "${LROWS[4]}" "?" uftrace record --no-libcall -P '^luaH_' -d "$W/lua-uft.data" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"; then
-			LUA_EV[-1]=$(uft_events "$W/lua-uft.data")
-		fi
-		PRE=
-		rm -rf "$W/lua-uft.data"
+		UFT_ROWS=(${#LUA_NAME[@]} $((${#LUA_NAME[@]} + 1)))
+		lua_add "${LROWS[3]}" "?" 'rm -rf "$W/lua-uft-all.data"' \
+			uftrace record --no-libcall -P . -d "$W/lua-uft-all.data" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+		lua_add "${LROWS[4]}" "?" 'rm -rf "$W/lua-uft-luaH.data"' \
+			uftrace record --no-libcall -P '^luaH_' -d "$W/lua-uft-luaH.data" "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
 	else
 		lua_skip "${LROWS[3]}" "uftrace not installed"
 		lua_skip "${LROWS[4]}" "uftrace not installed"
 	fi
+	lua_run_all
+	# uftrace's calls, from the data of each row's last run.
+	for j in "${UFT_ROWS[@]}"; do
+		[[ -z ${LUA_NOTE[$j]} ]] || continue
+		d=$W/lua-uft-all.data
+		((j == UFT_ROWS[1])) && d=$W/lua-uft-luaH.data
+		LUA_EV[$j]=$(uft_events "$d")
+	done
+	rm -rf "$W/lua-uft-all.data" "$W/lua-uft-luaH.data"
 fi
 lua_table() {
 	local i base=${LUA_MED[0]:-}
@@ -546,15 +613,20 @@ table() {
 bases() {
 	local k
 	for k in "${!BASE_SLOPE[@]}"; do
-		printf -- '- untraced %s (N2 = %s): %s ns per call, wall (%s to %s); %s in program\n' \
-			"$(basename "${k%%:*}")" "${k##*:}" "${BASE_SLOPE[$k]}" "${BASE_MIN[$k]}" "${BASE_MAX[$k]}" "${BASE_LOOP[$k]}"
+		if [[ ${BASE_MIN[$k]} == - ]]; then
+			printf -- '- untraced %s (N2 = %s): %s ns per call, wall; %s in program (median of the interleaved base runs)\n' \
+				"$(basename "${k%%:*}")" "${k##*:}" "${BASE_SLOPE[$k]}" "${BASE_LOOP[$k]}"
+		else
+			printf -- '- untraced %s (N2 = %s): %s ns per call, wall (%s to %s); %s in program (measured before the uprobe rows armed theirs)\n' \
+				"$(basename "${k%%:*}")" "${k##*:}" "${BASE_SLOPE[$k]}" "${BASE_MIN[$k]}" "${BASE_MAX[$k]}" "${BASE_LOOP[$k]}"
+		fi
 	done | sort
 }
 echo
 table
 echo
 bases
-echo "(slope of $RUNS runs at N = $N1 and N2; per hit = median slope minus the untraced slope;"
+echo "(per hit: median over $RUNS rounds of slope(traced) - slope(untraced), N = $N1 and N2, runs interleaved;"
 echo " wall: the whole command, so a tool's own work after the program (draining, formatting) counts;"
 echo " in program: hit.c's own clock around its loop)"
 echo
@@ -600,11 +672,13 @@ if ((!QUICK)); then
 		echo "- versions: $(gcc --version | head -n 1); $(have clang && clang --version | head -n 1);" \
 			"$(have uftrace && uftrace --version | head -n 1); $(have bpftrace && bpftrace --version);" \
 			"frida $("$PY" -c 'import frida; print(frida.__version__)' 2>/dev/null)"
-		echo "- method: wall time of the whole command at N = $N1 and N = N2 calls of target()," \
-			"median of $RUNS runs each; slope = (T(N2) - T(N1)) / (N2 - N1); per hit = slope minus the" \
-			"untraced slope of the same binary. min-max: the slope of each run pair, minus the same." \
-			"In program: the same slopes of the loop's own time (clock_gettime around it in hit.c):" \
-			"what the traced program pays, without a tool's work after the program (draining, formatting)."
+		echo "- method: wall time of the whole command at N = $N1 and N = N2 calls of target(); slope =" \
+			"(T(N2) - T(N1)) / (N2 - N1), so start-up and exit cancel. $RUNS rounds per row, each running the" \
+			"untraced binary and the traced command at both N, interleaved; per hit of round i = slope_i(traced) -" \
+			"slope_i(untraced), pair by pair; the table gives the median of the $RUNS rounds and their min-max." \
+			"Kernel uprobe rows take the untraced slope measured before the uprobe was armed (it slows every run of" \
+			"the file). In program: the same for the loop's own time (clock_gettime around it in hit.c): what the" \
+			"traced program pays, without a tool's work after the program (draining, formatting)."
 		echo "- builds: hit-fentry: gcc $FENTRY_FLAGS; hit-plain: gcc $PLAIN_FLAGS;" \
 			"hit-pg: gcc $PG_FLAGS; hit-xray: clang $XRAY_FLAGS (bench/hit.c, bench/hit_xray.c);" \
 			"hit_api: cargo build --release -p ftprobe --example hit_api (crates/ftprobe/examples/hit_api.rs;" \

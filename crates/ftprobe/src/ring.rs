@@ -817,6 +817,38 @@ impl SharedRings {
         }
     }
 
+    /// Ring `i`'s head: the bytes its producer has written since the ring was claimed (0 for
+    /// an unclaimed ring).
+    pub fn head(&self, i: u32) -> Option<u64> {
+        // Relaxed: a progress hint for `prefault`, not a claim on the records.
+        Some(self.desc(i)?.prod.0.head.load(Relaxed))
+    }
+
+    /// Reader side: fault in ring `i`'s data bytes `[from, from + len)` (clipped to the ring)
+    /// through this mapping, with `MADV_POPULATE_WRITE` (Linux 5.14+). The memfd's pages are
+    /// then allocated and zeroed here, on the reader's CPU, and the producer's first write to
+    /// each is a minor fault instead of an allocation. Best effort: false when the kernel
+    /// refused (an older kernel, no memory); nothing is lost, the producer faults pages in
+    /// as before.
+    pub fn prefault(&self, i: u32, from: u64, len: u64) -> bool {
+        const MADV_POPULATE_WRITE: libc::c_int = 23;
+        let Some(data) = self.data(i) else {
+            return false;
+        };
+        let ring_bytes = (data.len() * 8) as u64;
+        let page = 4096;
+        let from = from.min(ring_bytes) & !(page - 1);
+        let len = len.min(ring_bytes - from);
+        if len == 0 {
+            return true;
+        }
+        let ptr = data.as_ptr().wrapping_add((from / 8) as usize) as *mut libc::c_void;
+        // SAFETY: [ptr, ptr + len) lies inside ring i's data area of our shared mapping
+        // (clipped above; `from` is page-aligned, as the data area is); populating changes
+        // no contents.
+        unsafe { libc::madvise(ptr, len as usize, MADV_POPULATE_WRITE) == 0 }
+    }
+
     /// CLI side: the reader of ring `i`; `None` if `i >= nr_rings`. One reader per ring at a
     /// time (two would read the same records).
     pub fn reader(&self, i: u32) -> Option<RingReader<'_>> {
@@ -879,19 +911,6 @@ impl fmt::Debug for RingWriter<'_> {
 }
 
 impl RingWriter<'_> {
-    /// Fault in the first `max_bytes` of the ring's data pages now (`MADV_POPULATE_WRITE`,
-    /// Linux 5.14+), so that the probe path does not take a page fault every 4 KiB of records
-    /// (~10-20 ns an event here, BENCHMARKS.md). Best effort: on an older kernel, and past
-    /// `max_bytes`, pages fault in as they are first written. Not for the probe path.
-    pub fn populate(&self, max_bytes: usize) {
-        const MADV_POPULATE_WRITE: libc::c_int = 23;
-        let len = (self.data.len() * 8).min(max_bytes);
-        let ptr = self.data.as_ptr() as *mut libc::c_void;
-        // SAFETY: the range is this ring's data area inside our shared mapping; populating
-        // changes no contents.
-        unsafe { libc::madvise(ptr, len, MADV_POPULATE_WRITE) };
-    }
-
     /// Writes one record: the header word, then `words`. Returns false, and counts one in
     /// this ring's `lost`, when it does not fit in the free space (the newest event is dropped,
     /// never one already written), when `words.len() + 1 > MAX_RECORD_WORDS` or the ring, or
@@ -1596,4 +1615,38 @@ mod tests {
         assert!(w.write(1, &[4]));
         assert_eq!(drain_all(&mut r), vec![(1, vec![4])]);
     }
+
+    /// Pages of ring `i`'s data `[from, from + len)` resident in this mapping (mincore).
+    fn resident_pages(sr: &SharedRings, i: u32, from: usize, len: usize) -> usize {
+        let data = sr.data(i).unwrap();
+        let ptr = data.as_ptr().wrapping_add(from / 8) as *mut libc::c_void;
+        let mut vec = vec![0u8; len / 4096];
+        // SAFETY: the range is inside ring i's data area of our mapping; vec has one byte
+        // per page of it.
+        let r = unsafe { libc::mincore(ptr, len, vec.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore");
+        vec.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    #[test]
+    fn prefault_faults_in_the_range_only_and_clips() {
+        let sr = rings(2, 1 << 22);
+        assert_eq!(resident_pages(&sr, 1, 0, 1 << 22), 0, "a fresh ring has no pages");
+        assert!(sr.prefault(1, 1 << 20, 1 << 20));
+        assert_eq!(resident_pages(&sr, 1, 1 << 20, 1 << 20), 256);
+        assert_eq!(resident_pages(&sr, 1, 0, 1 << 20), 0, "before the range");
+        assert_eq!(resident_pages(&sr, 1, 2 << 20, 2 << 20), 0, "after the range");
+        assert_eq!(resident_pages(&sr, 0, 0, 1 << 22), 0, "another ring");
+        // Clipped to the ring: past its end there is nothing to do.
+        assert!(sr.prefault(1, 3 << 20, 64 << 20));
+        assert_eq!(resident_pages(&sr, 1, 3 << 20, 1 << 20), 256);
+        assert!(sr.prefault(1, 8 << 20, 1 << 20));
+        assert!(!sr.prefault(2, 0, 4096), "no ring 2");
+        // The producer sees the zeroed pages: a record written and read back.
+        let w = sr.claim(7, COMM).unwrap();
+        assert!(w.write(5, &[1, 2, 3]));
+        assert_eq!(sr.head(0), Some(32));
+        assert_eq!(drain_all(&mut sr.reader(0).unwrap()), vec![(5, vec![1, 2, 3])]);
+    }
+
 }

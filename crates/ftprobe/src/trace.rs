@@ -84,13 +84,7 @@ pub fn this_thread_ring() -> Option<RingWriter<'static>> {
 fn claim_ring() -> Option<RingWriter<'static>> {
     let rings = RINGS.get()?;
     let state = match rings.claim(sys::gettid(), sys::thread_comm()) {
-        Some(w) => {
-            // Resident from the start, up to 16 MiB (the CLI's default ring): a thread that
-            // records little costs that memory, one that records much avoids a page fault
-            // every 128 function entries.
-            w.populate(16 << 20);
-            ThreadRing::Claimed(w)
-        }
+        Some(w) => ThreadRing::Claimed(w),
         None => ThreadRing::NoneFree,
     };
     RING.set(state);
