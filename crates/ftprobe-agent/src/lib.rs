@@ -127,7 +127,13 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     unsafe { libc::close(fd) };
     let rings = rings?;
     // Published first, so the CLI can symbolize and knows the agent ran even if init fails.
-    let objects = ftprobe::process::loaded_objects();
+    // This library itself is left out: it has no sites, must not be probed, and parsing its
+    // symbols (~10 MB of file, ~20k Rust names to demangle) would only slow every start.
+    let own = own_load_base();
+    let objects: Vec<_> = ftprobe::process::loaded_objects()
+        .into_iter()
+        .filter(|o| Some(o.bias) != own)
+        .collect();
     let table: Vec<(u64, &[u8])> = objects
         .iter()
         .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
@@ -135,7 +141,8 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     rings.set_objects(&table)?;
     trace::set_buffer(rings);
     // SAFETY: we run from .init_array, before main; ftrace::init refuses if other threads run.
-    let skipped = unsafe { ftrace::init() }?;
+    // The biases are the dynamic linker's own (dl_iterate_phdr).
+    let skipped = unsafe { ftrace::init_objects(&objects) }?;
     for e in skipped {
         eprintln!("ftprobe-agent: skipped an object: {e}");
     }
@@ -168,6 +175,16 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// The load base of this library (`dladdr` on one of its functions), which is its bias in
+/// the objects table.
+fn own_load_base() -> Option<u64> {
+    // SAFETY: a zeroed Dl_info is valid; dladdr only writes it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: the address is a function of this library; dladdr reads the linker's tables.
+    let ok = unsafe { libc::dladdr(agent_init as *const libc::c_void, &mut info) };
+    (ok != 0 && !info.dli_fbase.is_null()).then_some(info.dli_fbase as u64)
 }
 
 /// At exit: the per-event counters (`kprobe_profile`), and the function tracer's drops in the

@@ -173,6 +173,8 @@ fn parse_events(defs: &[String]) -> Result<Vec<(String, ProbeDef)>> {
 
 /// Run the command; returns the exit code to exit with.
 pub fn run(args: TraceArgs) -> Result<i32> {
+    // The clock's calibration spans the start-up below (20 ms in all, most of it overlapped).
+    let clock_start = Clock::start_calibration();
     for p in args.filter.iter().chain(&args.notrace) {
         ftprobe::ftrace::glob::FilterEntry::parse(p)?;
     }
@@ -225,13 +227,13 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .with_context(|| format!("cannot run {:?}", args.cmd[0]))?;
     drop(fd);
     // While the target starts: fault in the first pages of ring 0 (its first thread's, as a
-    // rule), then calibrate the clock (20 ms; only the text output needs it).
+    // rule), then finish calibrating the clock (only the text output needs it).
     let mut prefaulted = vec![0u64; args.rings as usize];
     let first = PREFAULT_AHEAD.min(u64::from(ring_bytes));
     if rings.prefault(0, 0, first) {
         prefaulted[0] = first;
     }
-    rings.set_clock(Clock::calibrate());
+    rings.set_clock(Clock::finish_calibration(clock_start));
     let exit = ExitWatch::new(child.id());
     let mut printer = Printer {
         out: Some(out),

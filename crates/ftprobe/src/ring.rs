@@ -472,6 +472,13 @@ fn has_rdpid() -> bool {
     }
 }
 
+/// A (TSC, CLOCK_MONOTONIC) pair: the start of a calibration ([`Clock::start_calibration`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ClockSample {
+    tsc: u64,
+    ns: u64,
+}
+
 /// Conversion from TSC ticks to CLOCK_MONOTONIC nanoseconds: a reference pair and a rate, stored
 /// in the header by [`SharedRings::create`].
 ///
@@ -489,8 +496,26 @@ pub struct Clock {
 impl Clock {
     /// Measures the TSC rate against CLOCK_MONOTONIC over about 20 ms (sleeps).
     pub fn calibrate() -> Clock {
-        let (tsc0, ns0) = Self::sample();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        Self::finish_calibration(Self::start_calibration())
+    }
+
+    /// The first half of [`calibrate`](Self::calibrate): a reference sample. The caller may
+    /// do other work before [`finish_calibration`](Self::finish_calibration), which then only
+    /// sleeps what remains of the 20 ms.
+    pub fn start_calibration() -> ClockSample {
+        let (tsc, ns) = Self::sample();
+        ClockSample { tsc, ns }
+    }
+
+    /// The second half of [`calibrate`](Self::calibrate): sleeps until 20 ms have passed since
+    /// `start` (if they have not), takes the second sample, and derives the rate.
+    pub fn finish_calibration(start: ClockSample) -> Clock {
+        const SPAN_NS: u64 = 20_000_000;
+        let (tsc0, ns0) = (start.tsc, start.ns);
+        let elapsed = monotonic_ns().saturating_sub(ns0);
+        if elapsed < SPAN_NS {
+            std::thread::sleep(std::time::Duration::from_nanos(SPAN_NS - elapsed));
+        }
         let (tsc1, ns1) = Self::sample();
         let ticks = u128::from(tsc1.wrapping_sub(tsc0).max(1));
         let ns = u128::from(ns1.saturating_sub(ns0));
@@ -1631,11 +1656,19 @@ mod tests {
     #[test]
     fn prefault_faults_in_the_range_only_and_clips() {
         let sr = rings(2, 1 << 22);
-        assert_eq!(resident_pages(&sr, 1, 0, 1 << 22), 0, "a fresh ring has no pages");
+        assert_eq!(
+            resident_pages(&sr, 1, 0, 1 << 22),
+            0,
+            "a fresh ring has no pages"
+        );
         assert!(sr.prefault(1, 1 << 20, 1 << 20));
         assert_eq!(resident_pages(&sr, 1, 1 << 20, 1 << 20), 256);
         assert_eq!(resident_pages(&sr, 1, 0, 1 << 20), 0, "before the range");
-        assert_eq!(resident_pages(&sr, 1, 2 << 20, 2 << 20), 0, "after the range");
+        assert_eq!(
+            resident_pages(&sr, 1, 2 << 20, 2 << 20),
+            0,
+            "after the range"
+        );
         assert_eq!(resident_pages(&sr, 0, 0, 1 << 22), 0, "another ring");
         // Clipped to the ring: past its end there is nothing to do.
         assert!(sr.prefault(1, 3 << 20, 64 << 20));
@@ -1646,7 +1679,9 @@ mod tests {
         let w = sr.claim(7, COMM).unwrap();
         assert!(w.write(5, &[1, 2, 3]));
         assert_eq!(sr.head(0), Some(32));
-        assert_eq!(drain_all(&mut sr.reader(0).unwrap()), vec![(5, vec![1, 2, 3])]);
+        assert_eq!(
+            drain_all(&mut sr.reader(0).unwrap()),
+            vec![(5, vec![1, 2, 3])]
+        );
     }
-
 }
