@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use ftprobe::elf::ElfImage;
 use ftprobe::events::{format_string, FetchType, ProbeDef};
-use ftprobe::trace_kprobe::{decode_args, ArgValue};
+use ftprobe::trace_kprobe::{ArgValue, RecordDecoder};
 
 use crate::symbols::{push_hex, Symbols};
 
@@ -52,13 +52,19 @@ pub fn header(out: &mut dyn Write, tracer: &str) -> std::io::Result<()> {
 /// escaped, `symbol` as `%pS` (`sym+0xoff/0xsize`, the bare address when no function covers
 /// it), `symstr` as that text in quotes, arrays as `{a,b,c}`, and `(fault)` for what could not
 /// be read.
-pub fn kprobe_event(out: &mut Vec<u8>, def: &ProbeDef, words: &[u64], syms: &mut Symbols) {
+pub fn kprobe_event(
+    out: &mut Vec<u8>,
+    def: &ProbeDef,
+    decoder: Option<&RecordDecoder>,
+    words: &[u64],
+    syms: &mut Symbols,
+) {
     let addr = words[1];
     out.extend_from_slice(def.event.as_bytes());
     out.extend_from_slice(b": (");
     push_symbolized(out, addr, syms);
     out.push(b')');
-    if let Some(values) = decode_args(def, words) {
+    if let Some(values) = decoder.and_then(|d| d.decode(def, words)) {
         for (a, v) in def.args.iter().zip(&values) {
             out.push(b' ');
             out.extend_from_slice(a.name.as_bytes());

@@ -8,6 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -18,7 +19,7 @@ use ftprobe::events::{
 use ftprobe::ring::{Clock, RingConfig, SharedRings};
 use ftprobe::trace::rtype;
 use ftprobe::trace_kprobe;
-use ftprobe::trace_kprobe::RECORD_HEAD_WORDS;
+use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
 
 use crate::output;
 use crate::signals;
@@ -228,11 +229,8 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     drop(fd);
     // While the target starts: fault in the first pages of ring 0 (its first thread's, as a
     // rule), then finish calibrating the clock (only the text output needs it).
-    let mut prefaulted = vec![0u64; args.rings as usize];
-    let first = PREFAULT_AHEAD.min(u64::from(ring_bytes));
-    if rings.prefault(0, 0, first) {
-        prefaulted[0] = first;
-    }
+    let mut prefaulter = Prefaulter::new(&rings);
+    prefaulter.first_ring(&rings);
     rings.set_clock(Clock::finish_calibration(clock_start));
     let exit = ExitWatch::new(child.id());
     let mut printer = Printer {
@@ -240,9 +238,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         clock: rings.clock(),
         symbols: None,
         objects: Vec::new(),
+        decoders: events.iter().map(|(_, d)| RecordDecoder::new(d)).collect(),
         events: events.into_iter().map(|(_, d)| d).collect(),
         batch: Vec::new(),
-        prefaulted,
         arena: Vec::new(),
         tasks: Vec::new(),
         lines: Vec::new(),
@@ -250,18 +248,33 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         seen: Vec::new(),
     };
     printer.write(|o| output::header(o, if function { "function" } else { "nop" }));
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if let Some(sig) = signals::take_pending() {
-            // SAFETY: kill has no memory effects; the pid is our child, not yet reaped.
-            unsafe { libc::kill(child.id() as i32, sig) };
-        }
-        printer.poll(&rings);
-        printer.flush();
-        exit.wait(Duration::from_millis(10));
-    };
+    let stop = AtomicBool::new(false);
+    let status = std::thread::scope(|s| {
+        // Its own thread: the printer can spend long stretches formatting while the target
+        // writes hundreds of MB/s.
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                prefaulter.step(&rings);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Ok(status),
+                Ok(None) => {}
+                Err(e) => break Err(e),
+            }
+            if let Some(sig) = signals::take_pending() {
+                // SAFETY: kill has no memory effects; the pid is our child, not yet reaped.
+                unsafe { libc::kill(child.id() as i32, sig) };
+            }
+            printer.poll(&rings);
+            printer.flush();
+            exit.wait(Duration::from_millis(10));
+        };
+        stop.store(true, Ordering::Relaxed);
+        status
+    })?;
     printer.poll(&rings);
     printer.finish(&rings);
     if rings.objects().is_empty() {
@@ -278,6 +291,51 @@ pub fn run(args: TraceArgs) -> Result<i32> {
 /// One record of a poll, its words in `Printer::arena`.
 /// How far ahead of a ring's head the CLI keeps its pages faulted in (first lap only).
 const PREFAULT_AHEAD: u64 = 16 << 20;
+
+/// Keeps [`PREFAULT_AHEAD`] bytes of every claimed ring faulted in ahead of its producer, on
+/// the ring's first lap: the pages are allocated and zeroed on the CLI's CPU, not in the
+/// traced thread, which then takes a minor fault per page (several times cheaper here).
+struct Prefaulter {
+    /// Per ring, how many bytes of its data area have been faulted in.
+    done: Vec<u64>,
+    ring_bytes: u64,
+}
+
+impl Prefaulter {
+    fn new(rings: &SharedRings) -> Prefaulter {
+        Prefaulter {
+            done: vec![0; rings.config().nr_rings as usize],
+            ring_bytes: u64::from(rings.config().ring_bytes),
+        }
+    }
+
+    /// Ring 0, before anything claimed it: the target's first thread takes it, as a rule.
+    fn first_ring(&mut self, rings: &SharedRings) {
+        self.advance(rings, 0, PREFAULT_AHEAD);
+    }
+
+    fn step(&mut self, rings: &SharedRings) {
+        for i in 0..rings.claimed().min(rings.config().nr_rings) {
+            let want = rings.head(i).unwrap_or(0).saturating_add(PREFAULT_AHEAD);
+            self.advance(rings, i, want);
+        }
+    }
+
+    fn advance(&mut self, rings: &SharedRings, i: u32, want: u64) {
+        let Some(done) = self.done.get_mut(i as usize) else {
+            return;
+        };
+        let want = want.min(self.ring_bytes);
+        if want > *done {
+            // On failure (an old kernel) stop trying for this ring.
+            *done = if rings.prefault(i, *done, want - *done) {
+                want
+            } else {
+                self.ring_bytes
+            };
+        }
+    }
+}
 
 /// Waits up to a timeout for the child to exit, waking as soon as it does (a pidfd, Linux
 /// 5.3+; without one, a plain sleep). Does not reap it.
@@ -324,9 +382,9 @@ struct Printer {
     symbols: Option<Symbols>,
     objects: Vec<(u64, Vec<u8>)>,
     events: Vec<ProbeDef>,
+    /// Per event, its record layout (worked out once, not per record).
+    decoders: Vec<Option<RecordDecoder>>,
     batch: Vec<Event>,
-    /// Per ring, how many bytes of its data area this process has faulted in.
-    prefaulted: Vec<u64>,
     /// Payload words of the records in `batch`, reused from poll to poll.
     arena: Vec<u64>,
     /// `TASK-PID ` per ring (a thread's comm and tid are fixed when it claims its ring).
@@ -354,37 +412,8 @@ impl Printer {
         self.write(|o| o.flush());
     }
 
-    /// Keep [`PREFAULT_AHEAD`] bytes of every claimed ring faulted in ahead of its producer,
-    /// on the ring's first lap: the pages are allocated and zeroed on this CPU, not in the
-    /// traced thread (which then takes a minor fault per page, ~10x cheaper here).
-    fn prefault(&mut self, rings: &SharedRings) {
-        let ring_bytes = u64::from(rings.config().ring_bytes);
-        for i in 0..rings.claimed().min(rings.config().nr_rings) {
-            let Some(done) = self.prefaulted.get_mut(i as usize) else {
-                continue;
-            };
-            if *done >= ring_bytes {
-                continue;
-            }
-            let want = rings
-                .head(i)
-                .unwrap_or(0)
-                .saturating_add(PREFAULT_AHEAD)
-                .min(ring_bytes);
-            if want > *done {
-                // On failure (an old kernel) stop trying for this ring.
-                *done = if rings.prefault(i, *done, want - *done) {
-                    want
-                } else {
-                    ring_bytes
-                };
-            }
-        }
-    }
-
     /// Drain every ring, merge the records by timestamp, print them.
     fn poll(&mut self, rings: &SharedRings) {
-        self.prefault(rings);
         self.batch.clear();
         self.arena.clear();
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
@@ -474,7 +503,8 @@ impl Printer {
                         self.seen.resize(id + 1, 0);
                     }
                     self.seen[id] += 1;
-                    output::kprobe_event(lines, def, words, syms);
+                    let decoder = self.decoders.get(id).and_then(Option::as_ref);
+                    output::kprobe_event(lines, def, decoder, words, syms);
                 }
                 _ => lines.push(b'\n'),
             }

@@ -732,13 +732,48 @@ pub enum ArgValue {
 /// The arguments of a record of `def`'s event, in order; `None` when `words` is too short for
 /// the definition (not a record of this event).
 pub fn decode_args(def: &ProbeDef, words: &[u64]) -> Option<Vec<ArgValue>> {
-    let head = record_head_words(def.args.len());
-    let stores: Vec<Store> = def
-        .args
-        .iter()
-        .map(|a| compile_arg(a).map(|f| f.store).ok())
-        .collect::<Option<_>>()?;
-    let fixed: usize = stores.iter().map(|s| s.words()).sum();
+    RecordDecoder::new(def)?.decode(def, words)
+}
+
+/// The record layout of one definition, worked out once: a reader decoding many records of
+/// the same event keeps one ([`RecordDecoder::decode`] is [`decode_args`] without compiling
+/// the fetch args again for every record).
+#[derive(Clone, Debug)]
+pub struct RecordDecoder {
+    head: usize,
+    stores: Vec<Store>,
+    fixed: usize,
+}
+
+impl RecordDecoder {
+    /// `None` if an argument of `def` does not compile (it could not have been recorded).
+    pub fn new(def: &ProbeDef) -> Option<RecordDecoder> {
+        let stores: Vec<Store> = def
+            .args
+            .iter()
+            .map(|a| compile_arg(a).map(|f| f.store).ok())
+            .collect::<Option<_>>()?;
+        Some(RecordDecoder {
+            head: record_head_words(def.args.len()),
+            fixed: stores.iter().map(|s| s.words()).sum(),
+            stores,
+        })
+    }
+
+    /// [`decode_args`] of `words`, a record of `def` (the definition this decoder was made
+    /// from).
+    pub fn decode(&self, def: &ProbeDef, words: &[u64]) -> Option<Vec<ArgValue>> {
+        decode_with(def, words, self.head, &self.stores, self.fixed)
+    }
+}
+
+fn decode_with(
+    def: &ProbeDef,
+    words: &[u64],
+    head: usize,
+    stores: &[Store],
+    fixed: usize,
+) -> Option<Vec<ArgValue>> {
     let bytes = |w: &[u64]| -> Vec<u8> { w.iter().flat_map(|x| x.to_le_bytes()).collect() };
     let data = bytes(words.get(head + fixed..)?);
     let string = |loc: u64| -> Option<Vec<u8>> {
@@ -751,7 +786,7 @@ pub fn decode_args(def: &ProbeDef, words: &[u64]) -> Option<Vec<ArgValue>> {
     };
     let mut out = Vec::with_capacity(def.args.len());
     let mut at = head;
-    for (i, (a, store)) in def.args.iter().zip(stores).enumerate() {
+    for (i, (a, &store)) in def.args.iter().zip(stores).enumerate() {
         let w = words.get(at..at + store.words())?;
         at += store.words();
         if words
