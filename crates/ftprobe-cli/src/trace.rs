@@ -8,7 +8,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -238,6 +237,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         clock: rings.clock(),
         symbols: None,
         objects: Vec::new(),
+        prefaulter,
         decoders: events.iter().map(|(_, d)| RecordDecoder::new(d)).collect(),
         events: events.into_iter().map(|(_, d)| d).collect(),
         batch: Vec::new(),
@@ -248,33 +248,18 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         seen: Vec::new(),
     };
     printer.write(|o| output::header(o, if function { "function" } else { "nop" }));
-    let stop = AtomicBool::new(false);
-    let status = std::thread::scope(|s| {
-        // Its own thread: the printer can spend long stretches formatting while the target
-        // writes hundreds of MB/s.
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                prefaulter.step(&rings);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        });
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Ok(status),
-                Ok(None) => {}
-                Err(e) => break Err(e),
-            }
-            if let Some(sig) = signals::take_pending() {
-                // SAFETY: kill has no memory effects; the pid is our child, not yet reaped.
-                unsafe { libc::kill(child.id() as i32, sig) };
-            }
-            printer.poll(&rings);
-            printer.flush();
-            exit.wait(Duration::from_millis(10));
-        };
-        stop.store(true, Ordering::Relaxed);
-        status
-    })?;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if let Some(sig) = signals::take_pending() {
+            // SAFETY: kill has no memory effects; the pid is our child, not yet reaped.
+            unsafe { libc::kill(child.id() as i32, sig) };
+        }
+        printer.poll(&rings);
+        printer.flush();
+        exit.wait(Duration::from_millis(10));
+    };
     printer.poll(&rings);
     printer.finish(&rings);
     if rings.objects().is_empty() {
@@ -291,6 +276,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
 /// One record of a poll, its words in `Printer::arena`.
 /// How far ahead of a ring's head the CLI keeps its pages faulted in (first lap only).
 const PREFAULT_AHEAD: u64 = 16 << 20;
+
+/// Lines formatted between two prefault steps (~20 ms of formatting).
+const PREFAULT_EVERY: usize = 1 << 16;
 
 /// Keeps [`PREFAULT_AHEAD`] bytes of every claimed ring faulted in ahead of its producer, on
 /// the ring's first lap: the pages are allocated and zeroed on the CLI's CPU, not in the
@@ -382,6 +370,10 @@ struct Printer {
     symbols: Option<Symbols>,
     objects: Vec<(u64, Vec<u8>)>,
     events: Vec<ProbeDef>,
+    /// Called at every poll and every [`PREFAULT_EVERY`] lines while formatting: a thread
+    /// of its own would compete with the target for the CPU on small machines (measured: a
+    /// slower whole run on 2 cores).
+    prefaulter: Prefaulter,
     /// Per event, its record layout (worked out once, not per record).
     decoders: Vec<Option<RecordDecoder>>,
     batch: Vec<Event>,
@@ -414,6 +406,7 @@ impl Printer {
 
     /// Drain every ring, merge the records by timestamp, print them.
     fn poll(&mut self, rings: &SharedRings) {
+        self.prefaulter.step(rings);
         self.batch.clear();
         self.arena.clear();
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
@@ -474,7 +467,10 @@ impl Printer {
         let lines = &mut self.lines;
         lines.clear();
         let syms = self.symbols.as_mut().expect("set above");
-        for e in &self.batch {
+        for (n, e) in self.batch.iter().enumerate() {
+            if n % PREFAULT_EVERY == PREFAULT_EVERY - 1 {
+                self.prefaulter.step(rings);
+            }
             let mark = lines.len();
             let task = self.tasks[e.ring as usize].get_or_insert_with(|| {
                 let r = rings.reader(e.ring).expect("claimed ring");
