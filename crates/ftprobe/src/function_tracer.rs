@@ -5,19 +5,12 @@
 //! site), `parent_ip`, into this thread's ring of the [`trace`] buffer. Everything here is on
 //! the probe path: no allocation, no lock.
 
-use std::cell::Cell;
-
 use crate::ftrace::{self, FtraceError, FtraceOps, PtRegs};
 use crate::ring::SharedRings;
 use crate::trace;
 
 /// Record type of a function entry.
 pub const RTYPE_FUNC: u16 = trace::rtype::FUNC;
-
-thread_local! {
-    /// Set while this thread is inside the callback. Const-initialized: no allocation.
-    static IN_TRACER: Cell<bool> = const { Cell::new(false) };
-}
 
 /// The ops; its filters are set by [`start`]. It guards itself against recursion (a signal
 /// handler that interrupts the callback and calls traced functions, or a traced function
@@ -34,17 +27,10 @@ unsafe extern "C" fn function_trace_call(
     _op: &FtraceOps,
     _regs: &mut PtRegs,
 ) {
-    if IN_TRACER.replace(true) {
-        if let Some(b) = trace::buffer() {
-            b.note_lost_recursion(1);
-        }
-        return;
-    }
-    let (tsc, cpu) = trace::clock();
-    if let Some(w) = trace::this_thread_ring() {
+    trace::with_ring_guarded(|w| {
+        let (tsc, cpu) = trace::clock();
         w.write3_aux(RTYPE_FUNC, cpu, tsc, ip, parent_ip);
-    }
-    IN_TRACER.set(false);
+    });
 }
 
 /// Start the function tracer. `rings` becomes the trace buffer if none is set yet. `filter`

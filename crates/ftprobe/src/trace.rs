@@ -36,14 +36,34 @@ enum ThreadRing {
     NoneFree,
 }
 
+/// What the probe path keeps per thread, in one thread-local so that a hit finds it with one
+/// TLS access (in the preloaded agent, a cdylib, each access is a `__tls_get_addr` call).
+struct ThreadState {
+    ring: Cell<ThreadRing>,
+    /// Set while the function tracer's callback runs on this thread ([`with_ring_guarded`]).
+    in_function_tracer: Cell<bool>,
+}
+
 thread_local! {
     /// Const-initialized, no destructor: no allocation on first touch.
-    static RING: Cell<ThreadRing> = const { Cell::new(ThreadRing::Unclaimed) };
+    static THREAD: ThreadState = const {
+        ThreadState {
+            ring: Cell::new(ThreadRing::Unclaimed),
+            in_function_tracer: Cell::new(false),
+        }
+    };
+}
+
+/// This thread's state: one TLS access, the closure small enough that `with` inlines (a
+/// larger one made it an out-of-line call through the key's accessor).
+#[inline(always)]
+fn thread_state() -> *const ThreadState {
+    THREAD.with(|t| t as *const ThreadState)
 }
 
 /// After `fork`, the child's only thread must not write into its parent's ring.
 extern "C" fn forget_ring_in_child() {
-    RING.set(ThreadRing::Unclaimed);
+    THREAD.with(|t| t.ring.set(ThreadRing::Unclaimed));
 }
 
 /// Make `rings` this process's trace buffer. Once; later calls return `false`.
@@ -65,7 +85,15 @@ pub fn buffer() -> Option<&'static SharedRings> {
 /// lost) when there is no buffer or no free ring.
 #[inline]
 pub fn this_thread_ring() -> Option<RingWriter<'static>> {
-    match RING.get() {
+    // SAFETY: a const-initialized thread-local without a destructor lives in the thread's
+    // static TLS block for the thread's whole life; the reference is used on this thread,
+    // within this call.
+    ring_of(unsafe { &*thread_state() })
+}
+
+#[inline(always)]
+fn ring_of(t: &ThreadState) -> Option<RingWriter<'static>> {
+    match t.ring.get() {
         ThreadRing::Claimed(w) => Some(w),
         ThreadRing::NoneFree => {
             if let Some(r) = RINGS.get() {
@@ -73,21 +101,41 @@ pub fn this_thread_ring() -> Option<RingWriter<'static>> {
             }
             None
         }
-        ThreadRing::Unclaimed => claim_ring(),
+        ThreadRing::Unclaimed => claim_ring(t),
     }
+}
+
+/// Probe path, the function tracer's: calls `f` with this thread's ring unless the function
+/// tracer is already running on this thread (a signal handler interrupted it, or its own code
+/// called a traced function): then nothing is written and one event is counted in the
+/// buffer's `lost_recursion`. One TLS access for the guard and the ring together.
+#[inline(always)]
+pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
+    // SAFETY: as in `this_thread_ring`.
+    let t = unsafe { &*thread_state() };
+    if t.in_function_tracer.replace(true) {
+        if let Some(b) = RINGS.get() {
+            b.note_lost_recursion(1);
+        }
+        return;
+    }
+    if let Some(w) = ring_of(t) {
+        f(w);
+    }
+    t.in_function_tracer.set(false);
 }
 
 /// Probe path, first event of a thread: claim its ring. Out of line and cold, so that the
 /// hot path's stack frame stays small (probes may run on small signal stacks).
 #[cold]
 #[inline(never)]
-fn claim_ring() -> Option<RingWriter<'static>> {
+fn claim_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
     let rings = RINGS.get()?;
     let state = match rings.claim(sys::gettid(), sys::thread_comm()) {
         Some(w) => ThreadRing::Claimed(w),
         None => ThreadRing::NoneFree,
     };
-    RING.set(state);
+    t.ring.set(state);
     match state {
         ThreadRing::Claimed(w) => Some(w),
         _ => {
