@@ -43,6 +43,7 @@ fn main() {
         "c/fxsites_more.c",
         "c/sigstack.c",
         "c/mallocs.c",
+        "c/spawns.c",
         "c/insn_zoo.c",
         "c/own_sigtrap.c",
         "c/cxx.cc",
@@ -131,6 +132,11 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     let obj = objs.join("mallocs.o");
     compile(&c_dir.join("mallocs.c"), &obj, &[BASE_CFLAGS], &[]);
     link(&[&obj], &fixtures.join("mallocs"), &[]);
+
+    // spawns: no site flags; system(), popen() and posix_spawn().
+    let obj = objs.join("spawns.o");
+    compile(&c_dir.join("spawns.c"), &obj, &[BASE_CFLAGS], &[]);
+    link(&[&obj], &fixtures.join("spawns"), &[]);
 
     // sigstack: one flavour is enough (the probe path's stack use does not depend on it).
     let fl = Flavour::FentryCallPieRecord;

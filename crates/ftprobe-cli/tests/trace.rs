@@ -9,7 +9,7 @@ use common::{events, ftprobe, trace, untraced};
 
 use ftprobe_dev::{
     cxx_fixture, fixture, lua, lua_script, mallocs_fixture, own_sigtrap_fixture, rust_fixture,
-    Flavour, LuaBuild, LUA_TABLES_CREATED,
+    spawns_fixture, Flavour, LuaBuild, LUA_TABLES_CREATED,
 };
 
 /// Event lines (not `#` comments) whose function part is exactly `func_line`
@@ -736,6 +736,43 @@ fn regression_programs_that_own_sigtrap_survive_int3_probes() {
         );
         assert_eq!(kprobe_lines(&text, "w").len(), hits, "mode {mode}:\n{text}");
     }
+}
+
+/// Regression: an int3 probe on `execve` (or `dup2`, `sigprocmask`) killed every child that
+/// `system()`, `popen()` and `posix_spawn()` started, silently (found by a user): glibc's
+/// spawn child resets all signal handlers before it calls them, so the trap had no handler.
+/// Such probes are now refused before `main`, by any of the function's names, and probes
+/// elsewhere in libc leave the children alone.
+#[test]
+fn regression_int3_probes_on_the_spawn_childs_path_are_refused() {
+    let exe = spawns_fixture();
+    let exe = exe.to_str().unwrap();
+    let want = "system=3 popen=from-popen spawn=4\n";
+    assert_eq!(String::from_utf8_lossy(&untraced(&[exe]).stdout), want);
+    for f in ["execve", "dup2", "sigprocmask", "pthread_sigmask", "_Exit"] {
+        let def = format!("p libc:{f}");
+        let (out, _) = trace(&["-e", &def], &[exe]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{def}: {out:?}");
+        assert!(
+            err.contains("an int3 probe there would kill them"),
+            "{def}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{def}: main must not run: {out:?}");
+    }
+    // Two names of one function: the blacklist holds `sigaction`, the symbol is `__sigaction`.
+    for f in ["sigaction", "__sigaction"] {
+        let (out, _) = trace(&["-e", &format!("p libc:{f}")], &[exe]);
+        assert_eq!(out.status.code(), Some(1), "{f}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("blacklisted"),
+            "{f}"
+        );
+    }
+    let (out, text) = trace(&["-e", "p:ge libc:getenv"], &[exe]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    assert!(text.contains("# kprobes/list:"), "{text}");
 }
 
 #[test]

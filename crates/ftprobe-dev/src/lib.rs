@@ -64,6 +64,13 @@ pub fn mallocs_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("mallocs")
 }
 
+/// Path of `spawns`, built with no site flags: runs `system("exit 3")`,
+/// `popen("echo from-popen")` and `posix_spawn` of `sh -c "exit 4"`; prints
+/// `system=3 popen=from-popen spawn=4`.
+pub fn spawns_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("spawns")
+}
+
 /// Path of `cxx N` (C++, `-pg -mfentry -mrecord-mcount` sites): `main` calls
 /// `ns::K::get(i)` and `ns::twice<long>(...)` N times (default 3); prints `cxx=<sum>`
 /// (`sum` of `2 * (100 + i)`).

@@ -611,6 +611,32 @@ pub fn symbol_at(addr: u64) -> Option<(SymbolAddr, u64)> {
     })
 }
 
+/// Every name (aliases included, as the symbol tables spell them) of the function that starts
+/// at `addr`, e.g. `sigaction` and `__sigaction`. Empty if no function starts there.
+pub fn names_at(addr: u64) -> Vec<String> {
+    let g = lock();
+    let Some(st) = g.as_ref() else {
+        return Vec::new();
+    };
+    st.objects
+        .iter()
+        .find_map(|o| {
+            let svma = addr.checked_sub(o.bias)?;
+            let (i, 0) = o.image.func_at(svma)? else {
+                return None;
+            };
+            Some(
+                o.image
+                    .names
+                    .iter()
+                    .filter(|(_, j)| *j == i)
+                    .map(|(n, _)| n.clone())
+                    .collect(),
+            )
+        })
+        .unwrap_or_default()
+}
+
 /// Executable memory near `addr` (within call/jmp rel32 reach of it) for code that `make`
 /// produces for the address it will have: XOL slots of int3 kprobes. Never freed.
 pub fn alloc_code_near(

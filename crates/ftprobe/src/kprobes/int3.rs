@@ -100,6 +100,33 @@ const BLACKLIST: &[&str] = &[
     "membarrier",
 ];
 
+/// Functions (and their glibc aliases) that glibc's `posix_spawn` child calls after it has
+/// reset every signal handler to the default and before it execs (glibc
+/// sysdeps/unix/sysv/linux/spawni.c, `__spawni_child`; found by probing each and watching
+/// `system()`, `popen()` and `posix_spawn()` children die of SIGTRAP, and from the spawn
+/// attributes and file actions that call the others). The kernel's uprobes handle their trap
+/// in the kernel; ours needs our handler, which that child no longer has.
+const SPAWN_CHILD: &[&str] = &[
+    "execve",
+    "__execve",
+    "dup2",
+    "__dup2",
+    "sigprocmask",
+    "__sigprocmask",
+    "pthread_sigmask",
+    "__pthread_sigmask",
+    "__libc_sigaction",
+    "_exit",
+    "_Exit",
+    "chdir",
+    "fchdir",
+    "setsid",
+    "setpgid",
+    "__setpgid",
+    "sched_setparam",
+    "sched_setscheduler",
+];
+
 fn lock() -> std::sync::MutexGuard<'static, Ctrl> {
     CTRL.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -123,11 +150,23 @@ pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
     if c.armed.contains_key(&addr) {
         return Ok(());
     }
+    // By every name of the function: glibc exports most of these under two (`sigaction`,
+    // `__sigaction`), and the symbol table may give either.
+    let mut names = ft::names_at(func.addr);
+    names.push(func.name.clone());
+    let named = |list: &[&str]| names.iter().any(|n| list.contains(&n.as_str()));
     if ft::is_ftprobe_code(addr)
         || ft::module_of(addr).is_some_and(|m| m.starts_with("libftprobe_agent"))
-        || BLACKLIST.contains(&func.name.as_str())
+        || named(BLACKLIST)
     {
         return Err(KprobeError::Blacklisted(format!(
+            "{}+{:#x}",
+            func.name,
+            addr - func.addr
+        )));
+    }
+    if named(SPAWN_CHILD) && ft::module_of(addr).is_some_and(|m| m.starts_with("libc.so")) {
+        return Err(KprobeError::SpawnChild(format!(
             "{}+{:#x}",
             func.name,
             addr - func.addr

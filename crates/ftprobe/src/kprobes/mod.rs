@@ -149,6 +149,15 @@ pub enum KprobeError {
     /// A probe on the probe path itself (the kernel's NOKPROBE_SYMBOL blacklist) (-EINVAL).
     #[error("{0} is on ftprobe's probe path (blacklisted)")]
     Blacklisted(String),
+    /// An int3 probe on a function that glibc's `posix_spawn` child runs after resetting every
+    /// signal handler to the default (`system`, `popen`, `posix_spawn` start children that
+    /// way): the trap would kill that child (-EINVAL).
+    #[error(
+        "{0} runs in the children that system(), popen() and posix_spawn() start, after glibc \
+         has reset their signal handlers: an int3 probe there would kill them (refused; probe \
+         the caller instead)"
+    )]
+    SpawnChild(String),
     /// The instruction cannot be probed with int3 (refused, undecodable, out of reach).
     #[error(transparent)]
     Insn(#[from] crate::arch::x86_64::insn::InsnError),
