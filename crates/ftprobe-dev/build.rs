@@ -44,6 +44,7 @@ fn main() {
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
+        "c/forks.c",
         "c/insn_zoo.c",
         "c/own_sigtrap.c",
         "c/cxx.cc",
@@ -137,6 +138,20 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     let obj = objs.join("spawns.o");
     compile(&c_dir.join("spawns.c"), &obj, &[BASE_CFLAGS], &[]);
     link(&[&obj], &fixtures.join("spawns"), &[]);
+
+    // forks: patchable entries; a forked child that outlives its parent.
+    let obj = objs.join("forks.o");
+    compile(
+        &c_dir.join("forks.c"),
+        &obj,
+        &[BASE_CFLAGS, Flavour::Patchable.cflags()],
+        &[],
+    );
+    link(
+        &[&obj],
+        &fixtures.join("forks"),
+        &[Flavour::Patchable.ldflags()],
+    );
 
     // sigstack: one flavour is enough (the probe path's stack use does not depend on it).
     let fl = Flavour::FentryCallPieRecord;

@@ -58,9 +58,13 @@ extern "C" fn agent_init() {
         unsafe { libc::getpid() },
         std::sync::atomic::Ordering::Relaxed,
     );
+    // The agent's own calls (allocations, formatting) after the first probe is armed are
+    // not the program's: kprobe events ignore them until main.
+    trace::set_quiet(true);
     if let Err(e) = start(&fd, &env) {
         eprintln!("ftprobe-agent: {e}");
     }
+    trace::set_quiet(false);
 }
 
 /// The agent's variables, read and removed from the environment.
@@ -195,11 +199,16 @@ extern "C" fn agent_fini() {
         return;
     }
     let Some(buf) = trace::buffer() else { return };
+    trace::set_quiet(true);
     buf.note_lost_recursion(function_tracer::FUNCTION_OPS.missed());
     let events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(w) = trace::this_thread_ring() {
-        for tk in events.iter() {
-            w.write_aux(rtype::PROFILE, tk.id, &[tk.dropped(), tk.kp.nmissed()]);
+    // Only with events: a thread without a ring would otherwise claim one just for this (and
+    // count a lost event when none is left).
+    if !events.is_empty() {
+        if let Some(w) = trace::this_thread_ring() {
+            for tk in events.iter() {
+                w.write_aux(rtype::PROFILE, tk.id, &[tk.dropped(), tk.kp.nmissed()]);
+            }
         }
     }
 }

@@ -207,6 +207,10 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         _ => agent.display().to_string(),
     };
     signals::catch_termination();
+    // Orphaned descendants of the target become our children, so that the wait at the end
+    // finds the forked ones still tracing (Linux 3.4+; without it, the wait finds none).
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let mut child = Command::new(&args.cmd[0])
         .args(&args.cmd[1..])
         .env("LD_PRELOAD", preload)
@@ -246,6 +250,8 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         lines: Vec::new(),
         profile: Vec::new(),
         seen: Vec::new(),
+        write_failed: false,
+        abandoned: Vec::new(),
     };
     printer.write(|o| output::header(o, if function { "function" } else { "nop" }));
     let status = loop {
@@ -260,7 +266,33 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         printer.flush();
         exit.wait(Duration::from_millis(10));
     };
-    printer.poll(&rings);
+    // Forked children of the target keep tracing after it exits: wait for them (as uftrace
+    // does), and say so; a termination signal stops the wait (their later events are then
+    // missing, and the trace says whose).
+    let mut told = false;
+    let mut abandoned = Vec::new();
+    loop {
+        printer.poll(&rings);
+        let live = live_writers();
+        if live.is_empty() {
+            break;
+        }
+        if signals::take_pending().is_some() {
+            abandoned = live;
+            break;
+        }
+        if !told {
+            eprintln!(
+                "ftprobe: {} exited; waiting for the forked processes still tracing ({}); Ctrl-C stops waiting",
+                args.cmd[0],
+                live.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            );
+            told = true;
+        }
+        printer.flush();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    printer.abandoned = abandoned;
     printer.finish(&rings);
     if rings.objects().is_empty() {
         eprintln!(
@@ -268,9 +300,65 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             args.cmd[0]
         );
     }
-    Ok(status
+    let code = status
         .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    // A trace that could not be written is a failure even when the target succeeded.
+    Ok(if printer.write_failed && code == 0 {
+        1
+    } else {
+        code
+    })
+}
+
+/// The target's forked descendants that still map this session's rings (they have not
+/// exited or exec'd), whether or not they have written yet. ftprobe is their child
+/// subreaper, so when their parent exits they become its children: they are found in
+/// `/proc/self/task/*/children`, and the exited ones are reaped here. The rings are
+/// recognised by the inode of their memfd, from our own mapping.
+fn live_writers() -> Vec<u32> {
+    // Reap orphans that already exited (the target itself was reaped by `try_wait`).
+    // SAFETY: waitpid with a null status pointer only reaps.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    let inode_of = |maps: &str| -> Option<String> {
+        maps.lines()
+            .find(|l| {
+                l.ends_with("/memfd:ftprobe-rings (deleted)") || l.ends_with("/memfd:ftprobe-rings")
+            })
+            .and_then(|l| l.split_whitespace().nth(4))
+            .map(str::to_owned)
+    };
+    let Some(ours) = std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .as_deref()
+        .and_then(inode_of)
+    else {
+        return Vec::new();
+    };
+    let children: Vec<u32> = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    let mut live: Vec<u32> = children
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .ok()
+                .as_deref()
+                .and_then(inode_of)
+                .is_some_and(|i| i == ours)
+        })
+        .collect();
+    live.sort_unstable();
+    live.dedup();
+    live
 }
 
 /// One record of a poll, its words in `Printer::arena`.
@@ -386,14 +474,21 @@ struct Printer {
     profile: Vec<(u32, u64, u64)>,
     /// Records seen per event id.
     seen: Vec<u64>,
+    /// Writing the trace failed (not a closed pipe).
+    write_failed: bool,
+    /// Forked processes still writing when ftprobe stopped waiting for them.
+    abandoned: Vec<u32>,
 }
 
 impl Printer {
     fn write(&mut self, f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) {
         if let Some(o) = self.out.as_mut() {
             if let Err(e) = f(o.as_mut()) {
+                // A closed pipe (`| head`) is the reader's choice; anything else loses the
+                // trace: said now, and in the exit status.
                 if e.kind() != std::io::ErrorKind::BrokenPipe {
                     let _ = writeln!(std::io::stderr(), "ftprobe: writing the trace: {e}");
+                    self.write_failed = true;
                 }
                 self.out = None;
             }
@@ -523,7 +618,11 @@ impl Printer {
         let profile = std::mem::take(&mut self.profile);
         let events = self.events.clone();
         let seen = self.seen.clone();
+        let abandoned = std::mem::take(&mut self.abandoned);
         self.write(|o| {
+            for pid in &abandoned {
+                writeln!(o, "# pid {pid} was still running: its later events are not in this trace")?;
+            }
             for (tid, n) in &per_ring {
                 writeln!(o, "# tid {tid}: {n} events lost (ring full)")?;
             }

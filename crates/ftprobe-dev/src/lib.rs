@@ -71,6 +71,14 @@ pub fn spawns_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("spawns")
 }
 
+/// Path of `forks MODE` (`-fpatchable-function-entry=5`): the parent calls `leaf` 3 times and
+/// forks a child that calls it 5 times (arguments 100..105); with `daemon` the parent
+/// returns at once and the child calls `leaf` 300 ms later; with `wait` the parent waits
+/// for it. The parent prints `forks done`.
+pub fn forks_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("forks")
+}
+
 /// Path of `cxx N` (C++, `-pg -mfentry -mrecord-mcount` sites): `main` calls
 /// `ns::K::get(i)` and `ns::twice<long>(...)` N times (default 3); prints `cxx=<sum>`
 /// (`sum` of `2 * (100 + i)`).

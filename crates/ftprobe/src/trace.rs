@@ -42,6 +42,9 @@ struct ThreadState {
     ring: Cell<ThreadRing>,
     /// Set while the function tracer's callback runs on this thread ([`with_ring_guarded`]).
     in_function_tracer: Cell<bool>,
+    /// Set while the tracer's own control code runs on this thread ([`set_quiet`]): kprobe
+    /// events neither record nor count its hits.
+    quiet: Cell<bool>,
 }
 
 thread_local! {
@@ -50,6 +53,7 @@ thread_local! {
         ThreadState {
             ring: Cell::new(ThreadRing::Unclaimed),
             in_function_tracer: Cell::new(false),
+            quiet: Cell::new(false),
         }
     };
 }
@@ -102,6 +106,39 @@ fn ring_of(t: &ThreadState) -> Option<RingWriter<'static>> {
             None
         }
         ThreadRing::Unclaimed => claim_ring(t),
+    }
+}
+
+/// Control path: while `on`, kprobe events ignore this thread's hits ([`event_ring`]). The
+/// agent sets it around its own work after the first probe is armed (creating the other
+/// events, listing them, its exit counters), so that a probe on, say, `libc:malloc` counts
+/// the program's calls and not the tracer's.
+pub fn set_quiet(on: bool) {
+    // SAFETY: as in `this_thread_ring`.
+    unsafe { &*thread_state() }.quiet.set(on);
+}
+
+/// What a kprobe event does with a hit ([`event_ring`]).
+pub enum EventRing {
+    /// Record into this ring.
+    Ring(RingWriter<'static>),
+    /// No ring for this thread (counted in `lost_no_ring`): the hit counts, its record is lost.
+    NoRing,
+    /// The tracer's own code ([`set_quiet`]): ignore the hit.
+    Quiet,
+}
+
+/// Probe path, kprobe events: this thread's ring, or why there is none; one TLS access.
+#[inline]
+pub fn event_ring() -> EventRing {
+    // SAFETY: as in `this_thread_ring`.
+    let t = unsafe { &*thread_state() };
+    if t.quiet.get() {
+        return EventRing::Quiet;
+    }
+    match ring_of(t) {
+        Some(w) => EventRing::Ring(w),
+        None => EventRing::NoRing,
     }
 }
 

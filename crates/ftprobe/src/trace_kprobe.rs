@@ -662,9 +662,13 @@ fn store_arg(
 fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
     // SAFETY: `data` holds the leaked TraceKprobe set before the probe was registered.
     let tk = unsafe { &*(p.data.load(Ordering::Relaxed) as *const TraceKprobe) };
-    let Some(w) = trace::this_thread_ring() else {
-        tk.dropped.fetch_add(1, Ordering::Relaxed);
-        return 0;
+    let w = match trace::event_ring() {
+        trace::EventRing::Ring(w) => w,
+        trace::EventRing::NoRing => {
+            tk.dropped.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        }
+        trace::EventRing::Quiet => return 0,
     };
     let (tsc, cpu) = trace::clock();
     let (head, fixed) = (tk.head_words, tk.fixed_words);
