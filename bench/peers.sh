@@ -142,9 +142,11 @@ trap cleanup EXIT
 ROW_NAME=() ROW_NS=() ROW_MIN=() ROW_MAX=() ROW_LOOP=() ROW_NOTE=() ROW_CMD=()
 declare -A BASE_SLOPE BASE_MIN BASE_MAX BASE_LOOP
 
-skip() { # NAME REASON
-	ROW_NAME+=("$1") ROW_NS+=("") ROW_MIN+=("") ROW_MAX+=("") ROW_LOOP+=("") ROW_NOTE+=("skipped: $2") ROW_CMD+=("")
-	log "$1: skipped: $2"
+skip() { # NAME REASON (one line in the table: newlines and '|' replaced)
+	local why
+	why=$(printf '%s' "$2" | tr '\n|' ' /')
+	ROW_NAME+=("$1") ROW_NS+=("") ROW_MIN+=("") ROW_MAX+=("") ROW_LOOP+=("") ROW_NOTE+=("skipped: $why") ROW_CMD+=("")
+	log "$1: skipped: $why"
 }
 
 now_ns() { date +%s%N; }
@@ -324,12 +326,11 @@ log "target+$INT3_OFF of hit-plain is '$INT3_INSN'; target+0 of hit-fentry is '$
 # ---- ftprobe ------------------------------------------------------------------------------
 FT_OK=1
 if ((QUICK)); then
-	# Release builds if there are any, else the debug ones `cargo test --workspace` leaves.
-	for d in release debug; do
-		if [[ -x $ROOT/target/$d/ftprobe ]]; then
-			FTPROBE=$ROOT/target/$d/ftprobe HIT_API=$ROOT/target/$d/examples/hit_api
-			break
-		fi
+	# Release builds if there are any, else the debug ones `cargo test --workspace` leaves;
+	# each binary on its own (./demo.sh builds a release ftprobe but not the example).
+	for d in debug release; do
+		[[ -x $ROOT/target/$d/ftprobe ]] && FTPROBE=$ROOT/target/$d/ftprobe
+		[[ -x $ROOT/target/$d/examples/hit_api ]] && HIT_API=$ROOT/target/$d/examples/hit_api
 	done
 	[[ -x $FTPROBE ]] || { FT_OK=0 FT_REASON="$FTPROBE not built (--quick builds nothing)"; }
 else
@@ -517,6 +518,7 @@ uft_events() { # DIR
 LROWS=("untraced" "ftprobe function tracer, all functions" "ftprobe function tracer, -F 'luaH_*'"
 	"uftrace record -P . (all functions, dynamic patching)" "uftrace record -P '^luaH_' (dynamic patching)")
 FIXTURE_PATH=$(dirname "$FTPROBE")/fixture-path
+[[ -x $FIXTURE_PATH ]] || FIXTURE_PATH=$ROOT/target/debug/fixture-path
 LUA_BIN=$( [[ -x $FIXTURE_PATH ]] && "$FIXTURE_PATH" lua-patchable 2>/dev/null)
 LUA_SCRIPT=$( [[ -x $FIXTURE_PATH ]] && "$FIXTURE_PATH" lua-script:fib.lua 2>/dev/null)
 if [[ -z $LUA_BIN || ! -x $LUA_BIN || -z $LUA_SCRIPT || ! -f $LUA_SCRIPT ]]; then
