@@ -391,15 +391,26 @@ pub fn demangled_names(name: &str) -> Vec<String> {
         return vec![format!("{d:#}")];
     }
     if name.starts_with("_Z") {
-        if let Ok(sym) = cpp_demangle::Symbol::new(name) {
+        // A GCC clone (`_Z7throweri.cold`, `.isra.0`, `.part.0`, `.constprop.0`): its short
+        // name keeps the suffix (`thrower.cold`, as perf shows it), or the clone would answer
+        // to the function's own name and make it ambiguous.
+        let (base, clone) = match name.find('.') {
+            Some(i) => (&name[..i], &name[i..]),
+            None => (name, ""),
+        };
+        if let Ok(sym) = cpp_demangle::Symbol::new(base) {
             if let Ok(full) = sym.demangle() {
-                let mut out = vec![full];
+                let mut out = vec![if clone.is_empty() {
+                    full
+                } else {
+                    format!("{full} [clone {clone}]")
+                }];
                 // Without return type and parameters: the name a user types (last: shown).
                 let short = cpp_demangle::DemangleOptions::new()
                     .no_params()
                     .no_return_type();
                 if let Ok(s) = sym.demangle_with_options(&short) {
-                    out.push(s);
+                    out.push(format!("{s}{clone}"));
                 }
                 return out;
             }
@@ -481,4 +492,23 @@ fn load_segments(data: &[u8]) -> Vec<Segment> {
             filesz: p.p_filesz(endian),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{demangled_names, display_name};
+
+    #[test]
+    fn cxx_names_and_their_gcc_clones() {
+        assert_eq!(demangled_names("_Z7throweri"), ["thrower(int)", "thrower"]);
+        // Regression: `thrower.cold` answered to `thrower` too, which made `p thrower`
+        // ambiguous (found by a user).
+        assert_eq!(
+            demangled_names("_Z7throweri.cold"),
+            ["thrower(int) [clone .cold]", "thrower.cold"]
+        );
+        assert_eq!(display_name("_ZN2ns1K3getEi.isra.0"), "ns::K::get.isra.0");
+        assert_eq!(display_name("main.cold"), "main.cold");
+        assert!(demangled_names("work").is_empty());
+    }
 }
