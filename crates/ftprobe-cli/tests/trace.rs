@@ -808,6 +808,26 @@ fn int3_probe_on_libc_malloc_in_unmodified_programs() {
     assert!(kprobe_lines(&text, "p_libc_malloc_0").len() > 5, "{text}");
 }
 
+/// glibc's `strlen` and `memcpy` are GNU indirect functions: the probe goes on the
+/// implementation the dynamic linker picked for this machine. Regression: `strlen` was "not
+/// found" and `memcpy` armed on an old compatibility version nothing calls, recording nothing
+/// (found by a user).
+#[test]
+fn probes_on_indirect_functions_reach_the_implementation() {
+    for f in ["strlen", "memcpy"] {
+        let def = format!("p:{f} libc:{f} s=%di:x64");
+        let (out, text) = trace(&["-e", &def], &["ls", "/"]);
+        assert!(out.status.success(), "{f}: {out:?}");
+        assert_eq!(out.stdout, untraced(&["ls", "/"]).stdout);
+        assert!(
+            text.lines()
+                .any(|l| l.contains(&format!("  k  {f}+0x0  libc.so.6"))),
+            "{f}:\n{text}"
+        );
+        assert!(kprobe_lines(&text, f).len() > 3, "{f}: hits:\n{text}");
+    }
+}
+
 #[test]
 fn uprobe_style_path_offset_target() {
     // uprobe_events' PATH:OFFSET: malloc's file offset in libc, computed here from the ELF.

@@ -126,6 +126,10 @@ pub struct ElfImage {
     /// Site addresses listed in a record section that did not hold a recognisable site
     /// (e.g. `-fpatchable-function-entry=N,M` entries before the symbol). Reported, not patched.
     pub rejected: Vec<u64>,
+    /// GNU indirect functions (`STT_GNU_IFUNC`, e.g. glibc's `strlen`, `memcpy`): the name and
+    /// the address of the resolver, which the dynamic linker calls to pick the implementation.
+    /// Not in `funcs`: probing the resolver would probe nothing the program calls.
+    pub ifuncs: Vec<(String, u64)>,
 }
 
 impl ElfImage {
@@ -179,6 +183,7 @@ impl ElfImage {
             sites: Vec::new(),
             segments,
             rejected: Vec::new(),
+            ifuncs: ifunc_symbols(&file),
         };
         if sites {
             img.find_sites(&file);
@@ -383,6 +388,26 @@ fn func_symbols(file: &object::File<'_>) -> (Vec<FuncSym>, Vec<(String, usize)>)
     names.sort();
     names.dedup();
     (funcs, names)
+}
+
+/// The `STT_GNU_IFUNC` symbols of `file` (name, resolver address), sorted by name.
+fn ifunc_symbols(file: &object::File<'_>) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|s| {
+            // Not `is_definition()`: the object crate gives IFUNCs no kind, and only
+            // symbols with a kind count as definitions there.
+            !s.is_undefined()
+                && s.address() != 0
+                && matches!(s.flags(), object::SymbolFlags::Elf { st_info, .. }
+                    if st_info & 0xf == object::elf::STT_GNU_IFUNC)
+        })
+        .filter_map(|s| Some((s.name().ok()?.to_owned(), s.address())))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The demangled forms of a symbol name (none if it is not mangled).

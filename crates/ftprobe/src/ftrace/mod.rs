@@ -353,6 +353,10 @@ struct State {
     /// Boxed: readers hold a pointer to the `Vec` header itself, which must not move.
     #[allow(clippy::vec_box)]
     retired: Vec<Box<Vec<u64>>>,
+    /// Implementations of indirect functions resolved by [`find_symbol`] that no symbol of
+    /// their object names (a stripped library): known by the IFUNC's name, at their start
+    /// only (their size is unknown).
+    ifunc_impls: Vec<SymbolAddr>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -484,6 +488,7 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         registered: Vec::new(),
         tramps: HashMap::new(),
         retired: Vec::new(),
+        ifunc_impls: Vec::new(),
     });
     Ok(skipped)
 }
@@ -544,21 +549,84 @@ pub fn module_matches(module: &str, file: &str) -> bool {
 /// Every function called `name`, by any of its names (in the object `module`, if given),
 /// among the objects ftrace looked at; `NoObject` if `module` names none of them.
 pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, FtraceError> {
-    let g = lock();
-    let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-    Ok(st
-        .objects
-        .iter()
-        .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
-        .flat_map(|o| {
-            o.image.funcs_named(name).map(|f| SymbolAddr {
-                name: name.to_owned(),
-                module: o.module.clone(),
-                addr: f.svma + o.bias,
-                size: f.size,
+    // Objects where `name` is a GNU indirect function: resolved below, without the lock.
+    let mut ifuncs: Vec<(std::path::PathBuf, String, bool)> = Vec::new();
+    let mut found: Vec<SymbolAddr> = {
+        let g = lock();
+        let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
+        st.objects
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| module.is_none_or(|m| module_matches(m, &o.module)))
+            .flat_map(|(i, o)| {
+                let ifunc = o.image.ifuncs.iter().any(|(n, _)| n == name);
+                if ifunc {
+                    // The IFUNC is the default version programs bind to; a plain function of
+                    // the same name is an old compatibility version (glibc's memcpy@GLIBC_2.2.5).
+                    ifuncs.push((o.image.path.clone(), o.module.clone(), i == 0));
+                }
+                o.image
+                    .funcs_named(name)
+                    .filter(move |_| !ifunc)
+                    .map(|f| SymbolAddr {
+                        name: name.to_owned(),
+                        module: o.module.clone(),
+                        addr: f.svma + o.bias,
+                        size: f.size,
+                    })
             })
-        })
-        .collect())
+            .collect()
+    };
+    for (path, module, main) in ifuncs {
+        let Some(addr) = resolve_ifunc(&path, main, name) else {
+            continue;
+        };
+        // The implementation, by its own name where the library has one (a `.symtab`), else
+        // by the IFUNC's (remembered, for `symbol_at`).
+        found.push(match symbol_at(addr) {
+            Some((sym, 0)) => sym,
+            _ => {
+                let sym = SymbolAddr {
+                    name: name.to_owned(),
+                    module,
+                    addr,
+                    size: 0,
+                };
+                if let Some(st) = lock().as_mut() {
+                    if !st.ifunc_impls.iter().any(|s| s.addr == addr) {
+                        st.ifunc_impls.push(sym.clone());
+                    }
+                }
+                sym
+            }
+        });
+    }
+    Ok(found)
+}
+
+/// The implementation the dynamic linker picked for the indirect function `name` of the
+/// loaded object at `path` (the main program when `main`): `dlsym` runs its resolver.
+fn resolve_ifunc(path: &std::path::Path, main: bool, name: &str) -> Option<u64> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: dlopen with RTLD_NOLOAD only takes a reference to an object already loaded
+    // (no constructors run); dlsym only looks up; dlclose drops the reference taken here.
+    unsafe {
+        let handle = libc::dlopen(
+            if main {
+                std::ptr::null()
+            } else {
+                cpath.as_ptr()
+            },
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        if handle.is_null() {
+            return None;
+        }
+        let addr = libc::dlsym(handle, cname.as_ptr()) as u64;
+        libc::dlclose(handle);
+        (addr != 0).then_some(addr)
+    }
 }
 
 /// The address in this process of `offset` bytes into the file of the loaded object at
@@ -592,6 +660,9 @@ pub fn has_module(module: &str) -> bool {
 pub fn symbol_at(addr: u64) -> Option<(SymbolAddr, u64)> {
     let g = lock();
     let st = g.as_ref()?;
+    if let Some(s) = st.ifunc_impls.iter().find(|s| s.addr == addr) {
+        return Some((s.clone(), 0));
+    }
     st.objects.iter().find_map(|o| {
         let svma = addr.checked_sub(o.bias)?;
         if !o.image.contains(svma) {
