@@ -264,6 +264,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         }
         printer.poll(&rings);
         printer.flush();
+        reap_orphans(child.id());
         exit.wait(Duration::from_millis(10));
     };
     // Forked children of the target keep tracing after it exits: wait for them (as uftrace
@@ -335,18 +336,7 @@ fn live_writers() -> Vec<u32> {
     else {
         return Vec::new();
     };
-    let children: Vec<u32> = std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|c| {
-            c.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
-    let mut live: Vec<u32> = children
+    let mut live: Vec<u32> = children()
         .into_iter()
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -361,7 +351,31 @@ fn live_writers() -> Vec<u32> {
     live
 }
 
-/// One record of a poll, its words in `Printer::arena`.
+/// Our children (`/proc/self/task/*/children`): the target, and the orphans we reap as
+/// child subreaper.
+fn children() -> Vec<u32> {
+    std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// While the target runs: reap the orphans (its descendants whose parent exited) that have
+/// exited, so they do not pile up as zombies under us; never the target itself.
+fn reap_orphans(target: u32) {
+    for pid in children().into_iter().filter(|&p| p != target) {
+        // SAFETY: waitpid on one child of ours, with a null status pointer: only reaps.
+        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+    }
+}
+
 /// How far ahead of a ring's head the CLI keeps its pages faulted in (first lap only).
 const PREFAULT_AHEAD: u64 = 16 << 20;
 
@@ -441,6 +455,7 @@ impl ExitWatch {
     }
 }
 
+/// One record of a poll, its words in `Printer::arena`.
 struct Event {
     ts: u64,
     ring: u32,
