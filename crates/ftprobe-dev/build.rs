@@ -45,6 +45,7 @@ fn main() {
         "c/mallocs.c",
         "c/spawns.c",
         "c/forks.c",
+        "c/sigcalls.c",
         "c/insn_zoo.c",
         "c/own_sigtrap.c",
         "c/cxx.cc",
@@ -150,6 +151,20 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     link(
         &[&obj],
         &fixtures.join("forks"),
+        &[Flavour::Patchable.ldflags()],
+    );
+
+    // sigcalls: patchable entries; a signal handler that calls traced functions.
+    let obj = objs.join("sigcalls.o");
+    compile(
+        &c_dir.join("sigcalls.c"),
+        &obj,
+        &[BASE_CFLAGS, Flavour::Patchable.cflags()],
+        &[],
+    );
+    link(
+        &[&obj],
+        &fixtures.join("sigcalls"),
         &[Flavour::Patchable.ldflags()],
     );
 

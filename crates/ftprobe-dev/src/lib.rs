@@ -79,6 +79,13 @@ pub fn forks_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("forks")
 }
 
+/// Path of `sigcalls N US` (`-fpatchable-function-entry=5`): `main` calls `work(i)` N times
+/// (`work` calls `body`), and a SIGALRM handler every US µs calls `body` and `work` too;
+/// prints `work=<calls> body=<calls>` as the functions counted them.
+pub fn sigcalls_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("sigcalls")
+}
+
 /// Path of `cxx N` (C++, `-pg -mfentry -mrecord-mcount` sites): `main` calls
 /// `ns::K::get(i)` and `ns::twice<long>(...)` N times (default 3); prints `cxx=<sum>`
 /// (`sum` of `2 * (100 + i)`).

@@ -40,8 +40,10 @@ enum ThreadRing {
 /// TLS access (in the preloaded agent, a cdylib, each access is a `__tls_get_addr` call).
 struct ThreadState {
     ring: Cell<ThreadRing>,
-    /// Set while the function tracer's callback runs on this thread ([`with_ring_guarded`]).
-    in_function_tracer: Cell<bool>,
+    /// Set while a tracer writes into this thread's ring: the function tracer's callback
+    /// ([`with_ring_guarded`]) or a kprobe event ([`event_ring`]). A ring has one producer;
+    /// a signal handler that interrupts a write must not start another on the same ring.
+    writing: Cell<bool>,
     /// Set while the tracer's own control code runs on this thread ([`set_quiet`]): kprobe
     /// events neither record nor count its hits.
     quiet: Cell<bool>,
@@ -52,7 +54,7 @@ thread_local! {
     static THREAD: ThreadState = const {
         ThreadState {
             ring: Cell::new(ThreadRing::Unclaimed),
-            in_function_tracer: Cell::new(false),
+            writing: Cell::new(false),
             quiet: Cell::new(false),
         }
     };
@@ -120,12 +122,26 @@ pub fn set_quiet(on: bool) {
 
 /// What a kprobe event does with a hit ([`event_ring`]).
 pub enum EventRing {
-    /// Record into this ring.
-    Ring(RingWriter<'static>),
+    /// Record into this ring; the guard ends the write (drop it after publishing).
+    Ring(RingWriter<'static>, WriteGuard),
     /// No ring for this thread (counted in `lost_no_ring`): the hit counts, its record is lost.
     NoRing,
+    /// Another write into this thread's ring is in progress (a signal handler interrupted
+    /// it): the hit counts, its record is lost (counted in `lost_recursion`).
+    Busy,
     /// The tracer's own code ([`set_quiet`]): ignore the hit.
     Quiet,
+}
+
+/// The thread's write into its ring is in progress while this lives ([`event_ring`]).
+pub struct WriteGuard(*const ThreadState);
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        // SAFETY: made by `event_ring` from this thread's state, which outlives the call that
+        // holds the guard (as in `this_thread_ring`).
+        unsafe { &*self.0 }.writing.set(false);
+    }
 }
 
 /// Probe path, kprobe events: this thread's ring, or why there is none; one TLS access.
@@ -136,21 +152,31 @@ pub fn event_ring() -> EventRing {
     if t.quiet.get() {
         return EventRing::Quiet;
     }
+    if t.writing.replace(true) {
+        if let Some(b) = RINGS.get() {
+            b.note_lost_recursion(1);
+        }
+        return EventRing::Busy;
+    }
     match ring_of(t) {
-        Some(w) => EventRing::Ring(w),
-        None => EventRing::NoRing,
+        Some(w) => EventRing::Ring(w, WriteGuard(t)),
+        None => {
+            t.writing.set(false);
+            EventRing::NoRing
+        }
     }
 }
 
-/// Probe path, the function tracer's: calls `f` with this thread's ring unless the function
-/// tracer is already running on this thread (a signal handler interrupted it, or its own code
-/// called a traced function): then nothing is written and one event is counted in the
-/// buffer's `lost_recursion`. One TLS access for the guard and the ring together.
+/// Probe path, the function tracer's: calls `f` with this thread's ring unless a tracer is
+/// already writing into it on this thread (a signal handler interrupted the function tracer
+/// or a kprobe event, or their own code called a traced function): then nothing is written
+/// and one event is counted in the buffer's `lost_recursion`. One TLS access for the guard
+/// and the ring together.
 #[inline(always)]
 pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
     // SAFETY: as in `this_thread_ring`.
     let t = unsafe { &*thread_state() };
-    if t.in_function_tracer.replace(true) {
+    if t.writing.replace(true) {
         if let Some(b) = RINGS.get() {
             b.note_lost_recursion(1);
         }
@@ -159,7 +185,7 @@ pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
     if let Some(w) = ring_of(t) {
         f(w);
     }
-    t.in_function_tracer.set(false);
+    t.writing.set(false);
 }
 
 /// Probe path, first event of a thread: claim its ring. Out of line and cold, so that the

@@ -662,9 +662,9 @@ fn store_arg(
 fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
     // SAFETY: `data` holds the leaked TraceKprobe set before the probe was registered.
     let tk = unsafe { &*(p.data.load(Ordering::Relaxed) as *const TraceKprobe) };
-    let w = match trace::event_ring() {
-        trace::EventRing::Ring(w) => w,
-        trace::EventRing::NoRing => {
+    let (w, _writing) = match trace::event_ring() {
+        trace::EventRing::Ring(w, guard) => (w, guard),
+        trace::EventRing::NoRing | trace::EventRing::Busy => {
             tk.dropped.fetch_add(1, Ordering::Relaxed);
             return 0;
         }
