@@ -41,6 +41,15 @@ static EVENTS: Mutex<Vec<&'static TraceKprobe>> = Mutex::new(Vec::new());
 static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 extern "C" fn agent_init() {
+    // The agent's own calls (allocations, formatting, and the frees of its locals) after the
+    // first probe is armed are not the program's: kprobe events ignore them until main.
+    trace::set_quiet(true);
+    init();
+    trace::set_quiet(false);
+}
+
+/// [`agent_init`]'s work; everything it allocates is freed before it returns.
+fn init() {
     let Ok(fd) = std::env::var("FTPROBE_RING_FD") else {
         return;
     };
@@ -58,13 +67,9 @@ extern "C" fn agent_init() {
         unsafe { libc::getpid() },
         std::sync::atomic::Ordering::Relaxed,
     );
-    // The agent's own calls (allocations, formatting) after the first probe is armed are
-    // not the program's: kprobe events ignore them until main.
-    trace::set_quiet(true);
     if let Err(e) = start(&fd, &env) {
         eprintln!("ftprobe-agent: {e}");
     }
-    trace::set_quiet(false);
 }
 
 /// The agent's variables, read and removed from the environment.
