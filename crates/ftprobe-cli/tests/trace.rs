@@ -865,14 +865,14 @@ fn int3_probe_on_libc_malloc_in_unmodified_programs() {
     // where bpftrace counts the program's; found by a user). Now exactly the program's: the
     // four, then stdio's buffer for stdout (a pipe here: 4096 bytes).
     assert_eq!(sizes, [11, 222, 3333, 44444, 4096], "{text}");
+    assert!(text
+        .lines()
+        .any(|l| l.contains("  k  malloc+0x0  libc.so.6 ") && !l.contains("[FTRACE]")));
     // And its four frees, not the agent's (the frees of the agent's own start-up were
     // counted too until it stayed quiet until main; found by a user).
     let (out, text) = trace(&["-e", "p:f libc:free p=%di"], &[exe]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(kprobe_lines(&text, "f").len(), 4, "{text}");
-    assert!(text
-        .lines()
-        .any(|l| l.contains("  k  malloc+0x0  libc.so.6 ") && !l.contains("[FTRACE]")));
     // And a system binary nobody rebuilt: ls, its output unchanged.
     let (out, text) = trace(&["-e", "p libc:malloc size=%di:u64"], &["ls", "/"]);
     assert!(out.status.success());
