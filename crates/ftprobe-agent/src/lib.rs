@@ -212,7 +212,19 @@ extern "C" fn agent_fini() {
     if !events.is_empty() {
         if let Some(w) = trace::this_thread_ring() {
             for tk in events.iter() {
-                w.write_aux(rtype::PROFILE, tk.id, &[tk.dropped(), tk.kp.nmissed()]);
+                let words = [tk.dropped(), tk.kp.nmissed()];
+                // A full ring (a thread that recorded faster than the CLI prints): wait up to
+                // 2 s for the CLI, which drains until we exit, to make room; these counters
+                // are not events and must not be counted as a lost one.
+                let written = (0..2000).any(|_| {
+                    w.try_write_aux(rtype::PROFILE, tk.id, &words) || {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        false
+                    }
+                });
+                if !written {
+                    break;
+                }
             }
         }
     }

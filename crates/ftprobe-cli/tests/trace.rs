@@ -342,6 +342,30 @@ fn signal_handlers_interrupting_a_tracer_lose_nothing_silently() {
     }
 }
 
+/// A thread that fills its ring: what the trace holds plus what it says was lost is exactly
+/// what happened, and the exit counters still arrive. Regression: the agent's counters at
+/// exit did not fit in the full ring, were counted as one more lost event, and the profile
+/// showed `N+  -` as for a killed program (found by a user).
+#[test]
+fn a_full_ring_still_gets_the_exit_counters() {
+    let exe = fixture("calls", Flavour::Patchable).unwrap();
+    let n = 3_000_000;
+    let (out, text) = trace(
+        &["--buffer-size-kb", "4096", "-e", "p:w work x=%di"],
+        &[exe.to_str().unwrap(), &n.to_string()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let recorded = kprobe_lines(&text, "w").len() as u64;
+    assert!(lost(&text) > 0, "the ring filled: {}", lost(&text));
+    assert_eq!(recorded + lost(&text), n, "{}", &text[text.len() - 300..]);
+    let profile = text.lines().find(|l| l.starts_with("#   w ")).unwrap();
+    assert_eq!(
+        profile.split_whitespace().skip(2).collect::<Vec<_>>(),
+        [n.to_string().as_str(), "0"],
+        "{profile}"
+    );
+}
+
 #[test]
 fn trace_line_format_is_ftraces() {
     let exe = fixture("calls", Flavour::FentryNop).unwrap();

@@ -988,6 +988,31 @@ impl RingWriter<'_> {
         self.publish(new_head)
     }
 
+    /// Control path: [`write_aux`](Self::write_aux) that, when the record does not fit, leaves
+    /// `lost` alone and returns false, for a caller that will try again once the reader has
+    /// made room (the agent's counters at exit, which must not be counted as a lost event).
+    pub fn try_write_aux(&self, rtype: u16, aux: u32, words: &[u64]) -> bool {
+        let nwords = words.len() + 1;
+        if nwords > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
+            return false;
+        }
+        let Some((start, new_head)) = self.reserve(nwords) else {
+            return false;
+        };
+        let Some((hdr, body)) = self
+            .data
+            .get(start..start + nwords)
+            .and_then(|s| s.split_first())
+        else {
+            return false;
+        };
+        hdr.store(record_header_aux(nwords, rtype, aux), Relaxed);
+        for (slot, &w) in body.iter().zip(words) {
+            slot.store(w, Relaxed);
+        }
+        self.publish(new_head)
+    }
+
     /// [`write`](Self::write) of exactly three payload words (the function tracer's
     /// timestamp, ip, parent ip), without a loop.
     #[inline]
