@@ -27,7 +27,7 @@ const KERNEL_TEXTS: &[(&str, &str)] = &[
     ("RETVAL_ON_PROBE", "$retval is not available on probe"),
     ("BAD_STACK_NUM", "Invalid stack number"),
     ("BAD_ARG_NUM", "Invalid argument number"),
-    ("BAD_VAR", "Invalid $-valiable specified"),
+    ("BAD_VAR", "Invalid $-variable specified"),
     ("BAD_REG_NAME", "Invalid register name"),
     ("BAD_MEM_ADDR", "Invalid memory address"),
     ("BAD_IMM", "Invalid immediate value"),
