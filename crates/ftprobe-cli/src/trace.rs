@@ -211,7 +211,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     // finds the forked ones still tracing (Linux 3.4+; without it, the wait finds none).
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let mut child = Command::new(&args.cmd[0])
+    let child = Command::new(&args.cmd[0])
         .args(&args.cmd[1..])
         .env("LD_PRELOAD", preload)
         .env("FTPROBE_RING_FD", fd.as_raw_fd().to_string())
@@ -227,8 +227,19 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                 .collect::<Vec<_>>()
                 .join("\n"),
         )
-        .spawn()
-        .with_context(|| format!("cannot run {:?}", args.cmd[0]))?;
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            // As a shell (and `timeout`, `env`) says it: 127 not found, 126 not runnable.
+            eprintln!("ftprobe: cannot run {:?}: {e}", args.cmd[0]);
+            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
     drop(fd);
     // While the target starts: fault in the first pages of ring 0 (its first thread's, as a
     // rule), then finish calibrating the clock (only the text output needs it).

@@ -366,6 +366,24 @@ fn a_full_ring_still_gets_the_exit_counters() {
     );
 }
 
+/// A program that cannot be started: the shell's statuses, 127 (not found) and 126 (not
+/// runnable), so scripts can tell them from the program's own failure (was 1).
+#[test]
+fn a_program_that_cannot_run_exits_126_or_127() {
+    for (cmd, code) in [
+        ("/no/such/program", 127),
+        ("no-such-command-here", 127),
+        ("/etc/passwd", 126),
+    ] {
+        let out = ftprobe().args(["trace", "--", cmd]).output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "{cmd}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("cannot run"),
+            "{cmd}"
+        );
+    }
+}
+
 #[test]
 fn trace_line_format_is_ftraces() {
     let exe = fixture("calls", Flavour::FentryNop).unwrap();

@@ -93,7 +93,7 @@ probe_errors! {
     BadStackNum = "BAD_STACK_NUM", "Invalid stack number";
     /// Parser: `$argN` with N = 0 or above [`super::PARAM_MAX_STACK`].
     BadArgNum = "BAD_ARG_NUM", "Invalid argument number";
-    /// Parser: an unknown `$` variable. (Kernels before 6.x spelled it "valiable"; this is
+    /// Parser: an unknown `$` variable. (Older kernels spelled it "valiable"; this is
     /// the text of the 6.18 kernel these VMs run, checked in its error_log.)
     BadVar = "BAD_VAR", "Invalid $-variable specified";
     /// Parser: `%NAME` that is not an x86-64 register of [`super::Reg`].
