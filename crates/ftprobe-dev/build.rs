@@ -125,48 +125,28 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         .arg("-o")
         .arg(fixtures.join("cxx")));
 
-    // own_sigtrap: no site flags; a program that handles, ignores or blocks SIGTRAP itself.
-    let obj = objs.join("own_sigtrap.o");
-    compile(&c_dir.join("own_sigtrap.c"), &obj, &[BASE_CFLAGS], &[]);
-    link(&[&obj], &fixtures.join("own_sigtrap"), &[&["-pthread"]]);
-
-    // mallocs: no site flags at all, like a program nobody rebuilt.
-    let obj = objs.join("mallocs.o");
-    compile(&c_dir.join("mallocs.c"), &obj, &[BASE_CFLAGS], &[]);
-    link(&[&obj], &fixtures.join("mallocs"), &[]);
-
-    // spawns: no site flags; system(), popen() and posix_spawn().
-    let obj = objs.join("spawns.o");
-    compile(&c_dir.join("spawns.c"), &obj, &[BASE_CFLAGS], &[]);
-    link(&[&obj], &fixtures.join("spawns"), &[]);
-
-    // forks: patchable entries; a forked child that outlives its parent.
-    let obj = objs.join("forks.o");
-    compile(
-        &c_dir.join("forks.c"),
-        &obj,
-        &[BASE_CFLAGS, Flavour::Patchable.cflags()],
-        &[],
-    );
-    link(
-        &[&obj],
-        &fixtures.join("forks"),
-        &[Flavour::Patchable.ldflags()],
-    );
-
-    // sigcalls: patchable entries; a signal handler that calls traced functions.
-    let obj = objs.join("sigcalls.o");
-    compile(
-        &c_dir.join("sigcalls.c"),
-        &obj,
-        &[BASE_CFLAGS, Flavour::Patchable.cflags()],
-        &[],
-    );
-    link(
-        &[&obj],
-        &fixtures.join("sigcalls"),
-        &[Flavour::Patchable.ldflags()],
-    );
+    // Programs of one C file each. own_sigtrap: no site flags; a program that handles,
+    // ignores or blocks SIGTRAP itself. mallocs: no site flags at all, like a program nobody
+    // rebuilt. spawns: no site flags; system(), popen() and posix_spawn(). forks: patchable
+    // entries; a forked child that outlives its parent. sigcalls: patchable entries; a
+    // signal handler that calls traced functions.
+    let patchable = Flavour::Patchable;
+    for (name, cflags, ldflags) in [
+        ("own_sigtrap", &[][..], &["-pthread"][..]),
+        ("mallocs", &[], &[]),
+        ("spawns", &[], &[]),
+        ("forks", patchable.cflags(), patchable.ldflags()),
+        ("sigcalls", patchable.cflags(), patchable.ldflags()),
+    ] {
+        let obj = objs.join(format!("{name}.o"));
+        compile(
+            &c_dir.join(format!("{name}.c")),
+            &obj,
+            &[BASE_CFLAGS, cflags],
+            &[],
+        );
+        link(&[&obj], &fixtures.join(name), &[ldflags]);
+    }
 
     // sigstack: one flavour is enough (the probe path's stack use does not depend on it).
     let fl = Flavour::FentryCallPieRecord;

@@ -968,12 +968,24 @@ impl RingWriter<'_> {
         payload_words: usize,
         fill: impl FnOnce(&[AtomicU64]),
     ) -> bool {
+        self.try_write_with(rtype, aux, payload_words, fill) || self.drop_one()
+    }
+
+    /// [`write_with`](Self::write_with) that does not count a record that does not fit.
+    #[inline(always)]
+    fn try_write_with(
+        &self,
+        rtype: u16,
+        aux: u32,
+        payload_words: usize,
+        fill: impl FnOnce(&[AtomicU64]),
+    ) -> bool {
         let nwords = payload_words + 1;
         if nwords > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
-            return self.drop_one();
+            return false;
         }
         let Some((start, new_head)) = self.reserve(nwords) else {
-            return self.drop_one();
+            return false;
         };
         let Some((hdr, body)) = self
             .data
@@ -981,7 +993,7 @@ impl RingWriter<'_> {
             .and_then(|s| s.split_first())
         else {
             debug_assert!(false, "reserve returned an out-of-range slot");
-            return self.drop_one();
+            return false;
         };
         hdr.store(record_header_aux(nwords, rtype, aux), Relaxed);
         fill(body);
@@ -992,25 +1004,11 @@ impl RingWriter<'_> {
     /// `lost` alone and returns false, for a caller that will try again once the reader has
     /// made room (the agent's counters at exit, which must not be counted as a lost event).
     pub fn try_write_aux(&self, rtype: u16, aux: u32, words: &[u64]) -> bool {
-        let nwords = words.len() + 1;
-        if nwords > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
-            return false;
-        }
-        let Some((start, new_head)) = self.reserve(nwords) else {
-            return false;
-        };
-        let Some((hdr, body)) = self
-            .data
-            .get(start..start + nwords)
-            .and_then(|s| s.split_first())
-        else {
-            return false;
-        };
-        hdr.store(record_header_aux(nwords, rtype, aux), Relaxed);
-        for (slot, &w) in body.iter().zip(words) {
-            slot.store(w, Relaxed);
-        }
-        self.publish(new_head)
+        self.try_write_with(rtype, aux, words.len(), |body| {
+            for (slot, &w) in body.iter().zip(words) {
+                slot.store(w, Relaxed);
+            }
+        })
     }
 
     /// [`write`](Self::write) of exactly three payload words (the function tracer's
