@@ -304,6 +304,8 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         printer.flush();
         std::thread::sleep(Duration::from_millis(10));
     }
+    // What the last of them wrote between the poll above and its exit.
+    printer.poll(&rings);
     printer.abandoned = abandoned;
     printer.finish(&rings);
     if rings.objects().is_empty() {
