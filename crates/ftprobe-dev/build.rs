@@ -48,6 +48,8 @@ fn main() {
         "c/sigcalls.c",
         "c/insn_zoo.c",
         "c/own_sigtrap.c",
+        "c/ctors.c",
+        "c/ctors_lib.c",
         "c/cxx.cc",
         "c/fetchargs.c",
         "c/lua_driver.c",
@@ -147,6 +149,33 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         );
         link(&[&obj], &fixtures.join(name), &[ldflags]);
     }
+
+    // ctors + libfxctors: a `-pg -mfentry` library whose constructor and destructor call
+    // its traced function; the program has no sites.
+    let fl = Flavour::FentryCallPie;
+    let obj = objs.join("ctors_lib.o");
+    compile(
+        &c_dir.join("ctors_lib.c"),
+        &obj,
+        &[BASE_CFLAGS, fl.cflags(), &["-fPIC"]],
+        &[],
+    );
+    link(
+        &[&obj],
+        &fixtures.join("libfxctors.so"),
+        &[&["-shared", "-Wl,-soname,libfxctors.so"]],
+    );
+    let obj = objs.join("ctors.o");
+    compile(&c_dir.join("ctors.c"), &obj, &[BASE_CFLAGS], &[]);
+    link(
+        &[&obj],
+        &fixtures.join("ctors"),
+        &[&[
+            &format!("-L{}", fixtures.display()),
+            "-lfxctors",
+            "-Wl,-rpath,$ORIGIN",
+        ]],
+    );
 
     // sigstack: one flavour is enough (the probe path's stack use does not depend on it).
     let fl = Flavour::FentryCallPieRecord;

@@ -17,12 +17,11 @@
 //! start; any other problem leaves the program running untraced.
 
 use std::os::fd::BorrowedFd;
-use std::sync::Mutex;
 
 use ftprobe::events::error_log;
 use ftprobe::ring::SharedRings;
-use ftprobe::trace::{self, rtype};
-use ftprobe::trace_kprobe::{self, TraceKprobe};
+use ftprobe::trace;
+use ftprobe::trace_kprobe;
 use ftprobe::{ftrace, function_tracer, kprobes};
 
 /// TEXT record kind: the armed-probes listing (`kprobes/list`).
@@ -36,11 +35,25 @@ static AGENT_INIT: extern "C" fn() = agent_init;
 #[link_section = ".fini_array"]
 static AGENT_FINI: extern "C" fn() = agent_fini;
 
-static EVENTS: Mutex<Vec<&'static TraceKprobe>> = Mutex::new(Vec::new());
 /// The pid the agent started in: a forked child's exit must not report the parent's counts.
 static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
+mod early;
+
+/// The agent's constructor. As a rule the agent has started already, from the first
+/// initializer of another object ([`early`]); else (no other object has an initializer, or
+/// the loader did not run the relocation-time resolver) it starts here.
 extern "C" fn agent_init() {
+    early::unhook_all();
+    if early::claim_start() {
+        start_agent();
+    }
+    // Keeps the IFUNC (and its relocation) in the library.
+    let _ = early::resolver_ran();
+}
+
+/// Start the agent: once, before any initializer of the program's objects when possible.
+fn start_agent() {
     // The agent's own calls (allocations, formatting, and the frees of its locals) after the
     // first probe is armed are not the program's: kprobe events ignore them until main.
     trace::set_quiet(true);
@@ -149,6 +162,19 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     rings.set_objects(&table)?;
     trace::set_buffer(rings);
+    let (resolved, unhooked) = early::status();
+    if !resolved {
+        eprintln!(
+            "ftprobe-agent: started after the other libraries' constructors (the loader did not \
+             run the agent's relocation-time hook): their calls are not traced"
+        );
+    } else if unhooked > 0 {
+        eprintln!(
+            "ftprobe-agent: {unhooked} libraries past the first {} run their constructors \
+             before the agent starts: calls made there are not traced",
+            early::MAX_HOOKS
+        );
+    }
     // SAFETY: we run from .init_array, before main; ftrace::init refuses if other threads run.
     // The biases are the dynamic linker's own (dl_iterate_phdr).
     let skipped = unsafe { ftrace::init_objects(&objects) }?;
@@ -157,7 +183,7 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     }
     for (id, cmd) in env.events.iter().enumerate() {
         match trace_kprobe::create(id as u32, cmd) {
-            Ok(tk) => EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(tk),
+            Ok(_) => {}
             Err(e) => {
                 eprint!("ftprobe-agent: {}", error_log(cmd, &e.err));
                 if let Some(d) = e.detail {
@@ -196,38 +222,17 @@ fn own_load_base() -> Option<u64> {
     (ok != 0 && !info.dli_fbase.is_null()).then_some(info.dli_fbase as u64)
 }
 
-/// At exit: the per-event counters (`kprobe_profile`), and the function tracer's drops in the
-/// list function, for the CLI.
+/// At exit: the function tracer's drops in the list function, for the CLI. It changes
+/// nothing else: probes stay armed through the destructors that run after this one and
+/// through libc's own exit work (stdio's flush), and kprobe events keep their counters in
+/// the rings' shared header, which the CLI reads after the process is gone.
 extern "C" fn agent_fini() {
     // SAFETY: getpid has no preconditions.
     if PID.load(std::sync::atomic::Ordering::Relaxed) != unsafe { libc::getpid() } {
         return;
     }
     let Some(buf) = trace::buffer() else { return };
-    trace::set_quiet(true);
     buf.note_lost_recursion(function_tracer::FUNCTION_OPS.missed());
-    let events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
-    // Only with events: a thread without a ring would otherwise claim one just for this (and
-    // count a lost event when none is left).
-    if !events.is_empty() {
-        if let Some(w) = trace::this_thread_ring() {
-            for tk in events.iter() {
-                let words = [tk.dropped(), tk.kp.nmissed()];
-                // A full ring (a thread that recorded faster than the CLI prints): wait up to
-                // 2 s for the CLI, which drains until we exit, to make room; these counters
-                // are not events and must not be counted as a lost one.
-                let written = (0..2000).any(|_| {
-                    w.try_write_aux(rtype::PROFILE, tk.id, &words) || {
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                        false
-                    }
-                });
-                if !written {
-                    break;
-                }
-            }
-        }
-    }
 }
 
 // ---- SIGTRAP stays ftprobe's -------------------------------------------------------------

@@ -15,10 +15,11 @@ use clap::Args;
 use ftprobe::events::{
     error_log, parse_probe_command, ProbeCommand, ProbeDef, ProbeError, ProbeErrorKind,
 };
-use ftprobe::ring::{Clock, RingConfig, SharedRings};
+use ftprobe::ring::{Clock, RingConfig, SharedRings, MAX_EVENTS};
 use ftprobe::trace::rtype;
 use ftprobe::trace_kprobe;
 use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
+use std::sync::atomic::Ordering;
 
 use crate::output;
 use crate::signals;
@@ -130,6 +131,9 @@ fn check_not_static(prog: &Path) -> Result<()> {
 /// running anything. `-:[GRP/]EVENT` removes an event defined by an earlier -e.
 fn parse_events(defs: &[String]) -> Result<Vec<(String, ProbeDef)>> {
     let mut events: Vec<(String, ProbeDef)> = Vec::new();
+    if defs.len() > MAX_EVENTS {
+        bail!("at most {MAX_EVENTS} kprobe events (-e) at once");
+    }
     for d in defs {
         let removal = match parse_probe_command(d) {
             Ok(ProbeCommand::Remove { group, event }) => Some((group, event)),
@@ -259,7 +263,6 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         arena: Vec::new(),
         tasks: Vec::new(),
         lines: Vec::new(),
-        profile: Vec::new(),
         seen: Vec::new(),
         write_failed: false,
         abandoned: Vec::new(),
@@ -499,7 +502,6 @@ struct Printer {
     tasks: Vec<Option<Vec<u8>>>,
     /// The text of a poll, reused.
     lines: Vec<u8>,
-    profile: Vec<(u32, u64, u64)>,
     /// Records seen per event id.
     seen: Vec<u64>,
     /// Writing the trace failed (not a closed pipe).
@@ -538,7 +540,6 @@ impl Printer {
             };
             let batch = &mut self.batch;
             let arena = &mut self.arena;
-            let profile = &mut self.profile;
             let mut texts = Vec::new();
             r.drain_aux(|rtype, aux, w| match rtype {
                 rtype::FUNC | rtype::KPROBE if !w.is_empty() => {
@@ -558,7 +559,6 @@ impl Printer {
                         .filter(|&b| b != 0)
                         .collect::<Vec<u8>>(),
                 ),
-                rtype::PROFILE if w.len() == 2 => profile.push((aux, w[0], w[1])),
                 _ => {}
             });
             for t in texts {
@@ -643,7 +643,18 @@ impl Printer {
             }
             total += r.lost();
         }
-        let profile = std::mem::take(&mut self.profile);
+        // Per event: (records dropped, nmissed), from the shared header: exact whether or
+        // not the target reached its exit.
+        let counters: Vec<(u64, u64)> = (0..self.events.len() as u32)
+            .map(|id| {
+                rings.event_counters(id).map_or((0, 0), |c| {
+                    (
+                        c.dropped.load(Ordering::Relaxed),
+                        c.nmissed.load(Ordering::Relaxed),
+                    )
+                })
+            })
+            .collect();
         let events = self.events.clone();
         let seen = self.seen.clone();
         let abandoned = std::mem::take(&mut self.abandoned);
@@ -668,14 +679,10 @@ impl Printer {
             if !events.is_empty() {
                 writeln!(o, "# kprobe_profile:")?;
                 for (id, def) in events.iter().enumerate() {
-                    // Hits: records seen plus those the agent could not write; both counters
-                    // come at the target's exit (none if it was killed: "-").
+                    // Hits: records seen plus those the agent could not write.
                     let seen = seen.get(id).copied().unwrap_or(0);
-                    let (hits, missed) = match profile.iter().find(|p| p.0 as usize == id) {
-                        Some(&(_, dropped, missed)) => ((seen + dropped).to_string(), missed.to_string()),
-                        None => (format!("{seen}+"), "-".to_owned()),
-                    };
-                    writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, hits, missed)?;
+                    let (dropped, missed) = counters[id];
+                    writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, seen + dropped, missed)?;
                 }
             }
             o.flush()

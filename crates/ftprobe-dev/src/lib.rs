@@ -93,6 +93,14 @@ pub fn cxx_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("cxx")
 }
 
+/// Path of `ctors` (no sites), linked with `libfxctors.so` (`-pg -mfentry`, PIC): the
+/// library's constructor calls `lib_traced` twice and its destructor three times, `main` once
+/// and then prints `ctors main done` with `printf` (flushed by `exit`, after every
+/// destructor); the destructor writes `lib_traced calls=6` to stderr.
+pub fn ctors_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("ctors")
+}
+
 /// Path of `own_sigtrap MODE` (no site flags): handles (0: signal, 1: sigaction), ignores
 /// (2) or blocks (3: sigprocmask, 4: every signal in a thread) SIGTRAP itself, calls `work`
 /// (1 + 3 times, + once from its handler in modes 0 and 1), prints `mode=M s=S traps=T`,

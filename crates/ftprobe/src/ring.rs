@@ -13,7 +13,7 @@
 //!
 //! ```text
 //! offset
-//! 0 +-- Header: HEADER_BYTES = 143360 bytes (35 pages) ------------------------------+
+//! 0 +-- Header: HEADER_BYTES = 159744 bytes (39 pages) ------------------------------+
 //!   |   0 magic "FTPRING1"     8 version u32          12 header_bytes u32            |
 //!   |  16 nr_rings u32        20 ring_bytes u32       24 total_bytes u64 (file size) |
 //!   |  32 clock.tsc_ref u64   40 clock.mono_ref_ns u64  48 clock.ns_per_tick_q32 u64 |
@@ -22,6 +22,8 @@
 //!   |  80 lost_recursion u64 (events a tracer dropped: it was already running)          |
 //!   | 128 objects[512], 272 bytes each:                                              |
 //!   |       0 load_bias u64, 8 path_len u32, 12 reserved u32, 16 path[256]           |
+//!   | 139392 event_counters[1024], 16 bytes each (kprobe events, by event id):        |
+//!   |       0 dropped u64 (hits whose record was lost), 8 nmissed u64                |
 //!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
 //!   |  +0 line 0, written by the producer: 0 head u64, 8 lost u64,                   |
 //!   |          16 tail_cache u64, 24 tid u32, 28 reserved u32, 32 comm[16]           |
@@ -60,7 +62,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// The first 8 bytes of the memfd.
 pub const MAGIC: [u8; 8] = *b"FTPRING1";
 /// Layout version; bumped on any change of the layout above.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Smallest data area of one ring, in bytes.
 pub const MIN_RING_BYTES: u32 = 4096;
 /// Largest data area of one ring, in bytes.
@@ -69,6 +71,9 @@ pub const MAX_RING_BYTES: u32 = 1 << 30;
 pub const MAX_RINGS: u32 = 1 << 16;
 /// Entries in the objects table.
 pub const MAX_OBJECTS: usize = 512;
+/// Entries in the event counters table: kprobe events with a larger id keep their counters
+/// in the process only.
+pub const MAX_EVENTS: usize = 1024;
 /// Longest path in the objects table, in bytes (the slot has one more, always 0).
 pub const MAX_OBJECT_PATH: usize = 255;
 /// Record type reserved for padding; [`RingWriter::write`] refuses it.
@@ -107,6 +112,18 @@ struct Header {
     /// Written by the target's threads: on a cache line of its own.
     counters: CacheLine<Counters>,
     objects: [ObjectSlot; MAX_OBJECTS],
+    /// Written by the target's threads on rare paths (a lost record, a missed hit), read by
+    /// the CLI at the end: exact even when the target never reached its exit.
+    event_counters: [EventCounters; MAX_EVENTS],
+}
+
+/// The counters of one kprobe event, in the shared header.
+#[repr(C)]
+pub struct EventCounters {
+    /// Hits whose record could not be written (ring full, no ring, a write in progress).
+    pub dropped: AtomicU64,
+    /// Hits not handled because a probe was already running on the thread (`nmissed`).
+    pub nmissed: AtomicU64,
 }
 
 #[repr(C)]
@@ -167,8 +184,10 @@ const _: () = {
     assert!(offset_of!(ObjectSlot, load_bias) == 0);
     assert!(offset_of!(ObjectSlot, path_len) == 8);
     assert!(offset_of!(ObjectSlot, path) == 16);
-    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 272);
-    assert!(HEADER_BYTES == 143_360);
+    assert!(offset_of!(Header, event_counters) == 139_392);
+    assert!(size_of::<EventCounters>() == 16);
+    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 272 + MAX_EVENTS * 16);
+    assert!(HEADER_BYTES == 159_744);
     assert!(align_of::<Header>() <= PAGE);
     assert!(DESC_BYTES == 128);
     assert!(align_of::<RingDesc>() == CACHE_LINE);
@@ -770,6 +789,12 @@ impl SharedRings {
     pub fn lost_no_ring(&self) -> u64 {
         // Relaxed: a statistic, pairs with nothing (see `note_lost_no_ring`).
         self.header().counters.0.lost_no_ring.load(Relaxed)
+    }
+
+    /// The shared counters of kprobe event `id`; `None` past [`MAX_EVENTS`]. The agent
+    /// counts into them (relaxed increments), the CLI reads them at the end.
+    pub fn event_counters(&self, id: u32) -> Option<&EventCounters> {
+        self.header().event_counters.get(id as usize)
     }
 
     /// Rings claimed so far (at most `nr_rings`); readers of rings `0..claimed()` see data.

@@ -69,7 +69,7 @@ use crate::events::{
 };
 use crate::ftrace::{self as ft, PtRegs, FTRACE_FL_AFTER_PROLOGUE};
 use crate::kprobes::{self, Kprobe, KprobeError, KprobeTarget};
-use crate::ring::MAX_RECORD_WORDS;
+use crate::ring::{EventCounters, MAX_RECORD_WORDS};
 use crate::sys;
 use crate::trace::{self, rtype};
 
@@ -105,6 +105,9 @@ pub struct TraceKprobe {
     /// Whether the site stands after the prologue (stack arguments are above `rbp`).
     after_prologue: bool,
     dropped: AtomicU64,
+    /// The event's counters in the trace buffer's shared header, when there is one: the
+    /// reader gets `dropped` and `nmissed` from there, even if this process never exits.
+    shared: Option<&'static EventCounters>,
 }
 
 impl TraceKprobe {
@@ -113,7 +116,11 @@ impl TraceKprobe {
     /// path counts nothing else, since an atomic increment per hit (the kernel uses a per-CPU
     /// counter) cost ~14 ns here.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.dropped_counter().load(Ordering::Relaxed)
+    }
+
+    fn dropped_counter(&self) -> &AtomicU64 {
+        self.shared.map_or(&self.dropped, |c| &c.dropped)
     }
 }
 
@@ -399,6 +406,7 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
     let after_prologue = ft::record(addr).is_some_and(|r| r.flags & FTRACE_FL_AFTER_PROLOGUE != 0);
     let kp: &'static Kprobe =
         Box::leak(Box::new(Kprobe::new(target, Some(kprobe_dispatcher), None)));
+    let shared = trace::buffer().and_then(|b| b.event_counters(id));
     let tk: &'static TraceKprobe = Box::leak(Box::new(TraceKprobe {
         id,
         def,
@@ -409,7 +417,11 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         args,
         after_prologue,
         dropped: AtomicU64::new(0),
+        shared,
     }));
+    if let Some(c) = shared {
+        kp.count_nmissed_in(&c.nmissed);
+    }
     kp.data
         .store(tk as *const TraceKprobe as u64, Ordering::Relaxed);
     kprobes::register_kprobe(kp).map_err(reg_err)?;
@@ -665,7 +677,7 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
     let (w, _writing) = match trace::event_ring() {
         trace::EventRing::Ring(w, guard) => (w, guard),
         trace::EventRing::NoRing | trace::EventRing::Busy => {
-            tk.dropped.fetch_add(1, Ordering::Relaxed);
+            tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
             return 0;
         }
         trace::EventRing::Quiet => return 0,
@@ -712,7 +724,7 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
         },
     );
     if !written {
-        tk.dropped.fetch_add(1, Ordering::Relaxed);
+        tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
     }
     0
 }

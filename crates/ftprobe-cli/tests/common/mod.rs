@@ -51,3 +51,115 @@ pub fn signal_stack_used(out: &Output) -> usize {
         .parse()
         .unwrap()
 }
+
+/// The kernel's uprobes through tracefs, as an independent count of hits (root only).
+pub mod kernel_uprobes {
+    use std::io::Write;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    const TRACEFS: &str = "/sys/kernel/tracing";
+
+    /// tracefs, mounted if it was not; `None` (with the reason printed) when not root or
+    /// the kernel has no uprobe events.
+    pub fn tracefs() -> Option<PathBuf> {
+        let dir = PathBuf::from(TRACEFS);
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root for tracefs");
+            return None;
+        }
+        if !dir.join("uprobe_events").exists() {
+            let _ = Command::new("mount")
+                .args(["-t", "tracefs", "nodev", TRACEFS])
+                .status();
+        }
+        if !dir.join("uprobe_events").exists() {
+            eprintln!("skipped: no {TRACEFS}/uprobe_events");
+            return None;
+        }
+        Some(dir)
+    }
+
+    /// The file offset of the dynamic symbol `sym` of the ELF file `path`.
+    pub fn file_offset_of(path: &Path, sym: &str) -> Option<u64> {
+        use object::{Object, ObjectSegment, ObjectSymbol};
+        let data = std::fs::read(path).ok()?;
+        let file = object::File::parse(&*data).ok()?;
+        let addr = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok(sym) && s.size() > 0)?
+            .address();
+        file.segments().find_map(|seg| {
+            let (off, _) = seg.file_range();
+            (addr >= seg.address() && addr < seg.address() + seg.size())
+                .then(|| addr - seg.address() + off)
+        })
+    }
+
+    /// Run `cmd` with kernel uprobes at each `(path, file offset)`, traced for this test
+    /// process's new children only (`set_event_pid` with `event-fork`, and only the child's
+    /// pid counted); returns the hits of each probe. Every event is removed again before
+    /// returning.
+    pub fn count_hits(probes: &[(&Path, u64)], cmd: &mut Command) -> Option<Vec<u64>> {
+        let dir = tracefs()?;
+        let group = format!("ftpt{}", std::process::id());
+        let write = |file: &str, text: &str, append: bool| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .append(append)
+                .truncate(!append)
+                .open(dir.join(file))
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+        };
+        let remove = || {
+            for i in 0..probes.len() {
+                let _ = write("uprobe_events", &format!("-:{group}/p{i}\n"), true);
+            }
+        };
+        remove();
+        for (i, (path, off)) in probes.iter().enumerate() {
+            if let Err(e) = write(
+                "uprobe_events",
+                &format!("p:{group}/p{i} {}:{off:#x}\n", path.display()),
+                true,
+            ) {
+                remove();
+                panic!("uprobe_events: {e}");
+            }
+        }
+        let _ = write("trace", "", false);
+        let _ = write("options/event-fork", "1\n", false);
+        // The thread that forks: `event-fork` adds the children of the listed tasks.
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let _ = write("set_event_pid", &format!("{tid}\n"), false);
+        let _ = write(&format!("events/{group}/enable"), "1\n", false);
+        let child = cmd.spawn().and_then(|mut c| c.wait().map(|_| c.id()));
+        let _ = write(&format!("events/{group}/enable"), "0\n", false);
+        let _ = write("set_event_pid", "", false);
+        let _ = write("options/event-fork", "0\n", false);
+        let trace = std::fs::read_to_string(dir.join("trace")).unwrap_or_default();
+        remove();
+        let child = child.expect("run the command");
+        // The child's own thread (a single-threaded program): its tid is its pid.
+        let pid_of = |l: &str| -> Option<u32> {
+            let task = l.split_whitespace().next()?;
+            task.rsplit('-').next()?.parse().ok()
+        };
+        let counted: Vec<&str> = trace
+            .lines()
+            .filter(|l| !l.starts_with('#') && pid_of(l) == Some(child))
+            .collect();
+        Some(
+            (0..probes.len())
+                .map(|i| {
+                    counted
+                        .iter()
+                        .filter(|l| l.contains(&format!(" p{i}: (")))
+                        .count() as u64
+                })
+                .collect(),
+        )
+    }
+}

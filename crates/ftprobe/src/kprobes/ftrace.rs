@@ -114,7 +114,7 @@ unsafe extern "C" fn kprobe_ftrace_handler(
     }
     if kprobe_running().is_some() {
         for p in probes.iter().filter(|p| !p.is_disabled()) {
-            p.nmissed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            p.note_missed();
         }
         return;
     }

@@ -443,7 +443,7 @@ fn hit(a: &Armed, g: &mut [libc::greg_t; 23]) {
         .any(|p| !p.is_disabled() && p.post_handler.is_some());
     if reentered {
         for p in probes.iter().filter(|p| !p.is_disabled()) {
-            p.nmissed.fetch_add(1, Ordering::Relaxed);
+            p.note_missed();
         }
     } else {
         regs.ip = a.addr + 1;

@@ -67,6 +67,8 @@ pub struct Kprobe {
     addr: AtomicU64,
     flags: AtomicU32,
     nmissed: AtomicU64,
+    /// Where `nmissed` is counted instead, when set ([`Kprobe::count_nmissed_in`]).
+    nmissed_at: AtomicPtr<AtomicU64>,
 }
 
 impl Kprobe {
@@ -84,6 +86,7 @@ impl Kprobe {
             addr: AtomicU64::new(0),
             flags: AtomicU32::new(0),
             nmissed: AtomicU64::new(0),
+            nmissed_at: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
 
@@ -99,7 +102,32 @@ impl Kprobe {
 
     /// Hits not handled because a probe was already running on the thread.
     pub fn nmissed(&self) -> u64 {
-        self.nmissed.load(Ordering::Relaxed)
+        self.nmissed_counter().load(Ordering::Relaxed)
+    }
+
+    /// Count `nmissed` in `counter` from now on (e.g. a counter in memory shared with a
+    /// reader that outlives this process); what was counted before stays where it was.
+    pub fn count_nmissed_in(&self, counter: &'static AtomicU64) {
+        self.nmissed_at.store(
+            counter as *const AtomicU64 as *mut AtomicU64,
+            Ordering::Release,
+        );
+    }
+
+    fn nmissed_counter(&self) -> &AtomicU64 {
+        let at = self.nmissed_at.load(Ordering::Acquire);
+        if at.is_null() {
+            &self.nmissed
+        } else {
+            // SAFETY: set by `count_nmissed_in` from a `&'static AtomicU64`.
+            unsafe { &*at }
+        }
+    }
+
+    /// Probe path: one hit not handled (a probe was already running on the thread).
+    pub(crate) fn note_missed(&self) {
+        // Relaxed: a statistic, read with `nmissed`.
+        self.nmissed_counter().fetch_add(1, Ordering::Relaxed);
     }
 
     fn is_disabled(&self) -> bool {

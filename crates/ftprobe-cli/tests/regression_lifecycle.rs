@@ -1,0 +1,67 @@
+//! Regression tests: the whole life of a traced process is traced, from the first
+//! constructor of any of its objects to libc's own exit work (issue 9, item 2).
+
+mod common;
+
+use common::{events, trace};
+
+/// `libfxctors`' constructor calls `lib_traced` twice and its destructor three times, `main`
+/// once: the library says `lib_traced calls=6` at the end. Both run outside `main`, before
+/// the agent's own constructor and after its destructor.
+#[test]
+fn constructor_and_destructor_calls_of_other_libraries_are_traced() {
+    let prog = ftprobe_dev::ctors_fixture();
+    let prog = prog.to_str().unwrap();
+    let plain = common::untraced(&[prog]);
+    assert!(String::from_utf8_lossy(&plain.stderr).contains("lib_traced calls=6"));
+
+    let (out, text) = trace(&["-F", "lib_traced"], &[prog]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lib_traced calls=6"));
+    let parents: Vec<&str> = events(&text)
+        .filter(|l| l.contains(": lib_traced <-"))
+        .map(|l| l.rsplit("<-").next().unwrap())
+        .collect();
+    assert_eq!(parents.len(), 6, "{text}");
+    assert_eq!(
+        parents.iter().filter(|p| **p == "lib_fini").count(),
+        3,
+        "{text}"
+    );
+    assert_eq!(
+        parents.iter().filter(|p| **p == "main").count(),
+        1,
+        "{text}"
+    );
+
+    // The same through a kprobe event, and a probe on libc's write: the destructor's write
+    // and stdio's flush in `exit` (after every destructor) are the program's two writes.
+    let (out, text) = trace(
+        &["-e", "p:lt lib_traced", "-e", "p:w libc:write fd=%di"],
+        &[prog],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        events(&text).filter(|l| l.contains(" lt: ")).count(),
+        6,
+        "{text}"
+    );
+    let writes: Vec<&str> = events(&text).filter(|l| l.contains(" w: ")).collect();
+    assert_eq!(writes.len(), 2, "{text}");
+    assert!(
+        writes[0].ends_with("fd=0x2"),
+        "the destructor's write to stderr: {text}"
+    );
+    assert!(
+        writes[1].ends_with("fd=0x1"),
+        "stdio's flush of stdout: {text}"
+    );
+    assert!(
+        text.contains(&format!("#   {:<44} {:>15} {:>15}\n", "lt", 6, 0)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("#   {:<44} {:>15} {:>15}\n", "w", 2, 0)),
+        "{text}"
+    );
+}
