@@ -48,6 +48,9 @@ fn main() {
         "c/sigcalls.c",
         "c/insn_zoo.c",
         "c/own_sigtrap.c",
+        "c/own_malloc.c",
+        "c/libc_mallocs.c",
+        "c/sigmasks.c",
         "c/cxx.cc",
         "c/fetchargs.c",
         "c/lua_driver.c",
@@ -129,7 +132,9 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // ignores or blocks SIGTRAP itself. mallocs: no site flags at all, like a program nobody
     // rebuilt. spawns: no site flags; system(), popen() and posix_spawn(). forks: patchable
     // entries; a forked child that outlives its parent. sigcalls: patchable entries; a
-    // signal handler that calls traced functions.
+    // signal handler that calls traced functions. own_malloc: patchable entries; its own
+    // malloc family, 8-byte-aligned. libc_mallocs: no site flags; counts its calls of libc's
+    // malloc and free. sigmasks: no site flags; signal handlers under masks that hold SIGTRAP.
     let patchable = Flavour::Patchable;
     for (name, cflags, ldflags) in [
         ("own_sigtrap", &[][..], &["-pthread"][..]),
@@ -137,6 +142,9 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("spawns", &[], &[]),
         ("forks", patchable.cflags(), patchable.ldflags()),
         ("sigcalls", patchable.cflags(), patchable.ldflags()),
+        ("own_malloc", patchable.cflags(), patchable.ldflags()),
+        ("libc_mallocs", &[], &[]),
+        ("sigmasks", &[], &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(
