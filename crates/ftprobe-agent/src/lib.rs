@@ -16,6 +16,9 @@
 //! be armed stops the process before `main` (exit status 1), as perf or bpftrace refuse to
 //! start; any other problem leaves the program running untraced.
 
+mod alloc;
+mod environ;
+
 use std::os::fd::BorrowedFd;
 use std::sync::Mutex;
 
@@ -41,11 +44,7 @@ static EVENTS: Mutex<Vec<&'static TraceKprobe>> = Mutex::new(Vec::new());
 static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 extern "C" fn agent_init() {
-    // The agent's own calls (allocations, formatting, and the frees of its locals) after the
-    // first probe is armed are not the program's: kprobe events ignore them until main.
-    trace::set_quiet(true);
     init();
-    trace::set_quiet(false);
 }
 
 /// [`agent_init`]'s work; everything it allocates is freed before it returns.
@@ -119,7 +118,7 @@ impl Env {
                 unsafe { std::env::remove_var("LD_PRELOAD") };
             } else {
                 // SAFETY: see above: constructor, single thread.
-                unsafe { std::env::set_var("LD_PRELOAD", rest.join(":")) };
+                unsafe { environ::shorten(c"LD_PRELOAD", &rest.join(":")) };
             }
         }
         env
@@ -204,7 +203,6 @@ extern "C" fn agent_fini() {
         return;
     }
     let Some(buf) = trace::buffer() else { return };
-    trace::set_quiet(true);
     buf.note_lost_recursion(function_tracer::FUNCTION_OPS.missed());
     let events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
     // Only with events: a thread without a ring would otherwise claim one just for this (and

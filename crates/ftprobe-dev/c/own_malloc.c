@@ -76,14 +76,14 @@ static size_t size_of(void *p)
     return n;
 }
 
-void *malloc(size_t n)
+__attribute__((noinline)) void *malloc(size_t n)
 {
     __atomic_fetch_add(&mallocs, 1, __ATOMIC_RELAXED);
     note_caller("malloc", __builtin_return_address(0));
     return bump(n, 8);
 }
 
-void *calloc(size_t k, size_t n)
+__attribute__((noinline)) void *calloc(size_t k, size_t n)
 {
     __atomic_fetch_add(&callocs, 1, __ATOMIC_RELAXED);
     note_caller("calloc", __builtin_return_address(0));
@@ -94,7 +94,7 @@ void *calloc(size_t k, size_t n)
     return bump(k * n, 8); /* the arena is never reused: still zero */
 }
 
-void *realloc(void *p, size_t n)
+__attribute__((noinline)) void *realloc(void *p, size_t n)
 {
     __atomic_fetch_add(&reallocs, 1, __ATOMIC_RELAXED);
     note_caller("realloc", __builtin_return_address(0));
@@ -106,7 +106,7 @@ void *realloc(void *p, size_t n)
     return q;
 }
 
-void free(void *p)
+__attribute__((noinline)) void free(void *p)
 {
     __atomic_fetch_add(&frees, 1, __ATOMIC_RELAXED);
     note_caller("free", __builtin_return_address(0));
@@ -144,19 +144,25 @@ size_t malloc_usable_size(void *p)
     return p ? size_of(p) : 0;
 }
 
+/* Called through volatile pointers: real calls, never inlined into work or left out. */
+static void *(*volatile m)(size_t) = malloc;
+static void *(*volatile c)(size_t, size_t) = calloc;
+static void *(*volatile r)(void *, size_t) = realloc;
+static void (*volatile f)(void *) = free;
+
 __attribute__((noinline)) long work(long i)
 {
-    char *a = malloc(16 + i);
-    long *b = calloc(2, 8 * i + 8);
-    a = realloc(a, 100 + i);
+    char *a = m(16 + i);
+    long *b = c(2, 8 * i + 8);
+    a = r(a, 100 + i);
     char *s = strdup("own malloc");
     memset(a, 'x', 100 + i);
     b[2 * i] = i;
-    long r = a[i] + b[2 * i] + (long)strlen(s);
-    free(s);
-    free(b);
-    free(a);
-    return r;
+    long v = a[i] + b[2 * i] + (long)strlen(s);
+    f(s);
+    f(b);
+    f(a);
+    return v;
 }
 
 int main(int argc, char **argv)
