@@ -51,6 +51,7 @@ fn main() {
         "c/own_malloc.c",
         "c/libc_mallocs.c",
         "c/sigmasks.c",
+        "c/sigearly.c",
         "c/cxx.cc",
         "c/fetchargs.c",
         "c/lua_driver.c",
@@ -136,6 +137,27 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // malloc family, 8-byte-aligned. libc_mallocs: no site flags; counts its calls of libc's
     // malloc and free. sigmasks: no site flags; signal handlers under masks that hold SIGTRAP.
     let patchable = Flavour::Patchable;
+    // libsigearly.so, for sigmasks: a library constructor that installs a signal action
+    // before the agent's constructor runs.
+    let early = objs.join("sigearly.o");
+    compile(
+        &c_dir.join("sigearly.c"),
+        &early,
+        &[BASE_CFLAGS, &["-fPIC"]],
+        &[],
+    );
+    link(
+        &[&early],
+        &fixtures.join("libsigearly.so"),
+        &[&["-shared", "-Wl,-soname,libsigearly.so"]],
+    );
+    let fixtures_dir = format!("-L{}", fixtures.display());
+    let sigmasks_ld = [
+        "-pthread",
+        &fixtures_dir,
+        "-lsigearly",
+        "-Wl,-rpath,$ORIGIN",
+    ];
     for (name, cflags, ldflags) in [
         ("own_sigtrap", &[][..], &["-pthread"][..]),
         ("mallocs", &[], &[]),
@@ -144,7 +166,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("sigcalls", patchable.cflags(), patchable.ldflags()),
         ("own_malloc", patchable.cflags(), patchable.ldflags()),
         ("libc_mallocs", &[], &[]),
-        ("sigmasks", &[], &["-pthread"]),
+        ("sigmasks", &[], &sigmasks_ld),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -7,7 +7,7 @@ use std::process::Output;
 mod common;
 use common::{events, ftprobe, trace, untraced};
 
-use ftprobe_dev::{libc_mallocs_fixture, own_malloc_fixture};
+use ftprobe_dev::{libc_mallocs_fixture, own_malloc_fixture, sigmasks_fixture};
 
 /// Lines of the kprobe event `event` (after `: event: (`).
 fn kprobe_lines<'a>(text: &'a str, event: &str) -> Vec<&'a str> {
@@ -176,4 +176,74 @@ fn probes_on_libc_malloc_and_free_count_only_the_programs_calls() {
         .collect();
     assert_eq!(sizes, (100..109).collect::<Vec<u64>>(), "{text}");
     assert_eq!(kprobe_lines(&text, "f").len(), 8, "{text}");
+}
+
+/// Regression (issue 9, item 1): an int3 probe hit while SIGTRAP was blocked by a handler's
+/// `sa_mask` (or a mask restored by `siglongjmp`, `swapcontext`, `setcontext`, taken by
+/// `sigsuspend`/`ppoll`/`pselect`/`epoll_pwait`, set by `sigset`/`sighold`/`sigblock`, given
+/// to a new thread, installed by a library's constructor before the agent started, or
+/// SIGTRAP's handler replaced by `sysv_signal`/`sigignore`) killed the
+/// program silently (exit 133). Now every variant runs to completion with exact hit counts,
+/// for a probe on libc's `write` and an int3 probe on the handler itself.
+#[test]
+fn sigtrap_in_a_signal_mask_does_not_kill_the_program() {
+    let exe = sigmasks_fixture();
+    let exe = exe.to_str().unwrap();
+    for v in [
+        "fill", "trap", "jmp", "swapctx", "setctx", "sigset", "signal", "suspend", "ppoll",
+        "pselect", "epoll", "thread", "early",
+    ] {
+        let plain = untraced(&[exe, v, "6"]);
+        assert!(plain.status.success(), "{v}: {plain:?}");
+        let want = stdout(&plain);
+        assert_eq!(field(&want, "handled"), 6, "{v}: {want}");
+        assert_eq!(field(&want, "writes"), 13, "{v}: {want}");
+        let installed_with_trap = usize::from(["fill", "trap", "early"].contains(&v));
+        assert_eq!(field(&want, "trap_in_sa_mask"), installed_with_trap, "{v}");
+        let (out, text) = trace(
+            &["-e", "p:w libc:write fd=%di:s32", "-e", "p:h on_usr1"],
+            &[exe, v, "6"],
+        );
+        assert_eq!(out.status.code(), Some(0), "{v}: {out:?}\n{text}");
+        // The same line: the program reads back the mask it installed (with SIGTRAP).
+        assert_eq!(stdout(&out), want, "{v}");
+        assert_eq!(kprobe_lines(&text, "w").len(), 13, "{v}:\n{text}");
+        assert_eq!(kprobe_lines(&text, "h").len(), 6, "{v}:\n{text}");
+        // An int3 probe, not an ftrace site: the fixture has none.
+        assert!(
+            text.lines()
+                .any(|l| l.contains("  k  on_usr1+0x0  ") && !l.contains("[FTRACE]")),
+            "{v}:\n{text}"
+        );
+    }
+}
+
+/// Regression (issue 9, item 1): what ftprobe cannot cover (SIGTRAP blocked by a raw
+/// `rt_sigprocmask` syscall) killed the program with only an exit status (133). The trace
+/// and stderr now say that a trap ftprobe could not take killed it; a program that kills
+/// itself with its own SIGTRAP gets no such line.
+#[test]
+fn a_trap_that_ftprobe_could_not_take_is_reported() {
+    let exe = sigmasks_fixture();
+    let exe = exe.to_str().unwrap();
+    let said = "killed by a trap that ftprobe could not take";
+    let (out, text) = trace(&["-e", "p:w libc:write"], &[exe, "raw"]);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTRAP), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(said), "{err}");
+    assert!(
+        text.lines().any(|l| l.starts_with('#') && l.contains(said)),
+        "{text}"
+    );
+    // The program's own SIGTRAP, with its default action: the exit status only.
+    let plain = untraced(&[exe, "selftrap"]);
+    assert_eq!(plain.status.code(), None, "{plain:?}");
+    let (out, text) = trace(&["-e", "p:w libc:write"], &[exe, "selftrap"]);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTRAP), "{out:?}");
+    assert_eq!(kprobe_lines(&text, "w").len(), 10, "{text}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains(said),
+        "{out:?}"
+    );
+    assert!(!text.contains(said), "{text}");
 }

@@ -10,19 +10,22 @@
  *   setctx   setcontext back to main's context, with SIGTRAP added to its uc_sigmask
  *   sigset   sigset(SIGUSR1, on_usr1), sigset(SIGTRAP, SIG_HOLD), sighold(SIGTRAP)
  *   signal   signal(SIGUSR1, on_usr1), sysv_signal(SIGTRAP, SIG_IGN), sigignore(SIGTRAP),
- *            sigblock(sigmask(SIGTRAP))
+ *            sigblock(sigmask(SIGTRAP)); after the work, raise(SIGTRAP), which it ignores
  *   suspend  SIGUSR1 pending, then sigsuspend with every signal but SIGUSR1 blocked
  *   ppoll    the same with ppoll
  *   pselect  the same with pselect
  *   epoll    the same with epoll_pwait
+ *   early    SIGUSR2, whose action libsigearly.so's constructor installed with every signal
+ *            in its mask before the agent started; its handler calls on_usr1
  *   thread   a thread created with pthread_attr_setsigmask_np(every signal), which unblocks
  *            SIGUSR1 and sends it to itself
  *   raw      blocks SIGTRAP with a raw rt_sigprocmask syscall, then calls write: a trap that
  *            nobody can take (the kernel kills the program with SIGTRAP)
  *   selftrap the handler as in trap, then raise(SIGTRAP) with SIGTRAP's default action: the
  *            program kills itself
- * Each variant (but raw and selftrap) prints "VARIANT handled=H writes=W": H runs of on_usr1, W calls of
- * write, this line's own included. */
+ * Each variant (but raw and selftrap) prints "VARIANT handled=H writes=W trap_in_sa_mask=T":
+ * H runs of on_usr1, W calls of write (this line's own included), T whether the SIGUSR1 (early:
+ * SIGUSR2) action that sigaction reads back has SIGTRAP in its mask. */
 #define _GNU_SOURCE
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <fcntl.h>
@@ -40,7 +43,8 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t handled, writes;
-static int devnull, n = 5;
+static int devnull, n = 5, usr = SIGUSR1;
+extern void (*volatile sigearly_hook)(int); /* libsigearly.so */
 
 static void out(int fd, const char *s, size_t len)
 {
@@ -56,11 +60,11 @@ __attribute__((noinline)) void on_usr1(int sig)
     out(devnull, "h", 1);
 }
 
-/* SIGUSR1 to this thread, N times, one write each. */
+/* SIGUSR1 (or usr) to this thread, N times, one write each. */
 static void signals(void)
 {
     for (int i = 0; i < n; i++) {
-        pthread_kill(pthread_self(), SIGUSR1);
+        pthread_kill(pthread_self(), usr);
         out(devnull, "m", 1);
     }
 }
@@ -195,6 +199,7 @@ int main(int argc, char **argv)
         sigignore(SIGTRAP);
         sigblock(1 << (SIGTRAP - 1)); /* sigmask(SIGTRAP) */
         signals();
+        raise(SIGTRAP); /* ignored */
     } else if (!strcmp(v, "suspend") || !strcmp(v, "ppoll") || !strcmp(v, "pselect") ||
                !strcmp(v, "epoll")) {
         install(SIGUSR1, on_usr1, 0, 0);
@@ -213,6 +218,10 @@ int main(int argc, char **argv)
         pthread_attr_setsigmask_np(&a, &all);
         pthread_create(&t, &a, thread_main, 0);
         pthread_join(t, 0);
+    } else if (!strcmp(v, "early")) {
+        usr = SIGUSR2;
+        sigearly_hook = on_usr1;
+        signals();
     } else if (!strcmp(v, "selftrap")) {
         install(SIGUSR1, on_usr1, 0, 1);
         signals();
@@ -224,8 +233,12 @@ int main(int argc, char **argv)
     } else {
         return 2;
     }
+    /* The action as sigaction reads it back: SIGTRAP in its mask as installed? */
+    struct sigaction now;
+    sigaction(usr, 0, &now);
     char buf[128];
     writes++;
-    int len = snprintf(buf, sizeof buf, "%s handled=%d writes=%d\n", v, (int)handled, (int)writes);
+    int len = snprintf(buf, sizeof buf, "%s handled=%d writes=%d trap_in_sa_mask=%d\n", v,
+                       (int)handled, (int)writes, sigismember(&now.sa_mask, SIGTRAP));
     return write(1, buf, len) == len ? 0 : 1;
 }

@@ -122,9 +122,11 @@ pub fn libc_mallocs_fixture() -> PathBuf {
 /// Path of `sigmasks VARIANT [N]` (no site flags, so a probe on its `on_usr1` is an int3
 /// probe): the SIGUSR1 handler `on_usr1` runs N times (default 5) under a mask that holds
 /// SIGTRAP, set up the way VARIANT says (`fill`, `trap`, `jmp`, `swapctx`, `setctx`,
-/// `sigset`, `signal`, `suspend`, `ppoll`, `pselect`, `epoll`, `thread`; see the top of
-/// `c/sigmasks.c`); it and `main` call `write` 2N + 1 times; prints
-/// `VARIANT handled=H writes=W`. `raw` blocks SIGTRAP with a raw `rt_sigprocmask` syscall
+/// `sigset`, `signal`, `suspend`, `ppoll`, `pselect`, `epoll`, `thread`, `early`; see the
+/// top of `c/sigmasks.c`; `early` uses SIGUSR2, whose action the constructor of the library
+/// it links, `libsigearly.so`, installed before the agent's); it and `main` call `write`
+/// 2N + 1 times; prints `VARIANT handled=H writes=W trap_in_sa_mask=T` (T: whether
+/// `sigaction` reads back SIGTRAP in the action's mask, 1 for `fill`, `trap` and `early`). `raw` blocks SIGTRAP with a raw `rt_sigprocmask` syscall
 /// before the same work; `selftrap` does the work, then kills itself with `raise(SIGTRAP)`.
 pub fn sigmasks_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sigmasks")
