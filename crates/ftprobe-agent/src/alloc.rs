@@ -82,9 +82,10 @@ fn class_size(c: usize) -> usize {
     }
 }
 
+/// A head word. `addr` may be garbage in `pop` (a link read from a block another thread
+/// took meanwhile): masked, and the CAS that would publish it then fails on the tag.
 fn pack(addr: usize, tag: u64) -> u64 {
-    debug_assert!(addr % 16 == 0 && (addr as u64 >> 4) <= ADDR_MASK);
-    (tag << ADDR_BITS) | (addr as u64 >> 4)
+    (tag << ADDR_BITS) | ((addr as u64 >> 4) & ADDR_MASK)
 }
 
 fn unpack(head: u64) -> (usize, u64) {
@@ -107,6 +108,7 @@ unsafe fn link<'a>(block: usize) -> &'a AtomicUsize {
 /// # Safety
 /// The blocks are free blocks of class `c` that nothing else references.
 unsafe fn push_chain(c: usize, first: usize, last: usize) {
+    debug_assert!(first % 16 == 0 && (first as u64 >> 4) <= ADDR_MASK);
     let head = &HEADS[c];
     // Relaxed: the Release CAS below publishes the link and the block's emptiness.
     let mut cur = head.load(Ordering::Relaxed);
