@@ -95,8 +95,11 @@ const NAMES: [&CStr; 22] = [
     c"swapcontext",
 ];
 
-/// Resolved addresses (0: not yet, or not found).
-static NEXT: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
+/// Resolved addresses ([`UNRESOLVED`], [`ABSENT`], or the address).
+static NEXT: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(UNRESOLVED) }; NAMES.len()];
+const UNRESOLVED: usize = 0;
+/// Looked up, not found (an older C library): not looked up again.
+const ABSENT: usize = 1;
 
 /// Per signal: whether the `sa_mask` the program last installed held SIGTRAP (taken out of
 /// what the kernel got; put back into what `old` returns).
@@ -110,9 +113,13 @@ pub fn init() {
     }
 }
 
+/// The next definition of `name`, or [`ABSENT`].
 fn lookup(name: &CStr) -> usize {
     // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; a lookup only.
-    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+    match unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize } {
+        0 => ABSENT,
+        f => f,
+    }
 }
 
 /// The next definition of `f`, resolved by [`init`] (or now, if called before it); 0 when
@@ -120,13 +127,16 @@ fn lookup(name: &CStr) -> usize {
 fn next(f: Next) -> usize {
     let i = f as usize;
     // Relaxed: see `init`.
-    let v = NEXT[i].load(Ordering::Relaxed);
-    if v != 0 {
-        return v;
+    let mut v = NEXT[i].load(Ordering::Relaxed);
+    if v == UNRESOLVED {
+        v = lookup(NAMES[i]);
+        NEXT[i].store(v, Ordering::Relaxed);
     }
-    let v = lookup(NAMES[i]);
-    NEXT[i].store(v, Ordering::Relaxed);
-    v
+    if v == ABSENT {
+        0
+    } else {
+        v
+    }
 }
 
 /// Fail as a C function that does not exist: `errno = ENOSYS`, -1.
@@ -1012,7 +1022,8 @@ mod tests {
     fn every_next_symbol_resolves() {
         init();
         for (i, name) in NAMES.iter().enumerate() {
-            assert_ne!(NEXT[i].load(Ordering::Relaxed), 0, "{name:?}");
+            let v = NEXT[i].load(Ordering::Relaxed);
+            assert!(v != UNRESOLVED && v != ABSENT, "{name:?}");
         }
     }
 
