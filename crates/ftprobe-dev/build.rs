@@ -50,6 +50,10 @@ fn main() {
         "c/own_sigtrap.c",
         "c/ctors.c",
         "c/ctors_lib.c",
+        "c/own_malloc.c",
+        "c/libc_mallocs.c",
+        "c/sigmasks.c",
+        "c/sigearly.c",
         "c/cxx.cc",
         "c/fetchargs.c",
         "c/lua_driver.c",
@@ -131,14 +135,40 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // ignores or blocks SIGTRAP itself. mallocs: no site flags at all, like a program nobody
     // rebuilt. spawns: no site flags; system(), popen() and posix_spawn(). forks: patchable
     // entries; a forked child that outlives its parent. sigcalls: patchable entries; a
-    // signal handler that calls traced functions.
+    // signal handler that calls traced functions. own_malloc: patchable entries; its own
+    // malloc family, 8-byte-aligned. libc_mallocs: no site flags; counts its calls of libc's
+    // malloc and free. sigmasks: no site flags; signal handlers under masks that hold SIGTRAP.
     let patchable = Flavour::Patchable;
+    // libsigearly.so, for sigmasks: a library constructor that installs a signal action
+    // before the agent's constructor runs.
+    let early = objs.join("sigearly.o");
+    compile(
+        &c_dir.join("sigearly.c"),
+        &early,
+        &[BASE_CFLAGS, &["-fPIC"]],
+        &[],
+    );
+    link(
+        &[&early],
+        &fixtures.join("libsigearly.so"),
+        &[&["-shared", "-Wl,-soname,libsigearly.so"]],
+    );
+    let fixtures_dir = format!("-L{}", fixtures.display());
+    let sigmasks_ld = [
+        "-pthread",
+        &fixtures_dir,
+        "-lsigearly",
+        "-Wl,-rpath,$ORIGIN",
+    ];
     for (name, cflags, ldflags) in [
         ("own_sigtrap", &[][..], &["-pthread"][..]),
         ("mallocs", &[], &[]),
         ("spawns", &[], &[]),
         ("forks", patchable.cflags(), patchable.ldflags()),
         ("sigcalls", patchable.cflags(), patchable.ldflags()),
+        ("own_malloc", patchable.cflags(), patchable.ldflags()),
+        ("libc_mallocs", &[], &[]),
+        ("sigmasks", &[], &sigmasks_ld),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -16,6 +16,10 @@
 //! be armed stops the process before `main` (exit status 1), as perf or bpftrace refuse to
 //! start; any other problem leaves the program running untraced.
 
+mod alloc;
+mod environ;
+mod sigtrap;
+
 use std::os::fd::BorrowedFd;
 
 use ftprobe::events::error_log;
@@ -54,11 +58,8 @@ extern "C" fn agent_init() {
 
 /// Start the agent: once, before any initializer of the program's objects when possible.
 fn start_agent() {
-    // The agent's own calls (allocations, formatting, and the frees of its locals) after the
-    // first probe is armed are not the program's: kprobe events ignore them until main.
-    trace::set_quiet(true);
+    sigtrap::init();
     init();
-    trace::set_quiet(false);
 }
 
 /// [`agent_init`]'s work; everything it allocates is freed before it returns.
@@ -132,7 +133,7 @@ impl Env {
                 unsafe { std::env::remove_var("LD_PRELOAD") };
             } else {
                 // SAFETY: see above: constructor, single thread.
-                unsafe { std::env::set_var("LD_PRELOAD", rest.join(":")) };
+                unsafe { environ::shorten(c"LD_PRELOAD", &rest.join(":")) };
             }
         }
         env
@@ -178,6 +179,7 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: we run from .init_array, before main; ftrace::init refuses if other threads run.
     // The biases are the dynamic linker's own (dl_iterate_phdr).
     let skipped = unsafe { ftrace::init_objects(&objects) }?;
+    sigtrap::start();
     for e in skipped {
         eprintln!("ftprobe-agent: skipped an object: {e}");
     }
@@ -233,128 +235,4 @@ extern "C" fn agent_fini() {
     }
     let Some(buf) = trace::buffer() else { return };
     buf.note_lost_recursion(function_tracer::FUNCTION_OPS.missed());
-}
-
-// ---- SIGTRAP stays ftprobe's -------------------------------------------------------------
-//
-// int3 probes and text_poke batches need ftprobe's SIGTRAP handler, and SIGTRAP unblocked: a
-// program that installed its own handler (or SIG_IGN/SIG_DFL) or blocked SIGTRAP would be
-// killed by the kernel at the next probe hit. The agent interposes the calls that change
-// them: a program's SIGTRAP action becomes the action ftprobe's handler chains to for traps
-// that are not its own (the program sees it as installed, and gets it back from `old`), and
-// SIGTRAP is taken out of any set a thread blocks. Only while ftprobe's handler is installed.
-
-use ftprobe::arch::x86_64::text_poke;
-
-/// The next definition of `name` (the C library's).
-fn next_symbol(name: &std::ffi::CStr) -> usize {
-    // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; a lookup only.
-    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
-}
-
-/// Interposed `sigaction(2)`.
-///
-/// # Safety
-/// As `sigaction(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn sigaction(
-    sig: libc::c_int,
-    act: *const libc::sigaction,
-    old: *mut libc::sigaction,
-) -> libc::c_int {
-    if sig == libc::SIGTRAP && text_poke::installed() {
-        // SAFETY: the caller passes null or a valid sigaction.
-        let prev = text_poke::replace_chained(unsafe { act.as_ref() });
-        if !old.is_null() {
-            // SAFETY: the caller passes null or a writable sigaction.
-            unsafe { *old = prev };
-        }
-        return 0;
-    }
-    // SAFETY: forwarded as is.
-    unsafe { ftprobe::sys::real_sigaction(sig, act, old) }
-}
-
-/// Interposed `signal(3)` (glibc's calls sigaction internally, past any interposer).
-///
-/// # Safety
-/// As `signal(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn signal(
-    sig: libc::c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
-    if sig == libc::SIGTRAP && text_poke::installed() {
-        // SAFETY: a zeroed sigaction is valid; BSD semantics as glibc's signal().
-        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-        act.sa_sigaction = handler;
-        act.sa_flags = libc::SA_RESTART;
-        return text_poke::replace_chained(Some(&act)).sa_sigaction;
-    }
-    type F = unsafe extern "C" fn(libc::c_int, libc::sighandler_t) -> libc::sighandler_t;
-    let f = next_symbol(c"signal");
-    if f == 0 {
-        return libc::SIG_ERR;
-    }
-    // SAFETY: libc's signal, of type F.
-    unsafe { std::mem::transmute::<usize, F>(f)(sig, handler) }
-}
-
-type MaskFn =
-    unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
-
-/// Forward a mask change to `name`, with SIGTRAP taken out of what gets blocked.
-///
-/// # Safety
-/// As `sigprocmask(2)`.
-unsafe fn mask_without_sigtrap(
-    name: &std::ffi::CStr,
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    let f = next_symbol(name);
-    if f == 0 {
-        return libc::ENOSYS;
-    }
-    // SAFETY: libc's sigprocmask/pthread_sigmask, of type MaskFn.
-    let f = unsafe { std::mem::transmute::<usize, MaskFn>(f) };
-    if set.is_null() || how == libc::SIG_UNBLOCK || !text_poke::installed() {
-        // SAFETY: forwarded as is.
-        return unsafe { f(how, set, old) };
-    }
-    // SAFETY: the caller passes a valid set; we change a copy.
-    let mut copy = unsafe { *set };
-    // SAFETY: copy is a valid sigset_t.
-    unsafe { libc::sigdelset(&mut copy, libc::SIGTRAP) };
-    // SAFETY: forwarded with our copy.
-    unsafe { f(how, &copy, old) }
-}
-
-/// Interposed `sigprocmask(2)`.
-///
-/// # Safety
-/// As `sigprocmask(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn sigprocmask(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { mask_without_sigtrap(c"sigprocmask", how, set, old) }
-}
-
-/// Interposed `pthread_sigmask(3)`.
-///
-/// # Safety
-/// As `pthread_sigmask(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_sigmask(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { mask_without_sigtrap(c"pthread_sigmask", how, set, old) }
 }

@@ -311,6 +311,20 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     printer.poll(&rings);
     printer.abandoned = abandoned;
     printer.finish(&rings);
+    if status.signal() == Some(libc::SIGTRAP)
+        && !rings.objects().is_empty()
+        && rings.sigtrap_passed_pid() != child.id()
+    {
+        // ftprobe's handler never saw the trap that killed it (it notes the ones it passes to
+        // the program's default action): SIGTRAP was blocked where the agent could not see.
+        let why = "killed by a trap that ftprobe could not take (SIGTRAP was blocked, e.g. by \
+                   a raw rt_sigprocmask system call)";
+        eprintln!("ftprobe: {} was {why}", args.cmd[0]);
+        printer.write(|o| {
+            writeln!(o, "# the program was {why}")?;
+            o.flush()
+        });
+    }
     if rings.objects().is_empty() {
         eprintln!(
             "ftprobe: the agent did not start in {} (setuid, or a loader that ignores LD_PRELOAD?): nothing was traced",

@@ -911,7 +911,7 @@ fn int3_probe_on_libc_malloc_in_unmodified_programs() {
         .lines()
         .any(|l| l.contains("  k  malloc+0x0  libc.so.6 ") && !l.contains("[FTRACE]")));
     // And its four frees, not the agent's (the frees of the agent's own start-up were
-    // counted too until it stayed quiet until main; found by a user).
+    // counted too; the agent now never calls the C library's allocator; found by a user).
     let (out, text) = trace(&["-e", "p:f libc:free p=%di"], &[exe]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(kprobe_lines(&text, "f").len(), 4, "{text}");

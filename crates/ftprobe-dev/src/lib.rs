@@ -109,6 +109,37 @@ pub fn own_sigtrap_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("own_sigtrap")
 }
 
+/// Path of `own_malloc [N]` (`-fpatchable-function-entry=5`): defines its own `malloc`,
+/// `calloc`, `realloc`, `free` (and the aligned ones) over a static arena, handing out blocks
+/// 8 bytes past a 16-byte boundary; counts every call, and the calls made before `main` or
+/// from `libftprobe_agent.so` (by return address); `main` calls `work(i)` N times (default
+/// 10; each: 2 mallocs, one of them by libc's `strdup`, a calloc, a realloc, 3 frees); prints
+/// `mallocs=M callocs=C reallocs=R frees=F aligned=A before_main=B agent_calls=X sum=S`, and
+/// on stderr any call made after that line.
+pub fn own_malloc_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("own_malloc")
+}
+
+/// Path of `libc_mallocs [N]` (no site flags): installs a SIGTRAP handler (`sigaction`) and a
+/// SIGUSR1 one (`signal`), calls libc's `malloc` N times (default 7) and `free` N - 1 times;
+/// prints `mallocs=M frees=F`, its own counts (and allocates nothing else: no stdio).
+pub fn libc_mallocs_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("libc_mallocs")
+}
+
+/// Path of `sigmasks VARIANT [N]` (no site flags, so a probe on its `on_usr1` is an int3
+/// probe): the SIGUSR1 handler `on_usr1` runs N times (default 5) under a mask that holds
+/// SIGTRAP, set up the way VARIANT says (`fill`, `trap`, `jmp`, `swapctx`, `setctx`,
+/// `sigset`, `signal`, `suspend`, `ppoll`, `pselect`, `epoll`, `thread`, `early`; see the
+/// top of `c/sigmasks.c`; `early` uses SIGUSR2, whose action the constructor of the library
+/// it links, `libsigearly.so`, installed before the agent's); it and `main` call `write`
+/// 2N + 1 times; prints `VARIANT handled=H writes=W trap_in_sa_mask=T` (T: whether
+/// `sigaction` reads back SIGTRAP in the action's mask, 1 for `fill`, `trap` and `early`). `raw` blocks SIGTRAP with a raw `rt_sigprocmask` syscall
+/// before the same work; `selftrap` does the work, then kills itself with `raise(SIGTRAP)`.
+pub fn sigmasks_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("sigmasks")
+}
+
 /// Path of `calls-rs`: the `calls` fixture written in Rust and compiled by rustc with
 /// `-Zpatchable-function-entry=5` (one LLVM NOP5 per function, `__patchable_function_entries`).
 /// `calls-rs N`: `run_calls` calls `caller(N)` once, which calls `work(i, i + 1)` N times;

@@ -1,4 +1,4 @@
-//! The objects loaded in this process (`dl_iterate_phdr`).
+//! The objects loaded in this process (`dl_iterate_phdr`), and its thread count.
 
 use std::ffi::CStr;
 use std::path::PathBuf;
@@ -50,4 +50,34 @@ pub fn loaded_objects() -> Vec<LoadedObject> {
     // SAFETY: the callback matches dl_iterate_phdr's contract and only touches `out`.
     unsafe { libc::dl_iterate_phdr(Some(cb), (&mut out as *mut Vec<LoadedObject>).cast()) };
     out
+}
+
+/// How many threads this process has: the `Threads:` line of `/proc/self/status`. Read with
+/// plain `open`/`read` (no `opendir`, which would call the C library's `malloc`: the agent
+/// never does).
+pub fn thread_count() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thread_count_sees_a_new_thread() {
+        let before = super::thread_count().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let _ = rx.recv();
+        });
+        // Other tests may start or end threads meanwhile: at least one more than none.
+        assert!(super::thread_count().unwrap() >= 2);
+        assert!(before >= 1);
+        drop(tx);
+        t.join().unwrap();
+    }
 }

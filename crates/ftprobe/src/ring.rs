@@ -17,7 +17,7 @@
 //!   |   0 magic "FTPRING1"     8 version u32          12 header_bytes u32            |
 //!   |  16 nr_rings u32        20 ring_bytes u32       24 total_bytes u64 (file size) |
 //!   |  32 clock.tsc_ref u64   40 clock.mono_ref_ns u64  48 clock.ns_per_tick_q32 u64 |
-//!   |  56 nr_objects u32      60 reserved u32                                        |
+//!   |  56 nr_objects u32      60 sigtrap_passed_pid u32 (see note_sigtrap_passed)    |
 //!   |  64 claimed u64 (the target's threads fetch_add)   72 lost_no_ring u64         |
 //!   |  80 lost_recursion u64 (events a tracer dropped: it was already running)          |
 //!   | 128 objects[512], 272 bytes each:                                              |
@@ -108,7 +108,7 @@ struct Header {
     clock_mono_ref_ns: AtomicU64,
     clock_ns_per_tick_q32: AtomicU64,
     nr_objects: AtomicU32,
-    _reserved: AtomicU32,
+    sigtrap_passed_pid: AtomicU32,
     /// Written by the target's threads: on a cache line of its own.
     counters: CacheLine<Counters>,
     objects: [ObjectSlot; MAX_OBJECTS],
@@ -175,6 +175,7 @@ const _: () = {
     assert!(offset_of!(Header, clock_mono_ref_ns) == 40);
     assert!(offset_of!(Header, clock_ns_per_tick_q32) == 48);
     assert!(offset_of!(Header, nr_objects) == 56);
+    assert!(offset_of!(Header, sigtrap_passed_pid) == 60);
     assert!(offset_of!(Header, counters) == 64);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, claimed) == 64);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_no_ring) == 72);
@@ -795,6 +796,21 @@ impl SharedRings {
     /// counts into them (relaxed increments), the CLI reads them at the end.
     pub fn event_counters(&self, id: u32) -> Option<&EventCounters> {
         self.header().event_counters.get(id as usize)
+    }
+
+    /// Probe path (the SIGTRAP handler): process `pid` is about to die of a SIGTRAP that
+    /// ftprobe's handler saw and passed to SIGTRAP's default action (the program's own
+    /// trap). A program killed by SIGTRAP that did not note it here was killed by a trap
+    /// the handler never saw: SIGTRAP was blocked.
+    pub fn note_sigtrap_passed(&self, pid: u32) {
+        // Relaxed: read by the CLI after the process died (its exit orders it).
+        self.header().sigtrap_passed_pid.store(pid, Relaxed);
+    }
+
+    /// The last process that noted [`SharedRings::note_sigtrap_passed`] (0: none).
+    pub fn sigtrap_passed_pid(&self) -> u32 {
+        // Relaxed: see `note_sigtrap_passed`.
+        self.header().sigtrap_passed_pid.load(Relaxed)
     }
 
     /// Rings claimed so far (at most `nr_rings`); readers of rings `0..claimed()` see data.

@@ -380,3 +380,61 @@ pub fn strnlen_nofault(addr: u64, max: usize) -> Option<usize> {
     }
     Some(max)
 }
+
+/// Memory for an allocator that must work anywhere (the agent's global allocator): raw
+/// `mmap`/`munmap`/`mremap` system calls, past any interposer of the libc wrappers. *Probe
+/// path* safe (async-signal-safe, no lock): no fault injection, whose switch takes a lock.
+pub mod raw_map {
+    /// `mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)`: fresh zeroed
+    /// pages, or `None`.
+    pub fn map(len: usize) -> Option<usize> {
+        // Every argument a full register wide: the syscall's variadic arguments are read as
+        // longs.
+        // SAFETY: a new private anonymous mapping at an address the kernel picks touches no
+        // existing memory.
+        let p = unsafe {
+            libc::syscall(
+                libc::SYS_mmap,
+                0usize,
+                len,
+                (libc::PROT_READ | libc::PROT_WRITE) as usize,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as usize,
+                -1isize,
+                0usize,
+            )
+        };
+        // The kernel returns -errno (-4095..-1) on failure; libc::syscall turns it into -1.
+        (p != -1 && p != 0).then_some(p as usize)
+    }
+
+    /// `munmap(addr, len)`.
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be pages this process mapped with [`map`] and nothing uses
+    /// any longer.
+    pub unsafe fn unmap(addr: usize, len: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
+    }
+
+    /// `mremap(addr, old_len, new_len, MREMAP_MAYMOVE)`: the (maybe moved) mapping, or
+    /// `None` (the old one is then unchanged).
+    ///
+    /// # Safety
+    /// As [`unmap`] for `addr..addr + old_len`: the caller owns those pages, and uses only
+    /// the returned address afterwards.
+    pub unsafe fn remap(addr: usize, old_len: usize, new_len: usize) -> Option<usize> {
+        // SAFETY: the caller's contract; MREMAP_MAYMOVE without MREMAP_FIXED never replaces
+        // another mapping.
+        let p = unsafe {
+            libc::syscall(
+                libc::SYS_mremap,
+                addr,
+                old_len,
+                new_len,
+                libc::MREMAP_MAYMOVE as usize,
+            )
+        };
+        (p != -1).then_some(p as usize)
+    }
+}

@@ -44,9 +44,6 @@ struct ThreadState {
     /// ([`with_ring_guarded`]) or a kprobe event ([`event_ring`]). A ring has one producer;
     /// a signal handler that interrupts a write must not start another on the same ring.
     writing: Cell<bool>,
-    /// Set while the tracer's own control code runs on this thread ([`set_quiet`]): kprobe
-    /// events neither record nor count its hits.
-    quiet: Cell<bool>,
 }
 
 thread_local! {
@@ -55,7 +52,6 @@ thread_local! {
         ThreadState {
             ring: Cell::new(ThreadRing::Unclaimed),
             writing: Cell::new(false),
-            quiet: Cell::new(false),
         }
     };
 }
@@ -111,15 +107,6 @@ fn ring_of(t: &ThreadState) -> Option<RingWriter<'static>> {
     }
 }
 
-/// Control path: while `on`, kprobe events ignore this thread's hits ([`event_ring`]). The
-/// agent sets it around its own work after the first probe is armed (creating the other
-/// events, listing them, its exit counters), so that a probe on, say, `libc:malloc` counts
-/// the program's calls and not the tracer's.
-pub fn set_quiet(on: bool) {
-    // SAFETY: as in `this_thread_ring`.
-    unsafe { &*thread_state() }.quiet.set(on);
-}
-
 /// What a kprobe event does with a hit ([`event_ring`]).
 pub enum EventRing {
     /// Record into this ring; the guard ends the write (drop it after publishing).
@@ -129,8 +116,6 @@ pub enum EventRing {
     /// Another write into this thread's ring is in progress (a signal handler interrupted
     /// it): the hit counts, its record is lost (counted in `lost_recursion`).
     Busy,
-    /// The tracer's own code ([`set_quiet`]): ignore the hit.
-    Quiet,
 }
 
 /// The thread's write into its ring is in progress while this lives ([`event_ring`]).
@@ -149,9 +134,6 @@ impl Drop for WriteGuard {
 pub fn event_ring() -> EventRing {
     // SAFETY: as in `this_thread_ring`.
     let t = unsafe { &*thread_state() };
-    if t.quiet.get() {
-        return EventRing::Quiet;
-    }
     if t.writing.replace(true) {
         if let Some(b) = RINGS.get() {
             b.note_lost_recursion(1);

@@ -680,7 +680,6 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
             tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
             return 0;
         }
-        trace::EventRing::Quiet => return 0,
     };
     let (tsc, cpu) = trace::clock();
     let (head, fixed) = (tk.head_words, tk.fixed_words);

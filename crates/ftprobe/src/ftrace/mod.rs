@@ -388,9 +388,7 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     }
     // The caller promises a single thread; check what we can, since plain stores into a
     // running thread's code (a NOP run it is in the middle of) would crash it.
-    let threads = std::fs::read_dir("/proc/self/task")
-        .map(|d| d.count())
-        .unwrap_or(1);
+    let threads = crate::process::thread_count().unwrap_or(1);
     if threads > 1 {
         return Err(FtraceError::ThreadsRunning(threads - 1));
     }
@@ -550,20 +548,20 @@ pub fn module_matches(module: &str, file: &str) -> bool {
 /// among the objects ftrace looked at; `NoObject` if `module` names none of them.
 pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, FtraceError> {
     // Objects where `name` is a GNU indirect function: resolved below, without the lock.
-    let mut ifuncs: Vec<(std::path::PathBuf, String, bool)> = Vec::new();
+    let mut ifuncs: Vec<(u64, String)> = Vec::new();
     let mut found: Vec<SymbolAddr> = {
         let g = lock();
         let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
         st.objects
             .iter()
-            .enumerate()
-            .filter(|(_, o)| module.is_none_or(|m| module_matches(m, &o.module)))
-            .flat_map(|(i, o)| {
-                let ifunc = o.image.ifuncs.iter().any(|(n, _)| n == name);
-                if ifunc {
+            .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
+            .flat_map(|o| {
+                let resolver = o.image.ifuncs.iter().find(|(n, _)| n == name);
+                let ifunc = resolver.is_some();
+                if let Some((_, svma)) = resolver {
                     // The IFUNC is the default version programs bind to; a plain function of
                     // the same name is an old compatibility version (glibc's memcpy@GLIBC_2.2.5).
-                    ifuncs.push((o.image.path.clone(), o.module.clone(), i == 0));
+                    ifuncs.push((svma + o.bias, o.module.clone()));
                 }
                 o.image
                     .funcs_named(name)
@@ -577,8 +575,8 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
             })
             .collect()
     };
-    for (path, module, main) in ifuncs {
-        let Some(addr) = resolve_ifunc(&path, main, name) else {
+    for (resolver, module) in ifuncs {
+        let Some(addr) = resolve_ifunc(resolver) else {
             continue;
         };
         // The implementation, by its own name where the library has one (a `.symtab`), else
@@ -604,42 +602,36 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
     Ok(found)
 }
 
-/// The implementation the dynamic linker picked for the indirect function `name` of the
-/// loaded object at `path` (the main program when `main`): `dlsym` runs its resolver.
-fn resolve_ifunc(path: &std::path::Path, main: bool, name: &str) -> Option<u64> {
-    let cname = std::ffi::CString::new(name).ok()?;
-    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: dlopen with RTLD_NOLOAD only takes a reference to an object already loaded
-    // (no constructors run); dlsym only looks up; dlclose drops the reference taken here.
-    unsafe {
-        let handle = libc::dlopen(
-            if main {
-                std::ptr::null()
-            } else {
-                cpath.as_ptr()
-            },
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        );
-        if handle.is_null() {
-            return None;
-        }
-        let addr = libc::dlsym(handle, cname.as_ptr()) as u64;
-        libc::dlclose(handle);
-        (addr != 0).then_some(addr)
-    }
+/// The implementation of an indirect function, from its resolver at `resolver` (an address
+/// in this process): called as the dynamic linker calls it on x86-64, with no argument
+/// (glibc's `elf_ifunc_invoke`, which `dlsym` runs too). Not through `dlopen(RTLD_NOLOAD)` +
+/// `dlsym`: for a library that was never `dlopen`ed, glibc builds its search list then, with
+/// the program's `malloc`, which the agent never calls.
+fn resolve_ifunc(resolver: u64) -> Option<u64> {
+    // SAFETY: `resolver` is the STT_GNU_IFUNC symbol's value plus its object's load bias: the
+    // function the dynamic linker called for this symbol at relocation, with the same (empty)
+    // argument list; resolvers only read CPU features and return an address.
+    let addr = unsafe { std::mem::transmute::<usize, extern "C" fn() -> u64>(resolver as usize)() };
+    (addr != 0).then_some(addr)
 }
 
 /// The address in this process of `offset` bytes into the file of the loaded object at
-/// `path` (matched by canonical path, else by file name): the `uprobe_events` `PATH:OFFSET`
+/// `path` (matched as the same file, else by file name): the `uprobe_events` `PATH:OFFSET`
 /// form. `NoSite` if no loaded object is that file or no segment maps the offset.
 pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> {
     let g = lock();
     let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-    let want = std::fs::canonicalize(path).ok();
+    // The same file by device and inode (not `canonicalize`: glibc's `realpath` would call
+    // the C library's `malloc`, which the agent never does).
+    let file_id = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+    };
+    let want = file_id(std::path::Path::new(path));
     let o = st
         .objects
         .iter()
-        .find(|o| want.is_some() && std::fs::canonicalize(&o.image.path).ok() == want)
+        .find(|o| want.is_some() && file_id(&o.image.path) == want)
         .or_else(|| st.objects.iter().find(|o| module_matches(path, &o.module)))
         .ok_or(FtraceError::NoSite(offset))?;
     let svma = o

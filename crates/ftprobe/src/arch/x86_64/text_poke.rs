@@ -86,6 +86,18 @@ pub fn set_trap_hook(hook: TrapHook) {
     TRAP_HOOK.store(hook as *mut (), Ordering::Release);
 }
 
+/// Called by ftprobe's handler just before it lets a SIGTRAP that is not its own kill the
+/// program (SIGTRAP's default action, as without ftprobe). Probe path: async-signal-safe.
+pub type FatalTrapHook = fn();
+
+static FATAL_TRAP_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Register the fatal-trap hook (one; a later call replaces it).
+pub fn set_fatal_trap_hook(hook: FatalTrapHook) {
+    // Release pairs with the Acquire load in `chain_to_old_handler`.
+    FATAL_TRAP_HOOK.store(hook as *mut (), Ordering::Release);
+}
+
 /// Write one byte of code and make every thread see it: arming or disarming an int3
 /// (a one-byte store is atomic with respect to instruction fetch; `sync_core` follows).
 ///
@@ -321,8 +333,21 @@ fn chain_to_old_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: CHAINED points to a leaked Box that is never freed.
     let old = unsafe { &*p };
     let h = old.sa_sigaction;
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
+    let from_kernel = unsafe { (*info).si_code } == libc::SI_KERNEL;
+    if h == libc::SIG_IGN && !from_kernel {
+        // A SIGTRAP sent by kill/raise to a program that ignores it: ignored, as without us.
+        return;
+    }
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
-        // Not our trap and nobody else's: die of SIGTRAP as the program would have without us.
+        // Not our trap and nobody else's: die of SIGTRAP as the program would have without us
+        // (the kernel kills a program that ignores a trap of its own too).
+        let hook = FATAL_TRAP_HOOK.load(Ordering::Acquire);
+        if !hook.is_null() {
+            // SAFETY: FATAL_TRAP_HOOK only ever holds a `FatalTrapHook`.
+            let hook = unsafe { std::mem::transmute::<*mut (), FatalTrapHook>(hook) };
+            hook();
+        }
         // SAFETY: sigaction and raise are async-signal-safe; a zeroed sigaction is SIG_DFL.
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
