@@ -11,8 +11,10 @@
 //! `c++filt` demangles (`std::__fill_a1<...>` with an `enable_if` return type) and prints
 //! others differently (empty template packs, a dropped parameter).
 
-/// The longest name given to libiberty: its parse tree is a stack array of about 2 components
-/// (~64 bytes) per byte of the name, and test threads have 2 MiB stacks.
+/// The longest name given to libiberty: its parse tree is a stack array of 2 components and
+/// a substitution slot (~72 bytes) per byte of the name, ~600 KiB at this length, which the
+/// threads that demangle (the agent's constructor and the CLI on the main thread, tests on
+/// 2 MiB threads) can spare. libstdc++'s longest is under 1 KiB.
 pub const GNU_MAX_LEN: usize = 8192;
 
 /// The demangled forms of a symbol name, none if it is not mangled: for C++ the full form
