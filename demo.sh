@@ -10,6 +10,8 @@ need=()
 command -v cc >/dev/null || need+=(gcc)
 command -v g++ >/dev/null || need+=(g++)
 [ -e /usr/include/stdio.h ] || need+=(libc6-dev)
+# libiberty: the C++ demangler c++filt uses (ftprobe links it; see crates/ftprobe/build.rs).
+[ -e /usr/include/libiberty/demangle.h ] || need+=(libiberty-dev)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && apt-get install -y -qq "${need[@]}"

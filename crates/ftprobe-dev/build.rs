@@ -55,6 +55,8 @@ fn main() {
         "c/sigmasks.c",
         "c/sigearly.c",
         "c/cxx.cc",
+        "c/cxx_stl.cc",
+        "c/noreturn.c",
         "c/fetchargs.c",
         "c/lua_driver.c",
         "lua/tables.lua",
@@ -131,13 +133,30 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         .arg("-o")
         .arg(fixtures.join("cxx")));
 
+    // cxx_stl: libstdc++ templates kept out of line (-O0), for names that are hard to
+    // demangle.
+    let obj = objs.join("cxx_stl.o");
+    run(Command::new("g++")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer"])
+        .args(fl.cflags())
+        .arg("-c")
+        .arg(c_dir.join("cxx_stl.cc"))
+        .arg("-o")
+        .arg(&obj));
+    run(Command::new("g++")
+        .arg(&obj)
+        .args(fl.ldflags())
+        .arg("-o")
+        .arg(fixtures.join("cxx_stl")));
+
     // Programs of one C file each. own_sigtrap: no site flags; a program that handles,
     // ignores or blocks SIGTRAP itself. mallocs: no site flags at all, like a program nobody
     // rebuilt. spawns: no site flags; system(), popen() and posix_spawn(). forks: patchable
     // entries; a forked child that outlives its parent. sigcalls: patchable entries; a
     // signal handler that calls traced functions. own_malloc: patchable entries; its own
     // malloc family, 8-byte-aligned. libc_mallocs: no site flags; counts its calls of libc's
-    // malloc and free. sigmasks: no site flags; signal handlers under masks that hold SIGTRAP.
+    // malloc and free. sigmasks: no site flags; signal handlers under masks that hold SIGTRAP. noreturn: patchable
+    // entries; main ends with a call to a noreturn function.
     let patchable = Flavour::Patchable;
     // libsigearly.so, for sigmasks: a library constructor that installs a signal action
     // before the agent's constructor runs.
@@ -169,6 +188,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("own_malloc", patchable.cflags(), patchable.ldflags()),
         ("libc_mallocs", &[], &[]),
         ("sigmasks", &[], &sigmasks_ld),
+        ("noreturn", patchable.cflags(), patchable.ldflags()),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

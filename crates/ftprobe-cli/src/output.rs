@@ -8,25 +8,35 @@ use ftprobe::elf::ElfImage;
 use ftprobe::events::{format_string, FetchType, ProbeDef};
 use ftprobe::trace_kprobe::{ArgValue, RecordDecoder};
 
-use crate::symbols::{push_hex, Symbols};
+use crate::symbols::{push_hex, push_unknown_addr, Symbols};
 
 /// The `TASK-PID ` part of a line of ftrace's `trace` file (kernel/trace/trace_output.c,
-/// `trace_print_context()`): comm right-aligned in 16 columns, pid left-aligned in 7. Fixed
-/// per thread, so made once per ring.
-pub fn task_prefix(comm: &str, pid: u32) -> Vec<u8> {
-    format!("{comm:>16}-{pid:<7} ").into_bytes()
+/// `trace_print_context()`, `"%16s-%-7d "`): comm right-aligned in 16 bytes (bytes, as C
+/// counts them, not characters), pid left-aligned in 7 columns. Fixed per thread, so made once
+/// per ring.
+pub fn task_prefix(comm: &[u8], pid: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32);
+    out.extend(std::iter::repeat_n(
+        b' ',
+        16usize.saturating_sub(comm.len()),
+    ));
+    out.extend_from_slice(comm);
+    out.extend_from_slice(format!("-{pid:<7} ").as_bytes());
+    out
 }
 
-/// Appends the `[CPU] TIMESTAMP: ` part that follows [`task_prefix`]: the CPU in at least 3
-/// digits, zero-padded, then seconds (right-aligned in 5 columns) `.` microseconds (6 digits).
-/// Byte for byte `format!("[{cpu:03}] {:5}.{:06}: ", ts_ns / 1e9, ts_ns % 1e9 / 1e3)`.
+/// Appends the `[CPU]  TIMESTAMP: ` part that follows [`task_prefix`], as the kernel's
+/// `trace_print_context()` with the `irq-info` option off: `"[%03d] "`, then
+/// `trace_print_time()`'s `" %5lu.%06lu"` (seconds right-aligned in 5 columns, so two spaces
+/// after `]`), then `": "`. Byte for byte
+/// `format!("[{cpu:03}]  {:5}.{:06}: ", ts_ns / 1e9, ts_ns % 1e9 / 1e3)`.
 pub fn push_cpu_time(out: &mut Vec<u8>, cpu: u32, ts_ns: u64) {
     let mut buf = itoa::Buffer::new();
     out.push(b'[');
     let c = buf.format(cpu);
     out.extend(std::iter::repeat_n(b'0', 3usize.saturating_sub(c.len())));
     out.extend_from_slice(c.as_bytes());
-    out.extend_from_slice(b"] ");
+    out.extend_from_slice(b"]  ");
     let s = buf.format(ts_ns / 1_000_000_000);
     out.extend(std::iter::repeat_n(b' ', 5usize.saturating_sub(s.len())));
     out.extend_from_slice(s.as_bytes());
@@ -37,12 +47,28 @@ pub fn push_cpu_time(out: &mut Vec<u8>, cpu: u32, ts_ns: u64) {
     out.extend_from_slice(b": ");
 }
 
-/// The header ftrace prints above a trace (`function` or `nop` tracer).
+/// The header ftrace prints above a trace (`function` or `nop` tracer), as the kernel's
+/// `trace` file with `noirq-info` (kernel/trace/trace.c, `print_func_help_header()`), less
+/// its `# entries-in-buffer/entries-written` line and the `#` after it: those counts are only
+/// known at the end, where [`entries`] prints the line.
 pub fn header(out: &mut dyn Write, tracer: &str) -> std::io::Result<()> {
     writeln!(out, "# tracer: {tracer}")?;
     writeln!(out, "#")?;
-    writeln!(out, "#           TASK-PID     CPU#  TIMESTAMP  FUNCTION")?;
-    writeln!(out, "#              | |         |       |         |")
+    writeln!(out, "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION")?;
+    writeln!(out, "#              | |         |         |         |")
+}
+
+/// The kernel's `# entries-in-buffer/entries-written: E/W   #P:N` line (`print_event_info()`):
+/// the events printed, the events the program recorded or tried to (printed + lost), and the
+/// CPUs online.
+pub fn entries(out: &mut dyn Write, printed: u64, lost: u64) -> std::io::Result<()> {
+    // SAFETY: sysconf has no memory effects.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1);
+    writeln!(
+        out,
+        "# entries-in-buffer/entries-written: {printed}/{}   #P:{cpus}",
+        printed + lost
+    )
 }
 
 /// The rest of a kprobe event line as the kernel prints it (trace_kprobe.c,
@@ -62,7 +88,11 @@ pub fn kprobe_event(
     let addr = words[1];
     out.extend_from_slice(def.event.as_bytes());
     out.extend_from_slice(b": (");
-    push_symbolized(out, addr, syms);
+    // seq_print_ip_sym() with sym-offset: `sym+0xoff/0xsize`, else `0x%08lx`.
+    match syms.lookup_sized(addr) {
+        Some(_) => push_symbolized(out, addr, syms),
+        None => push_unknown_addr(out, addr),
+    }
     out.push(b')');
     if let Some(values) = decoder.and_then(|d| d.decode(def, words)) {
         for (a, v) in def.args.iter().zip(&values) {
@@ -75,7 +105,7 @@ pub fn kprobe_event(
     out.push(b'\n');
 }
 
-/// An address as the kernel's `%pS`: `sym+0xoff/0xsize`, or `0x...` when no function of the
+/// An address as the kernel's `%pS`: `sym+0xoff/0xsize`, or `0x%lx` when no function of the
 /// target covers it.
 fn push_symbolized(out: &mut Vec<u8>, addr: u64, syms: &mut Symbols) {
     match syms.lookup_sized(addr) {
@@ -130,68 +160,152 @@ fn format_value(ty: &FetchType, v: &ArgValue, syms: &mut Symbols) -> String {
     }
 }
 
-/// `ftprobe list functions BIN`.
+/// `ftprobe list functions BIN`: one line per site, the function's name last (C++ and Rust
+/// names are long and may hold spaces), the other columns as wide as their widest value.
+/// SITE is the site's offset in the function: `FUNCTION+SITE` is the probe target that rides
+/// ftrace. A reader that stops early (`| head`) ends the listing quietly, with status 0.
 pub fn list_functions(bin: &Path) -> Result<()> {
     let img = ElfImage::open(bin).with_context(|| format!("reading {}", bin.display()))?;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    writeln!(
-        out,
-        "# {} functions with an ftrace site in {}",
-        img.sites.len(),
-        bin.display()
-    )?;
-    writeln!(out, "# FUNCTION                       SITE                       KIND      PLACE           FOUND IN")?;
-    for s in &img.sites {
-        let f = &img.funcs[s.func];
-        let name = ftprobe::elf::display_name(&f.name);
-        let site = format!("{name}+{:#x}", s.svma - f.svma);
-        writeln!(
-            out,
-            "{:<32} {:<26} {:<9} {:<15} {}",
-            name,
-            site,
-            s.kind.name(),
-            s.place.name(),
-            s.source.name()
-        )?;
-    }
-    if !img.rejected.is_empty() {
-        writeln!(
-            out,
-            "# {} recorded addresses hold no recognisable site (not patchable):",
-            img.rejected.len()
-        )?;
-        for a in &img.rejected {
-            writeln!(out, "#   {a:#x}")?;
+    let rows: Vec<[String; 5]> = img
+        .sites
+        .iter()
+        .map(|s| {
+            let f = &img.funcs[s.func];
+            [
+                format!("+{:#x}", s.svma - f.svma),
+                s.kind.name().to_owned(),
+                s.place.name().to_owned(),
+                s.source.name().to_owned(),
+                ftprobe::elf::display_name(&f.name),
+            ]
+        })
+        .collect();
+    let titles = ["# SITE", "KIND", "PLACE", "FOUND IN", "FUNCTION"];
+    let mut widths = titles.map(str::len);
+    for r in &rows {
+        for (w, v) in widths.iter_mut().zip(r) {
+            *w = (*w).max(v.len());
         }
     }
-    Ok(())
+    let line = |out: &mut dyn Write, cols: [&str; 5]| -> std::io::Result<()> {
+        for (c, w) in cols[..4].iter().zip(widths) {
+            write!(out, "{c:<w$}  ")?;
+        }
+        writeln!(out, "{}", cols[4])
+    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = (|| -> std::io::Result<()> {
+        writeln!(
+            out,
+            "# {} functions with an ftrace site in {}",
+            img.sites.len(),
+            bin.display()
+        )?;
+        line(&mut out, titles)?;
+        for r in &rows {
+            line(&mut out, [&r[0], &r[1], &r[2], &r[3], &r[4]])?;
+        }
+        if !img.rejected.is_empty() {
+            writeln!(
+                out,
+                "# {} recorded addresses hold no recognisable site (not patchable):",
+                img.rejected.len()
+            )?;
+            for a in &img.rejected {
+                writeln!(out, "#   {a:#x}")?;
+            }
+        }
+        out.flush()
+    })();
+    match written {
+        // The reader had enough (`| head`), as `ftprobe trace` takes it: not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            // The BufWriter would try again when dropped: forget what it holds.
+            let _ = out.into_parts();
+            Ok(())
+        }
+        r => Ok(r.context("writing the listing")?),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{push_cpu_time, task_prefix};
+    use super::{header, push_cpu_time, task_prefix};
+    use crate::symbols::push_unknown_addr;
 
-    /// The hand-written formatting is byte for byte the `format!` it replaces.
+    /// The hand-written formatting is byte for byte the kernel's printf formats
+    /// (`"%16s-%-7d "`, `"[%03d] "`, `" %5lu.%06lu"`, `": "`).
     #[test]
     fn context_as_format() {
-        for (cpu, ts) in [
-            (0, 0),
-            (1, 9_232_652_648_123),
-            (12, 999_999_999),
-            (123, 123_456_789_000_001),
-            (4095, u64::MAX),
+        for (comm, cpu, ts) in [
+            ("lua-patchable", 0, 0),
+            ("a", 1, 9_232_652_648_123),
+            ("sixteen-chars-xx", 12, 999_999_999),
+            ("seventeen-chars-x", 123, 123_456_789_000_001),
+            ("x", 4095, u64::MAX),
         ] {
-            let mut out = task_prefix("lua-patchable", 3337);
+            let mut out = task_prefix(comm.as_bytes(), 3337);
             push_cpu_time(&mut out, cpu, ts);
             let want = format!(
-                "{:>16}-{:<7} [{cpu:03}] {:5}.{:06}: ",
-                "lua-patchable",
+                "{:>16}-{:<7} [{cpu:03}]  {:5}.{:06}: ",
+                comm,
                 3337,
                 ts / 1_000_000_000,
                 ts % 1_000_000_000 / 1000
             );
+            assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
+        // C pads bytes, not characters: a comm of 2 two-byte characters gets 12 spaces.
+        assert_eq!(
+            task_prefix("éé".as_bytes(), 1),
+            b"            \xc3\xa9\xc3\xa9-1       "
+        );
+        // Pids wider than 7 columns push the rest along, as %-7d does.
+        assert_eq!(task_prefix(b"p", 12_345_678), b"               p-12345678 ");
+    }
+
+    /// Regression (found by a user): one space between `]` and the timestamp, and a header
+    /// that put TIMESTAMP 3 columns left of the kernel's. The reference is this kernel's
+    /// (6.18) `trace` file for a uprobe event (irq-info off), as read on these VMs; ftprobe's
+    /// header leaves out the entries line and the `#` after it (printed at the end).
+    #[test]
+    fn line_and_header_match_the_kernels_reference() {
+        let kernel_header = "# tracer: nop\n#\n\
+            # entries-in-buffer/entries-written: 3/3   #P:2\n#\n\
+            #           TASK-PID     CPU#     TIMESTAMP  FUNCTION\n\
+            #              | |         |         |         |\n";
+        let kernel_line =
+            "         i9calls-21400   [001]    681.624983: ev: (0x55d1c24ed1a0) a=0x0 b=0x1\n";
+        let mut ours = Vec::new();
+        header(&mut ours, "nop").unwrap();
+        let without_entries: Vec<&str> = kernel_header
+            .lines()
+            .enumerate()
+            .filter(|(i, _)| !matches!(i, 2 | 3))
+            .map(|(_, l)| l)
+            .collect();
+        assert_eq!(
+            String::from_utf8(ours).unwrap(),
+            without_entries.join("\n") + "\n"
+        );
+        let mut line = task_prefix(b"i9calls", 21400);
+        push_cpu_time(&mut line, 1, 681_624_983_512);
+        line.extend_from_slice(b"ev: (");
+        push_unknown_addr(&mut line, 0x55d1c24ed1a0);
+        line.extend_from_slice(b") a=0x0 b=0x1\n");
+        assert_eq!(String::from_utf8(line).unwrap(), kernel_line);
+    }
+
+    /// The kernel's `0x%08lx` for an address without a symbol, `0` for a null one.
+    #[test]
+    fn unknown_addresses_as_the_kernel() {
+        for (addr, want) in [
+            (0, "0"),
+            (0x401136, "0x00401136"),
+            (0x7f12_3456_789a, "0x7f123456789a"),
+        ] {
+            let mut out = Vec::new();
+            push_unknown_addr(&mut out, addr);
             assert_eq!(String::from_utf8(out).unwrap(), want);
         }
     }

@@ -87,13 +87,45 @@ impl Symbols {
         Some((self.names[r.name as usize].as_str(), r.off, r.size))
     }
 
-    /// Appends the function name at `addr`, or the address in hex (`0x...`), to `out`.
+    /// Appends the function name at `addr`, or the address as the kernel prints one it has
+    /// no symbol for ([`push_unknown_addr`]), to `out`.
     pub fn push_name(&mut self, addr: u64, out: &mut Vec<u8>) {
         match self.lookup(addr) {
             Some((n, _)) => out.extend_from_slice(n.as_bytes()),
-            None => push_hex(out, addr),
+            None => push_unknown_addr(out, addr),
         }
     }
+
+    /// [`Symbols::push_name`] for a return address (a function tracer's parent): the caller
+    /// is the function that holds the call instruction, which ends at `addr`, so `addr - 1`
+    /// is looked up first, as unwinders do. This names the caller when the call is the last
+    /// instruction of a function (a call to a `noreturn` function), where `addr` is one past
+    /// the function's end: the kernel's kallsyms, where a symbol runs to the next one, names
+    /// it too, while a lookup of `addr` found no function, or the next one. A signal
+    /// handler's return address is the first byte of glibc's `__restore_rt`, which glibc
+    /// puts after a `nop` for this very rule: `addr - 1` is in no function there, and `addr`
+    /// is looked up.
+    pub fn push_return_name(&mut self, addr: u64, out: &mut Vec<u8>) {
+        if let Some((n, _)) = addr.checked_sub(1).and_then(|a| self.lookup(a)) {
+            out.extend_from_slice(n.as_bytes());
+            return;
+        }
+        self.push_name(addr, out);
+    }
+}
+
+/// Appends an address that no symbol covers, as the kernel's `trace_seq_print_sym()`
+/// (`"0x%08lx"`), or `0` for a null address (`seq_print_ip_sym()`).
+pub fn push_unknown_addr(out: &mut Vec<u8>, addr: u64) {
+    if addr == 0 {
+        out.push(b'0');
+        return;
+    }
+    let mut hex = Vec::with_capacity(18);
+    push_hex(&mut hex, addr);
+    out.extend_from_slice(b"0x");
+    out.extend(std::iter::repeat_n(b'0', 10usize.saturating_sub(hex.len())));
+    out.extend_from_slice(&hex[2..]);
 }
 
 /// Appends `0x` and `v` in lower-case hex, as `format!("{v:#x}")`.

@@ -264,6 +264,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         tasks: Vec::new(),
         lines: Vec::new(),
         seen: Vec::new(),
+        printed: 0,
         write_failed: false,
         abandoned: Vec::new(),
     };
@@ -518,6 +519,8 @@ struct Printer {
     lines: Vec<u8>,
     /// Records seen per event id.
     seen: Vec<u64>,
+    /// Event lines formatted (function and kprobe events).
+    printed: u64,
     /// Writing the trace failed (not a closed pipe).
     write_failed: bool,
     /// Forked processes still writing when ftprobe stopped waiting for them.
@@ -613,17 +616,21 @@ impl Printer {
                 let r = rings.reader(e.ring).expect("claimed ring");
                 let c = r.comm();
                 let n = c.iter().position(|&b| b == 0).unwrap_or(16);
-                output::task_prefix(&String::from_utf8_lossy(&c[..n]), r.tid())
+                output::task_prefix(&c[..n], r.tid())
             });
             lines.extend_from_slice(task);
             output::push_cpu_time(lines, e.aux & 0xfff, self.clock.tsc_to_mono_ns(e.ts));
             let words = &self.arena[e.start..e.start + e.len];
             match e.rtype {
                 rtype::FUNC if words.len() == 3 => {
+                    // kernel/trace/trace_output.c, print_fn_trace(): no parent when it is 0.
                     syms.push_name(words[1], lines);
-                    lines.extend_from_slice(b" <-");
-                    syms.push_name(words[2], lines);
+                    if words[2] != 0 {
+                        lines.extend_from_slice(b" <-");
+                        syms.push_return_name(words[2], lines);
+                    }
                     lines.push(b'\n');
+                    self.printed += 1;
                 }
                 rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
                     let id = (e.aux >> 12) as usize;
@@ -638,6 +645,7 @@ impl Printer {
                     self.seen[id] += 1;
                     let decoder = self.decoders.get(id).and_then(Option::as_ref);
                     output::kprobe_event(lines, def, decoder, words, syms);
+                    self.printed += 1;
                 }
                 _ => lines.push(b'\n'),
             }
@@ -672,6 +680,7 @@ impl Printer {
         let events = self.events.clone();
         let seen = self.seen.clone();
         let abandoned = std::mem::take(&mut self.abandoned);
+        let printed = self.printed;
         self.write(|o| {
             for pid in &abandoned {
                 writeln!(o, "# pid {pid} was still running: its later events are not in this trace")?;
@@ -690,6 +699,7 @@ impl Printer {
                 )?;
             }
             writeln!(o, "# lost events: {total}")?;
+            output::entries(o, printed, total)?;
             if !events.is_empty() {
                 writeln!(o, "# kprobe_profile:")?;
                 for (id, def) in events.iter().enumerate() {

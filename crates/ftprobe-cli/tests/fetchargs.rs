@@ -205,8 +205,8 @@ fn refusals_name_the_kernel_error_and_nothing_runs() {
         err.contains("string arrays of an immediate are not supported"),
         "{def}: {err}"
     );
-    // An unknown symbol is found by the agent, as the kernel finds it at registration: at
-    // the probe's target, before main runs.
+    // An unknown symbol is found by the agent, as the kernel finds it at registration,
+    // before main runs; the caret is under the argument (the kernel's is at the target).
     let (out, _) = trace(&["-e", "p take x=@no_such_global"], &[&exe]);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty(), "main did not run");
@@ -214,7 +214,7 @@ fn refusals_name_the_kernel_error_and_nothing_runs() {
     let want = format!(
         "ftprobe-agent: trace_kprobe: error: Invalid probed address or symbol\n  \
          Command: p take x=@no_such_global\n{}^\n",
-        " ".repeat(11 + 2)
+        " ".repeat(11 + "p take x=".len())
     );
     assert!(err.starts_with(&want), "{err}\nwanted:\n{want}");
     assert!(

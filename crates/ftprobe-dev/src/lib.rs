@@ -101,6 +101,22 @@ pub fn ctors_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("ctors")
 }
 
+/// Path of `cxx_stl N` (C++ at `-O0`, `-pg -mfentry -mrecord-mcount` sites): grows a
+/// `std::vector<std::string>` to N strings (default 9) and runs `std::fill` on an array and a
+/// vector of a struct, so that libstdc++ templates with hard names (`std::__relocate_a_1<...>`,
+/// `std::__fill_a1<...>`) are functions of the program; prints `cxx_stl=<N> <1 + N> <3 + N>`.
+pub fn cxx_stl_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("cxx_stl")
+}
+
+/// Path of `noreturn N` (`-fpatchable-function-entry=5`): `main` calls `work(N)` (default 1,
+/// returns `3N + 1`) and ends with a call to `finish`, a `noreturn` function that prints
+/// `noreturn=<3N + 1>` and exits 0; that call is `main`'s last instruction, so `finish`'s
+/// return address is one past `main`'s end.
+pub fn noreturn_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("noreturn")
+}
+
 /// Path of `own_sigtrap MODE` (no site flags): handles (0: signal, 1: sigaction), ignores
 /// (2) or blocks (3: sigprocmask, 4: every signal in a thread) SIGTRAP itself, calls `work`
 /// (1 + 3 times, + once from its handler in modes 0 and 1), prints `mode=M s=S traps=T`,

@@ -13,6 +13,7 @@ use object::{
 };
 
 use crate::arch::x86_64::sites::{self, CallTarget, SiteKind, SitePlace};
+pub use crate::demangle::{demangled_names, display_name};
 
 /// Errors reading an object file.
 #[derive(Debug, thiserror::Error)]
@@ -410,47 +411,6 @@ fn ifunc_symbols(file: &object::File<'_>) -> Vec<(String, u64)> {
     out
 }
 
-/// The demangled forms of a symbol name (none if it is not mangled).
-pub fn demangled_names(name: &str) -> Vec<String> {
-    if let Ok(d) = rustc_demangle::try_demangle(name) {
-        return vec![format!("{d:#}")];
-    }
-    if name.starts_with("_Z") {
-        // A GCC clone (`_Z7throweri.cold`, `.isra.0`, `.part.0`, `.constprop.0`): its short
-        // name keeps the suffix (`thrower.cold`, as perf shows it), or the clone would answer
-        // to the function's own name and make it ambiguous.
-        let (base, clone) = match name.find('.') {
-            Some(i) => (&name[..i], &name[i..]),
-            None => (name, ""),
-        };
-        if let Ok(sym) = cpp_demangle::Symbol::new(base) {
-            if let Ok(full) = sym.demangle() {
-                let mut out = vec![if clone.is_empty() {
-                    full
-                } else {
-                    format!("{full} [clone {clone}]")
-                }];
-                // Without return type and parameters: the name a user types (last: shown).
-                let short = cpp_demangle::DemangleOptions::new()
-                    .no_params()
-                    .no_return_type();
-                if let Ok(s) = sym.demangle_with_options(&short) {
-                    out.push(format!("{s}{clone}"));
-                }
-                return out;
-            }
-        }
-    }
-    Vec::new()
-}
-
-/// The name to show for a symbol: demangled without parameters, or as is.
-pub fn display_name(name: &str) -> String {
-    demangled_names(name)
-        .pop()
-        .unwrap_or_else(|| name.to_owned())
-}
-
 /// Place -> addend of every R_X86_64_RELATIVE dynamic relocation.
 fn relative_relocs(file: &object::File<'_>) -> HashMap<u64, u64> {
     let Some(relocs) = file.dynamic_relocations() else {
@@ -517,23 +477,4 @@ fn load_segments(data: &[u8]) -> Vec<Segment> {
             filesz: p.p_filesz(endian),
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{demangled_names, display_name};
-
-    #[test]
-    fn cxx_names_and_their_gcc_clones() {
-        assert_eq!(demangled_names("_Z7throweri"), ["thrower(int)", "thrower"]);
-        // Regression: `thrower.cold` answered to `thrower` too, which made `p thrower`
-        // ambiguous (found by a user).
-        assert_eq!(
-            demangled_names("_Z7throweri.cold"),
-            ["thrower(int) [clone .cold]", "thrower.cold"]
-        );
-        assert_eq!(display_name("_ZN2ns1K3getEi.isra.0"), "ns::K::get.isra.0");
-        assert_eq!(display_name("main.cold"), "main.cold");
-        assert!(demangled_names("work").is_empty());
-    }
 }

@@ -5,6 +5,7 @@
 //! CLI), [`elf`] (objects on disk), [`process`] (objects in this process), [`sys`] (syscalls).
 
 pub mod arch;
+pub mod demangle;
 pub mod elf;
 pub mod events;
 pub mod ftrace;

@@ -356,9 +356,13 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
     let mut args = compile(&def)?;
     let at = target_pos(cmd);
     // The kernel resolves `@SYM` when it registers the event, before the probe, and fails
-    // with -ENOENT, logged as BAD_PROBE_ADDR at the target (trace_kprobe.c).
-    resolve_symbols(&mut args).map_err(|name| EventError {
-        err: ProbeError::new(ProbeErrorKind::BadProbeAddr, at),
+    // with -ENOENT, logged as BAD_PROBE_ADDR at the target (trace_kprobe.c): it no longer
+    // knows which argument failed. ftprobe does, and puts the caret under its `@SYM`.
+    resolve_symbols(&mut args).map_err(|(i, name)| EventError {
+        err: ProbeError::new(
+            ProbeErrorKind::BadProbeAddr,
+            sym_pos(cmd, def.args[i].pos, &name).unwrap_or(at),
+        ),
         detail: Some(format!(
             "@{name}: no data or function symbol {name:?} in the loaded objects"
         )),
@@ -428,15 +432,34 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
     Ok(tk)
 }
 
+/// Byte offset in `cmd` of `@NAME` in the argument that starts at `arg_pos` (the `@` of
+/// `a=@name`, `+8(@name+4)`).
+fn sym_pos(cmd: &str, arg_pos: usize, name: &str) -> Option<usize> {
+    let word = cmd.get(arg_pos..)?;
+    let word = &word[..word
+        .find(|c: char| c.is_ascii_whitespace())
+        .unwrap_or(word.len())];
+    let at = format!("@{name}");
+    word.match_indices(&at)
+        .map(|(i, _)| i)
+        .find(|&i| {
+            // Not a longer name that starts the same.
+            !word[i + at.len()..]
+                .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        })
+        .map(|i| arg_pos + i)
+}
+
 /// Resolve every `@SYM+OFFS` base into the symbol's address plus the offset, as the kernel's
 /// `kallsyms_lookup_name()`: the first definition of a data or function symbol of that name,
-/// objects in load order (the program first), `.symtab` before `.dynsym`. `Err`: a name that
-/// no loaded object defines.
-fn resolve_symbols(args: &mut [Fetch]) -> Result<(), String> {
+/// objects in load order (the program first), `.symtab` before `.dynsym`. `Err`: the first
+/// argument (its index) whose name no loaded object defines, and the name.
+fn resolve_symbols(args: &mut [Fetch]) -> Result<(), (usize, String)> {
     use object::{Object, ObjectSymbol};
-    let mut todo: Vec<&mut Fetch> = args
+    let mut todo: Vec<(usize, &mut Fetch)> = args
         .iter_mut()
-        .filter(|f| matches!(f.base, Base::Sym { .. }))
+        .enumerate()
+        .filter(|(_, f)| matches!(f.base, Base::Sym { .. }))
         .collect();
     if todo.is_empty() {
         return Ok(());
@@ -448,7 +471,7 @@ fn resolve_symbols(args: &mut [Fetch]) -> Result<(), String> {
         let Ok(file) = object::File::parse(&*data) else {
             continue;
         };
-        todo.retain_mut(|f| {
+        todo.retain_mut(|(_, f)| {
             let Base::Sym { name, offset } = &f.base else {
                 return false;
             };
@@ -469,8 +492,14 @@ fn resolve_symbols(args: &mut [Fetch]) -> Result<(), String> {
             return Ok(());
         }
     }
-    match &todo[0].base {
-        Base::Sym { name, .. } => Err(name.clone()),
+    match &todo[0] {
+        (
+            i,
+            Fetch {
+                base: Base::Sym { name, .. },
+                ..
+            },
+        ) => Err((*i, name.clone())),
         _ => Ok(()),
     }
 }

@@ -578,13 +578,10 @@ impl<'a> Parser<'a> {
             Some(b'@') => self.parse_mem(s, pos, code)?,
             Some(b'+' | b'-') => return self.parse_deref(s, pos, code),
             Some(b'\\') if b.get(1) == Some(&b'"') => {
+                // A lone `\"` too: the opening quote does not close the string (this
+                // kernel's error_log says IMMSTR_NO_CLOSE, caret just after the quote).
                 let st = &s[2..];
-                let text = if st.is_empty() {
-                    // The kernel takes the opening quote for the closing one.
-                    ""
-                } else if let Some(t) = st.strip_suffix('"') {
-                    t
-                } else {
+                let Some(text) = st.strip_suffix('"') else {
                     return Err(ProbeError::new(E::ImmstrNoClose, pos + 2 + st.len()));
                 };
                 (FetchOp::ImmStr(text.to_string()), Last::Data)
