@@ -50,6 +50,7 @@ fn main() {
         "c/own_sigtrap.c",
         "c/cxx.cc",
         "c/fetchargs.c",
+        "c/nested.c",
         "c/lua_driver.c",
         "lua/tables.lua",
         "rust/calls_rs.rs",
@@ -98,7 +99,7 @@ fn build_rust_fixture(src: &Path, fixtures: &Path) {
         .arg(src));
 }
 
-/// `calls`, `threads` and `calls_lib` (+ `libfxwork`) in every flavour they build in.
+/// `calls`, `threads`, `nested` and `calls_lib` (+ `libfxwork`) in every flavour they build in.
 fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // calls_lib's main has no sites; one object serves every flavour.
     let lib_main = objs.join("calls_lib_main.o");
@@ -180,7 +181,11 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
 
     for fl in Flavour::ALL {
         let name = fl.name();
-        for (prog, libs) in [("calls", &[][..]), ("threads", &["-pthread"][..])] {
+        for (prog, libs) in [
+            ("calls", &[][..]),
+            ("threads", &["-pthread"][..]),
+            ("nested", &[][..]),
+        ] {
             let obj = objs.join(format!("{prog}-{name}.o"));
             compile(
                 &c_dir.join(format!("{prog}.c")),

@@ -23,7 +23,7 @@ use crate::arch::x86_64::sites::{SiteKind, SitePlace};
 use crate::arch::x86_64::text_poke::{self, Poke, TextPokeError};
 use crate::arch::x86_64::tramp_area::TrampArea;
 pub use crate::arch::x86_64::trampoline::PtRegs;
-use crate::arch::x86_64::trampoline::{TrampolineFunc, Variant};
+use crate::arch::x86_64::trampoline::{ParentAt, TrampolineFunc, Variant};
 use crate::elf::{ElfError, ElfImage, SiteSource};
 use crate::process::LoadedObject;
 use crate::sys::SyscallError;
@@ -1124,7 +1124,7 @@ impl State {
             } else {
                 let variant = Variant {
                     save_regs,
-                    after_prologue: flags & FTRACE_FL_AFTER_PROLOGUE != 0,
+                    parent: ParentAt::of(self.meta[i].place),
                 };
                 let (ops_ptr, func): (*const (), TrampolineFunc) = match (count, only) {
                     (1, Some(op)) if op.flags & FTRACE_OPS_FL_RECURSION != 0 => {
