@@ -51,6 +51,7 @@ fn main() {
         "c/cxx.cc",
         "c/fetchargs.c",
         "c/nested.c",
+        "c/libc_calls.c",
         "c/lua_driver.c",
         "lua/tables.lua",
         "rust/calls_rs.rs",
@@ -130,7 +131,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // ignores or blocks SIGTRAP itself. mallocs: no site flags at all, like a program nobody
     // rebuilt. spawns: no site flags; system(), popen() and posix_spawn(). forks: patchable
     // entries; a forked child that outlives its parent. sigcalls: patchable entries; a
-    // signal handler that calls traced functions.
+    // signal handler that calls traced functions. libc_calls: no site flags; calls into
+    // libc's internal functions (stripped-library probes).
     let patchable = Flavour::Patchable;
     for (name, cflags, ldflags) in [
         ("own_sigtrap", &[][..], &["-pthread"][..]),
@@ -138,6 +140,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("spawns", &[], &[]),
         ("forks", patchable.cflags(), patchable.ldflags()),
         ("sigcalls", patchable.cflags(), patchable.ldflags()),
+        ("libc_calls", &[], &[]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

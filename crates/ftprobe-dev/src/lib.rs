@@ -68,6 +68,15 @@ pub fn mallocs_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("mallocs")
 }
 
+/// Path of `libc_calls [N]` (N = 20 by default, at most 1000), built with no site flags:
+/// `malloc` of N blocks of `2000 + 16 i` bytes kept until the end (each call reaches libc's
+/// internal `_int_malloc(arena, bytes)`),
+/// N calls of `strlen` (an indirect function) and of `strtol`, one `qsort` of N ints; prints
+/// `calls=N sum=<S>`, S depending only on N.
+pub fn libc_calls_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("libc_calls")
+}
+
 /// Path of `spawns`, built with no site flags: runs `system("exit 3")`,
 /// `popen("echo from-popen")` and `posix_spawn` of `sh -c "exit 4"`; prints
 /// `system=3 popen=from-popen spawn=4`.
