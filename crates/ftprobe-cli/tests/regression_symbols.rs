@@ -553,3 +553,31 @@ fn offset_into_an_indirect_function_probes_the_picked_implementation() {
         Err(why) => eprintln!("kernel comparison skipped: {why}"),
     }
 }
+
+/// Regression (issue 9, item 5): an offset into a function whose size nothing gives (no
+/// symbol size, no `.eh_frame` entry: `bare`, hand-written assembly; or an indirect function's
+/// implementation in a stripped library without either) said `symbol "0x..." not found`; now
+/// the error says that only +0 can be probed there, and +0 works.
+#[test]
+fn offset_into_a_function_of_unknown_size_is_a_clear_error() {
+    let _serial = libc_calls_lock();
+    let exe = libc_calls_fixture();
+    let exe = exe.to_str().unwrap();
+    let (out, _) = trace(&["-e", "p:b bare+3"], &[exe, "4"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: Invalid probed address or symbol")
+            && err
+                .contains("offset 0x3 into bare: only +0 can be probed there, its size is unknown"),
+        "{err}"
+    );
+    let (out, text) = trace(&["-e", "p:b bare x=%di"], &[exe, "4"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, untraced(&[exe, "4"]).stdout);
+    let xs: Vec<&str> = kprobe_lines(&text, "b")
+        .iter()
+        .map(|l| l.rsplit_once(" x=").unwrap().1)
+        .collect();
+    assert_eq!(xs, ["0x0", "0x1", "0x2", "0x3"], "{text}");
+}

@@ -71,7 +71,8 @@ pub fn mallocs_fixture() -> PathBuf {
 /// Path of `libc_calls [N]` (N = 20 by default, at most 1000), built with no site flags:
 /// `malloc` of N blocks of `2000 + 16 i` bytes kept until the end (each call reaches libc's
 /// internal `_int_malloc(arena, bytes)`),
-/// N calls of `strlen` (an indirect function) and of `strtol`, one `qsort` of N ints; prints
+/// N calls of `strlen` (an indirect function) and of `strtol`, one `qsort` of N ints, N calls
+/// of `long bare(long x)` (`x + 1`, in assembly: no symbol size, no `.eh_frame` entry); prints
 /// `calls=N sum=<S>`, S depending only on N.
 pub fn libc_calls_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("libc_calls")
