@@ -58,6 +58,8 @@ fn main() {
         "c/cxx_stl.cc",
         "c/noreturn.c",
         "c/fetchargs.c",
+        "c/nested.c",
+        "c/libc_calls.c",
         "c/lua_driver.c",
         "lua/tables.lua",
         "rust/calls_rs.rs",
@@ -106,7 +108,7 @@ fn build_rust_fixture(src: &Path, fixtures: &Path) {
         .arg(src));
 }
 
-/// `calls`, `threads` and `calls_lib` (+ `libfxwork`) in every flavour they build in.
+/// `calls`, `threads`, `nested` and `calls_lib` (+ `libfxwork`) in every flavour they build in.
 fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // calls_lib's main has no sites; one object serves every flavour.
     let lib_main = objs.join("calls_lib_main.o");
@@ -156,7 +158,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // signal handler that calls traced functions. own_malloc: patchable entries; its own
     // malloc family, 8-byte-aligned. libc_mallocs: no site flags; counts its calls of libc's
     // malloc and free. sigmasks: no site flags; signal handlers under masks that hold SIGTRAP. noreturn: patchable
-    // entries; main ends with a call to a noreturn function.
+    // entries; main ends with a call to a noreturn function. libc_calls: no site flags;
+    // calls into libc's internal functions (stripped-library probes).
     let patchable = Flavour::Patchable;
     // libsigearly.so, for sigmasks: a library constructor that installs a signal action
     // before the agent's constructor runs.
@@ -189,6 +192,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("libc_mallocs", &[], &[]),
         ("sigmasks", &[], &sigmasks_ld),
         ("noreturn", patchable.cflags(), patchable.ldflags()),
+        ("libc_calls", &[], &[]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(
@@ -259,7 +263,11 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
 
     for fl in Flavour::ALL {
         let name = fl.name();
-        for (prog, libs) in [("calls", &[][..]), ("threads", &["-pthread"][..])] {
+        for (prog, libs) in [
+            ("calls", &[][..]),
+            ("threads", &["-pthread"][..]),
+            ("nested", &[][..]),
+        ] {
             let obj = objs.join(format!("{prog}-{name}.o"));
             compile(
                 &c_dir.join(format!("{prog}.c")),

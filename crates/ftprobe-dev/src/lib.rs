@@ -47,11 +47,15 @@ const TARGET_DIR: &str = env!("FTPROBE_DEV_TARGET_DIR");
 ///   `gvar=0x.. gname=0x.. gwords=0x..` (its globals' addresses), then `calls=4`.
 /// - `threads [N]` (N = 1000 by default): 4 threads released together by a barrier; thread
 ///   `t` calls `work(i, t)` for `i` in `0..N` (from `thread_main`); prints `total=<6N^2>`.
+/// - `nested [N]` (N = 5 by default; it has no `work`): `main` calls `foo(N, 3)`, which calls
+///   its GCC nested function `foo_internal` (symbol `foo_internal.0`) N times; prints
+///   `calls=<N>` (foo_internal's own count), then `sum=<3N(N-1)/2>`. With `-mfentry` the
+///   site follows `push %r10` (the static chain), at `foo_internal.0+2`.
 pub fn fixture(program: &str, flavour: Flavour) -> Option<PathBuf> {
     match program {
         "sigstack" if flavour == Flavour::FentryCallPieRecord => {}
         "fetchargs" if flavour == Flavour::FentryNop => {}
-        "calls" | "threads" => {}
+        "calls" | "threads" | "nested" => {}
         "calls_lib" if flavour.supports_pic() => {}
         _ => return None,
     }
@@ -62,6 +66,16 @@ pub fn fixture(program: &str, flavour: Flavour) -> Option<PathBuf> {
 /// bytes in that order, frees them, prints `mallocs done`.
 pub fn mallocs_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("mallocs")
+}
+
+/// Path of `libc_calls [N]` (N = 20 by default, at most 1000), built with no site flags:
+/// `malloc` of N blocks of `2000 + 16 i` bytes kept until the end (each call reaches libc's
+/// internal `_int_malloc(arena, bytes)`),
+/// N calls of `strlen` (an indirect function) and of `strtol`, one `qsort` of N ints, N calls
+/// of `long bare(long x)` (`x + 1`, in assembly: no symbol size, no `.eh_frame` entry); prints
+/// `calls=N sum=<S>`, S depending only on N.
+pub fn libc_calls_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("libc_calls")
 }
 
 /// Path of `spawns`, built with no site flags: runs `system("exit 3")`,

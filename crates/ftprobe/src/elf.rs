@@ -1,7 +1,14 @@
 //! ELF objects on disk: function symbols, loadable segments and ftrace sites, all as addresses
 //! in the file (svma). The process's address of a file address is `svma + load_bias`.
 //!
-//! Pure parsing over `&[u8]` with the `object` crate; nothing here touches the running process.
+//! A stripped object (Debian's libc has no `.symtab`) still tells where its functions are:
+//! every function has an `.eh_frame` FDE ([`ElfImage::fde_at`]), and its full symbol table may
+//! be in a separate debug file ([`ElfImage::debug_symbols`]), found as gdb and perf find it:
+//! `<debug dir>/.build-id/xx/yyyy.debug` from the `NT_GNU_BUILD_ID` note, else the
+//! `.gnu_debuglink` name next to the object, in its `.debug/`, or under the debug dir.
+//!
+//! Pure parsing over `&[u8]` with the `object` and `gimli` crates; nothing here touches the
+//! running process.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -131,6 +138,14 @@ pub struct ElfImage {
     /// the address of the resolver, which the dynamic linker calls to pick the implementation.
     /// Not in `funcs`: probing the resolver would probe nothing the program calls.
     pub ifuncs: Vec<(String, u64)>,
+    /// The code ranges of the `.eh_frame` FDEs, `(svma, len)` sorted by address: the bounds of
+    /// every function (or function part, such as a `.cold` clone) compiled with unwind
+    /// tables, symbol or not.
+    pub fdes: Vec<(u64, u64)>,
+    /// The `NT_GNU_BUILD_ID` note's bytes.
+    pub build_id: Option<Vec<u8>>,
+    /// The `.gnu_debuglink` section: the debug file's name and the CRC-32 of its contents.
+    pub debuglink: Option<(String, u32)>,
 }
 
 impl ElfImage {
@@ -147,23 +162,49 @@ impl ElfImage {
     }
 
     /// Map and parse a file for its symbols and segments only: `sites` and `rejected` stay
-    /// empty (what a symbolizer needs; finding sites decodes code and costs more). For tools
-    /// outside the traced process (the CLI): the file is mapped, not copied, so a file
-    /// truncated while it is parsed raises SIGBUS in the caller.
+    /// empty (what a symbolizer needs; finding sites decodes code and costs more). The
+    /// symbols of its separate debug file, if one is found, are merged into `funcs` and
+    /// `names` (the object's own names first at an address). For tools outside the traced
+    /// process (the CLI): the file is mapped, not copied, so a file truncated while it is
+    /// parsed raises SIGBUS in the caller.
     pub fn open_symbols(path: &Path) -> Result<ElfImage, ElfError> {
         let map = crate::sys::FileMap::open(path).map_err(|source| ElfError::Read {
             path: path.to_owned(),
             source,
         })?;
-        ElfImage::parse_inner(path, map.bytes(), false)
+        ElfImage::parse_inner(path, map.bytes(), false, true)
     }
 
     /// Parse file contents.
     pub fn parse(path: &Path, data: &[u8]) -> Result<ElfImage, ElfError> {
-        ElfImage::parse_inner(path, data, true)
+        ElfImage::parse_inner(path, data, true, false)
     }
 
-    fn parse_inner(path: &Path, data: &[u8], sites: bool) -> Result<ElfImage, ElfError> {
+    /// The function symbols of this object's separate debug file (see the module's doc), as
+    /// an image of their own (`funcs`, `names`; no sites), or `None` when there is none or it
+    /// is not this object's (another build-id, or another CRC). The file is read, not mapped.
+    pub fn debug_symbols(&self) -> Option<ElfImage> {
+        let (path, data) = find_debug_file(
+            &self.path,
+            self.build_id.as_deref(),
+            self.debuglink.as_ref(),
+        )?;
+        ElfImage::parse_inner(&path, &data, false, false).ok()
+    }
+
+    /// The `.eh_frame` FDE whose code range holds `svma`: `(start, len)`.
+    pub fn fde_at(&self, svma: u64) -> Option<(u64, u64)> {
+        let i = self.fdes.partition_point(|f| f.0 <= svma).checked_sub(1)?;
+        let (start, len) = self.fdes[i];
+        (svma - start < len).then_some((start, len))
+    }
+
+    fn parse_inner(
+        path: &Path,
+        data: &[u8],
+        sites: bool,
+        with_debug: bool,
+    ) -> Result<ElfImage, ElfError> {
         let file = object::File::parse(data).map_err(|source| ElfError::Parse {
             path: path.to_owned(),
             source,
@@ -174,7 +215,23 @@ impl ElfImage {
             });
         }
         let relocatable = file.kind() == object::ObjectKind::Dynamic;
-        let (funcs, names) = func_symbols(&file);
+        let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let debuglink = file
+            .gnu_debuglink()
+            .ok()
+            .flatten()
+            .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
+        let mut raw = raw_func_symbols(&file);
+        if with_debug {
+            if let Some((_, debug)) = find_debug_file(path, build_id.as_deref(), debuglink.as_ref())
+            {
+                if let Ok(dfile) = object::File::parse(&*debug) {
+                    // After the object's own: those win at an address (stable sort).
+                    raw.extend(raw_func_symbols(&dfile));
+                }
+            }
+        }
+        let (funcs, names) = index_funcs(raw);
         let segments = load_segments(data);
         let mut img = ElfImage {
             path: path.to_owned(),
@@ -185,6 +242,9 @@ impl ElfImage {
             segments,
             rejected: Vec::new(),
             ifuncs: ifunc_symbols(&file),
+            fdes: eh_frame_fdes(&file),
+            build_id,
+            debuglink,
         };
         if sites {
             img.find_sites(&file);
@@ -352,11 +412,9 @@ fn bytes_at<'d>(file: &object::File<'d>, svma: u64, len: u64) -> Option<&'d [u8]
     })
 }
 
-/// Function symbols, one per address (the first name seen, `.symtab` first), and every
-/// name (aliases included: glibc's `printf` is `_IO_printf`'s) with the index of its function.
-fn func_symbols(file: &object::File<'_>) -> (Vec<FuncSym>, Vec<(String, usize)>) {
-    let mut funcs: Vec<FuncSym> = file
-        .symbols()
+/// Every function symbol of `file`, `.symtab` first, then `.dynsym`.
+fn raw_func_symbols(file: &object::File<'_>) -> Vec<FuncSym> {
+    file.symbols()
         .chain(file.dynamic_symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
         .filter_map(|s| {
@@ -367,7 +425,12 @@ fn func_symbols(file: &object::File<'_>) -> (Vec<FuncSym>, Vec<(String, usize)>)
                 size: s.size(),
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Function symbols, one per address (the first name seen in `raw`), and every name
+/// (aliases included: glibc's `printf` is `_IO_printf`'s) with the index of its function.
+fn index_funcs(mut funcs: Vec<FuncSym>) -> (Vec<FuncSym>, Vec<(String, usize)>) {
     // Stable: .symtab entries come first and win at equal addresses.
     funcs.sort_by_key(|f| f.svma);
     let all = funcs.clone();
@@ -389,6 +452,115 @@ fn func_symbols(file: &object::File<'_>) -> (Vec<FuncSym>, Vec<(String, usize)>)
     names.sort();
     names.dedup();
     (funcs, names)
+}
+
+/// The code ranges `(svma, len)` of the FDEs in `file`'s `.eh_frame`, sorted. Empty when it
+/// has none (or only a `NOBITS` placeholder, as in a separate debug file).
+fn eh_frame_fdes(file: &object::File<'_>) -> Vec<(u64, u64)> {
+    use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+    let Some(sec) = file.section_by_name(".eh_frame") else {
+        return Vec::new();
+    };
+    let Ok(data) = sec.data() else {
+        return Vec::new();
+    };
+    let mut eh = EhFrame::new(data, LittleEndian);
+    eh.set_address_size(8);
+    // Pointer encodings may be relative to these sections (pcrel is the usual one).
+    let mut bases = BaseAddresses::default().set_eh_frame(sec.address());
+    for (name, set) in [
+        (
+            ".eh_frame_hdr",
+            BaseAddresses::set_eh_frame_hdr as fn(_, _) -> _,
+        ),
+        (".text", BaseAddresses::set_text),
+        (".got", BaseAddresses::set_got),
+    ] {
+        if let Some(s) = file.section_by_name(name) {
+            bases = set(bases, s.address());
+        }
+    }
+    let mut out = Vec::new();
+    let mut entries = eh.entries(&bases);
+    // A malformed entry ends the walk: the FDEs before it still hold.
+    while let Ok(Some(entry)) = entries.next() {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        if let Ok(fde) =
+            partial.parse(|section, bases, offset| section.cie_from_offset(bases, offset))
+        {
+            if fde.len() > 0 && fde.initial_address() != 0 {
+                out.push((fde.initial_address(), fde.len()));
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Where separate debug files are looked for (gdb's `debug-file-directory`):
+/// `$FTPROBE_DEBUG_DIR` when set (empty: nowhere), else `/usr/lib/debug`.
+pub fn debug_dir() -> Option<PathBuf> {
+    match std::env::var_os("FTPROBE_DEBUG_DIR") {
+        Some(d) if d.is_empty() => None,
+        Some(d) => Some(PathBuf::from(d)),
+        None => Some(PathBuf::from("/usr/lib/debug")),
+    }
+}
+
+/// The separate debug file of the object at `path` and its contents: by build-id first
+/// (`<dir>/.build-id/xx/yyyy.debug`), then by `.gnu_debuglink` name (next to the object, in
+/// its `.debug/`, under `<dir>/<object's directory>/`). A candidate counts only if it is
+/// this object's: the same build-id when the object has one, else the CRC-32 the link gives.
+fn find_debug_file(
+    path: &Path,
+    build_id: Option<&[u8]>,
+    debuglink: Option<&(String, u32)>,
+) -> Option<(PathBuf, Vec<u8>)> {
+    find_debug_file_in(&debug_dir()?, path, build_id, debuglink)
+}
+
+/// [`find_debug_file`] under the debug directory `dir`.
+fn find_debug_file_in(
+    dir: &Path,
+    path: &Path,
+    build_id: Option<&[u8]>,
+    debuglink: Option<&(String, u32)>,
+) -> Option<(PathBuf, Vec<u8>)> {
+    let mut candidates = Vec::new();
+    if let Some(id) = build_id.filter(|id| id.len() >= 2) {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        candidates.push(
+            dir.join(".build-id")
+                .join(&hex[..2])
+                .join(format!("{}.debug", &hex[2..])),
+        );
+    }
+    if let Some((name, _)) = debuglink {
+        let obj_dir = path.parent().unwrap_or(Path::new("/"));
+        candidates.push(obj_dir.join(name));
+        candidates.push(obj_dir.join(".debug").join(name));
+        let rel = obj_dir.strip_prefix("/").unwrap_or(obj_dir);
+        candidates.push(dir.join(rel).join(name));
+    }
+    let itself = std::fs::canonicalize(path).ok();
+    candidates.into_iter().find_map(|c| {
+        if !c.is_file() || std::fs::canonicalize(&c).ok() == itself {
+            return None;
+        }
+        let data = std::fs::read(&c).ok()?;
+        let ours = match (build_id, debuglink) {
+            (Some(id), _) => object::File::parse(&*data)
+                .ok()
+                .and_then(|f| f.build_id().ok().flatten().map(|b| b == id))
+                .unwrap_or(false),
+            (None, Some((_, crc))) => crc32fast::hash(&data) == *crc,
+            (None, None) => false,
+        };
+        ours.then_some((c, data))
+    })
 }
 
 /// The `STT_GNU_IFUNC` symbols of `file` (name, resolver address), sorted by name.
@@ -477,4 +649,92 @@ fn load_segments(data: &[u8]) -> Vec<Segment> {
             filesz: p.p_filesz(endian),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{find_debug_file_in, ElfImage};
+    use std::path::Path;
+
+    const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+
+    /// The FDE of a compiled C function covers exactly its symbol's range.
+    #[test]
+    fn fde_bounds_match_symbol_sizes() {
+        let img = ElfImage::open(Path::new(LIBC)).unwrap();
+        assert!(img.fdes.len() > 1000, "{}", img.fdes.len());
+        for name in ["malloc", "qsort_r", "strtol"] {
+            let f = img.funcs_named(name).next().unwrap();
+            assert!(f.size > 0, "{name}");
+            assert_eq!(img.fde_at(f.svma), Some((f.svma, f.size)), "{name}");
+            assert_eq!(img.fde_at(f.svma + f.size - 1), Some((f.svma, f.size)));
+            assert_ne!(img.fde_at(f.svma + f.size).map(|x| x.0), Some(f.svma));
+        }
+    }
+
+    /// A debug file is found at `<dir>/.build-id/xx/yyyy.debug` only when its build-id is the
+    /// object's.
+    #[test]
+    fn debug_file_by_build_id_must_have_the_same_build_id() {
+        let img = ElfImage::open(Path::new(LIBC)).unwrap();
+        let id = img.build_id.clone().expect("Debian's libc has a build-id");
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = std::env::temp_dir().join(format!("ftprobe-elf-debug-{}", std::process::id()));
+        let sub = dir.join(".build-id").join(&hex[..2]);
+        std::fs::create_dir_all(&sub).unwrap();
+        let at = sub.join(format!("{}.debug", &hex[2..]));
+        // Another object's file there: refused.
+        std::fs::copy("/proc/self/exe", &at).unwrap();
+        assert!(find_debug_file_in(&dir, Path::new(LIBC), Some(&id), None).is_none());
+        // A file with the same build-id (a copy of the object: its symbols stand in for a
+        // debug file's): found.
+        std::fs::copy(LIBC, &at).unwrap();
+        let found = find_debug_file_in(&dir, Path::new(LIBC), Some(&id), None);
+        assert_eq!(found.map(|f| f.0), Some(at.clone()));
+        // Nothing under another directory.
+        let empty = dir.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        assert!(find_debug_file_in(&empty, Path::new(LIBC), Some(&id), None).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Without a build-id, the `.gnu_debuglink` name is looked for next to the object, and
+    /// the file counts only if its CRC-32 is the one the link gives.
+    #[test]
+    fn debug_file_by_debuglink_must_have_the_crc() {
+        let dir = std::env::temp_dir().join(format!("ftprobe-elf-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (prog, dbg) = (dir.join("prog"), dir.join("prog.dbg"));
+        let objcopy = |args: &[&std::ffi::OsStr]| {
+            std::process::Command::new("objcopy")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let ok = objcopy(&[
+            "--remove-section=.note.gnu.build-id".as_ref(),
+            "--remove-section=.gnu_debuglink".as_ref(),
+            "/bin/true".as_ref(),
+            prog.as_os_str(),
+        ]) && std::fs::copy(&prog, &dbg).is_ok()
+            && objcopy(&[
+                format!("--add-gnu-debuglink={}", dbg.display()).as_ref(),
+                prog.as_os_str(),
+            ]);
+        if !ok {
+            eprintln!("skipped: objcopy is not installed");
+            return;
+        }
+        let img = ElfImage::open(&prog).unwrap();
+        assert_eq!(img.build_id, None);
+        let link = img.debuglink.clone().expect("a debuglink");
+        assert_eq!(link.0, "prog.dbg");
+        let nowhere = dir.join("nowhere");
+        let found = find_debug_file_in(&nowhere, &prog, None, Some(&link));
+        assert_eq!(found.map(|f| f.0), Some(dbg.clone()));
+        // Another file of that name: refused.
+        std::fs::write(&dbg, b"not the debug file").unwrap();
+        assert!(find_debug_file_in(&nowhere, &prog, None, Some(&link)).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

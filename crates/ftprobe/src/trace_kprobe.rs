@@ -391,7 +391,8 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         let kind = match &e {
             KprobeError::NoSymbol(_)
             | KprobeError::NoObject(_)
-            | KprobeError::OffsetOutside { .. } => ProbeErrorKind::BadProbeAddr,
+            | KprobeError::OffsetOutside { .. }
+            | KprobeError::SizeUnknown { .. } => ProbeErrorKind::BadProbeAddr,
             KprobeError::NotUnique { .. } => ProbeErrorKind::NonUniqSymbol,
             KprobeError::NotInsnBoundary
             | KprobeError::Insn(crate::arch::x86_64::insn::InsnError::NotBoundary) => {

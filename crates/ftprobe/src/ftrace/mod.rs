@@ -23,7 +23,7 @@ use crate::arch::x86_64::sites::{SiteKind, SitePlace};
 use crate::arch::x86_64::text_poke::{self, Poke, TextPokeError};
 use crate::arch::x86_64::tramp_area::TrampArea;
 pub use crate::arch::x86_64::trampoline::PtRegs;
-use crate::arch::x86_64::trampoline::{TrampolineFunc, Variant};
+use crate::arch::x86_64::trampoline::{ParentAt, TrampolineFunc, Variant};
 use crate::elf::{ElfError, ElfImage, SiteSource};
 use crate::process::LoadedObject;
 use crate::sys::SyscallError;
@@ -327,6 +327,59 @@ struct Object {
     areas: Vec<TrampArea>,
     text: (u64, u64),
     writable: bool,
+    /// The symbols of the object's separate debug file: `None` until first needed (a name
+    /// or an address its own symbols do not know), then what was found.
+    debug: Option<Option<ElfImage>>,
+}
+
+impl Object {
+    /// The symbols of the object's separate debug file, read on first use.
+    fn debug(&mut self) -> Option<&ElfImage> {
+        self.debug
+            .get_or_insert_with(|| self.image.debug_symbols())
+            .as_ref()
+    }
+
+    /// The function holding file address `svma`: `(name, start svma, size)` from the object's
+    /// own symbols, else its debug file's, else (with `fde`) the `.eh_frame` FDE covering it,
+    /// named after a symbol that starts there (one without a size, as hand-written assembly
+    /// has), or `module+0xSTART`.
+    fn function_at(&mut self, svma: u64, fde: bool) -> Option<(String, u64, u64)> {
+        let sym = |img: &ElfImage, svma: u64| {
+            img.func_at(svma).map(|(i, off)| {
+                let f = &img.funcs[i];
+                (f.name.clone(), f.svma, f.size, off)
+            })
+        };
+        if let Some((name, start, size, _)) = sym(&self.image, svma) {
+            return Some((name, start, size));
+        }
+        if let Some((name, start, size, _)) = self.debug().and_then(|d| sym(d, svma)) {
+            return Some((name, start, size));
+        }
+        if !fde {
+            return None;
+        }
+        let (start, len) = self.image.fde_at(svma)?;
+        let name = sym(&self.image, start)
+            .or_else(|| self.debug().and_then(|d| sym(d, start)))
+            .filter(|s| s.3 == 0)
+            .map(|s| s.0)
+            .unwrap_or_else(|| format!("{}+{start:#x}", self.module));
+        Some((name, start, len))
+    }
+
+    /// The size of the function starting at `svma` with symbol size `size`: that size, or
+    /// when the symbol has none, the length of the FDE that starts there (0 if none does).
+    fn size_of(&self, svma: u64, size: u64) -> u64 {
+        if size != 0 {
+            return size;
+        }
+        match self.image.fde_at(svma) {
+            Some((start, len)) if start == svma => len,
+            _ => 0,
+        }
+    }
 }
 
 struct RecMeta {
@@ -354,8 +407,8 @@ struct State {
     #[allow(clippy::vec_box)]
     retired: Vec<Box<Vec<u64>>>,
     /// Implementations of indirect functions resolved by [`find_symbol`] that no symbol of
-    /// their object names (a stripped library): known by the IFUNC's name, at their start
-    /// only (their size is unknown).
+    /// their object (or of its debug file) names: known by the IFUNC's name, with the size of
+    /// their `.eh_frame` FDE (0 when there is none: then only their start is known).
     ifunc_impls: Vec<SymbolAddr>,
 }
 
@@ -443,6 +496,7 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             areas: Vec::new(),
             text,
             writable,
+            debug: None,
         });
     }
     sites.sort_by_key(|s| s.0);
@@ -546,13 +600,18 @@ pub fn module_matches(module: &str, file: &str) -> bool {
 
 /// Every function called `name`, by any of its names (in the object `module`, if given),
 /// among the objects ftrace looked at; `NoObject` if `module` names none of them.
+///
+/// The objects' own symbol tables are searched first; only when no object has the name
+/// there, their separate debug files (`libc6-dbg` for libc's internal functions such as
+/// `_int_malloc`). A symbol without a size gets its FDE's.
 pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, FtraceError> {
     // Objects where `name` is a GNU indirect function: resolved below, without the lock.
     let mut ifuncs: Vec<(u64, String)> = Vec::new();
     let mut found: Vec<SymbolAddr> = {
-        let g = lock();
-        let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-        st.objects
+        let mut g = lock();
+        let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+        let mut found: Vec<SymbolAddr> = st
+            .objects
             .iter()
             .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
             .flat_map(|o| {
@@ -570,30 +629,53 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
                         name: name.to_owned(),
                         module: o.module.clone(),
                         addr: f.svma + o.bias,
-                        size: f.size,
+                        size: o.size_of(f.svma, f.size),
                     })
             })
-            .collect()
+            .collect();
+        if found.is_empty() && ifuncs.is_empty() {
+            for o in st
+                .objects
+                .iter_mut()
+                .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
+            {
+                let Some(debug) = o.debug() else { continue };
+                let funcs: Vec<(u64, u64)> =
+                    debug.funcs_named(name).map(|f| (f.svma, f.size)).collect();
+                for (svma, size) in funcs {
+                    found.push(SymbolAddr {
+                        name: name.to_owned(),
+                        module: o.module.clone(),
+                        addr: svma + o.bias,
+                        size: o.size_of(svma, size),
+                    });
+                }
+            }
+        }
+        found
     };
     for (resolver, module) in ifuncs {
         let Some(addr) = resolve_ifunc(resolver) else {
             continue;
         };
-        // The implementation, by its own name where the library has one (a `.symtab`), else
-        // by the IFUNC's (remembered, for `symbol_at`).
-        found.push(match symbol_at(addr) {
+        let mut g = lock();
+        let Some(st) = g.as_mut() else { continue };
+        // The implementation, by its own name where the library or its debug file has one,
+        // else by the IFUNC's, with its FDE's size (remembered, for `symbol_at`).
+        found.push(match lookup(st, addr, false) {
             Some((sym, 0)) => sym,
             _ => {
+                let size = lookup(st, addr, true)
+                    .filter(|(_, off)| *off == 0)
+                    .map_or(0, |(s, _)| s.size);
                 let sym = SymbolAddr {
                     name: name.to_owned(),
                     module,
                     addr,
-                    size: 0,
+                    size,
                 };
-                if let Some(st) = lock().as_mut() {
-                    if !st.ifunc_impls.iter().any(|s| s.addr == addr) {
-                        st.ifunc_impls.push(sym.clone());
-                    }
+                if !st.ifunc_impls.iter().any(|s| s.addr == addr) {
+                    st.ifunc_impls.push(sym.clone());
                 }
                 sym
             }
@@ -648,54 +730,73 @@ pub fn has_module(module: &str) -> bool {
         .is_some_and(|st| st.objects.iter().any(|o| module_matches(module, &o.module)))
 }
 
-/// The function containing `addr`, with the offset into it.
+/// The function containing `addr`, with the offset into it: from the object's symbols, its
+/// debug file's, or (in a stripped object) the bounds of the `.eh_frame` FDE covering it,
+/// named `module+0xSTART` (see `Object::function_at`).
 pub fn symbol_at(addr: u64) -> Option<(SymbolAddr, u64)> {
-    let g = lock();
-    let st = g.as_ref()?;
-    if let Some(s) = st.ifunc_impls.iter().find(|s| s.addr == addr) {
-        return Some((s.clone(), 0));
+    let mut g = lock();
+    let st = g.as_mut()?;
+    lookup(st, addr, true)
+}
+
+/// [`symbol_at`] under the lock; without `fde`, named functions only.
+fn lookup(st: &mut State, addr: u64, fde: bool) -> Option<(SymbolAddr, u64)> {
+    if let Some(s) = st
+        .ifunc_impls
+        .iter()
+        .find(|s| addr >= s.addr && addr - s.addr < s.size.max(1))
+    {
+        return Some((s.clone(), addr - s.addr));
     }
-    st.objects.iter().find_map(|o| {
+    st.objects.iter_mut().find_map(|o| {
         let svma = addr.checked_sub(o.bias)?;
         if !o.image.contains(svma) {
             return None;
         }
-        let (i, off) = o.image.func_at(svma)?;
-        let f = &o.image.funcs[i];
+        let (name, start, size) = o.function_at(svma, fde)?;
         Some((
             SymbolAddr {
-                name: f.name.clone(),
+                name,
                 module: o.module.clone(),
-                addr: f.svma + o.bias,
-                size: f.size,
+                addr: start + o.bias,
+                size,
             },
-            off,
+            svma - start,
         ))
     })
 }
 
-/// Every name (aliases included, as the symbol tables spell them) of the function that starts
-/// at `addr`, e.g. `sigaction` and `__sigaction`. Empty if no function starts there.
+/// Every name (aliases included, as the symbol tables spell them, the debug file's too) of
+/// the function that starts at `addr`, e.g. `sigaction` and `__sigaction`. Empty if no named
+/// function starts there.
 pub fn names_at(addr: u64) -> Vec<String> {
-    let g = lock();
-    let Some(st) = g.as_ref() else {
+    let mut g = lock();
+    let Some(st) = g.as_mut() else {
         return Vec::new();
     };
+    let names = |img: &ElfImage, svma: u64| -> Vec<String> {
+        match img.func_at(svma) {
+            Some((i, 0)) => img
+                .names
+                .iter()
+                .filter(|(_, j)| *j == i)
+                .map(|(n, _)| n.clone())
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
     st.objects
-        .iter()
+        .iter_mut()
         .find_map(|o| {
             let svma = addr.checked_sub(o.bias)?;
-            let (i, 0) = o.image.func_at(svma)? else {
+            if !o.image.contains(svma) {
                 return None;
-            };
-            Some(
-                o.image
-                    .names
-                    .iter()
-                    .filter(|(_, j)| *j == i)
-                    .map(|(n, _)| n.clone())
-                    .collect(),
-            )
+            }
+            let mut all = names(&o.image, svma);
+            if let Some(d) = o.debug() {
+                all.extend(names(d, svma));
+            }
+            Some(all)
         })
         .unwrap_or_default()
 }
@@ -1116,7 +1217,7 @@ impl State {
             } else {
                 let variant = Variant {
                     save_regs,
-                    after_prologue: flags & FTRACE_FL_AFTER_PROLOGUE != 0,
+                    parent: ParentAt::of(self.meta[i].place),
                 };
                 let (ops_ptr, func): (*const (), TrampolineFunc) = match (count, only) {
                     (1, Some(op)) if op.flags & FTRACE_OPS_FL_RECURSION != 0 => {

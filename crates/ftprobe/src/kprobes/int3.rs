@@ -125,6 +125,8 @@ const SPAWN_CHILD: &[&str] = &[
     "__setpgid",
     "sched_setparam",
     "sched_setscheduler",
+    // The child's own function (internal: named by the debug file only).
+    "__spawni_child",
 ];
 
 fn lock() -> std::sync::MutexGuard<'static, Ctrl> {

@@ -162,6 +162,19 @@ pub enum KprobeError {
         /// Its size.
         size: u64,
     },
+    /// An offset into a function whose size is unknown (-EINVAL): the implementation of an
+    /// indirect function in a stripped library with neither an `.eh_frame` FDE nor a debug
+    /// file, whose instruction boundaries cannot be found.
+    #[error(
+        "offset {offset:#x} into {name}: only +0 can be probed there, its size is unknown (no \
+         symbol size, no .eh_frame entry, no debug file)"
+    )]
+    SizeUnknown {
+        /// Function.
+        name: String,
+        /// Offset asked for.
+        offset: u64,
+    },
     /// Inside a site but not at its first byte (-EILSEQ).
     #[error("Probe point is not an instruction boundary")]
     NotInsnBoundary,
@@ -316,6 +329,12 @@ pub fn resolve(target: &KprobeTarget) -> Result<Resolved, KprobeError> {
                         name: name.clone(),
                         offset: *offset,
                         size: func.size,
+                    });
+                }
+                if func.size == 0 && *offset != 0 {
+                    return Err(KprobeError::SizeUnknown {
+                        name: name.clone(),
+                        offset: *offset,
                     });
                 }
                 (func, *offset)

@@ -52,6 +52,10 @@ pub enum SitePlace {
     /// After the frame-pointer prologue `push %rbp; mov %rsp,%rbp` (`-pg` without `-mfentry`):
     /// the caller's return address is then at `8(%rbp)`, not at the top of the stack.
     AfterPrologue,
+    /// After `push %r10` at entry (or after `endbr64; push %r10`): gcc's nested functions
+    /// save their static chain around the `__fentry__` call (`-pg -mfentry`), so the caller's
+    /// return address is one word above the top of the stack.
+    AfterPushR10,
 }
 
 impl SitePlace {
@@ -61,12 +65,16 @@ impl SitePlace {
             SitePlace::Entry => "entry",
             SitePlace::AfterEndbr => "after-endbr",
             SitePlace::AfterPrologue => "after-prologue",
+            SitePlace::AfterPushR10 => "after-push-r10",
         }
     }
 }
 
 /// `endbr64`.
 pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+/// `push %r10`.
+pub const PUSH_R10: [u8; 2] = [0x41, 0x52];
 
 /// Recognise the bytes at a recorded site. `None` if they are none of [`SiteKind`].
 pub fn classify(bytes: &[u8]) -> Option<SiteKind> {
@@ -83,12 +91,20 @@ pub fn classify(bytes: &[u8]) -> Option<SiteKind> {
 /// or `None` if that is not a place ftprobe can patch. gcc's `-pg` calls `mcount` after the
 /// whole prologue, which may realign the stack or save registers first; any site that
 /// straight-line code reaches after `mov %rsp,%rbp` is `AfterPrologue` (the function's frame
-/// pointer then gives the caller's return address at `8(%rbp)`).
+/// pointer then gives the caller's return address at `8(%rbp)`). A site right after a
+/// `push %r10` that is the function's first instruction (after `endbr64`, if any) is
+/// `AfterPushR10` (gcc `-mfentry` in a nested function).
 pub fn place_of(func_bytes: &[u8], site_off: u64) -> Option<SitePlace> {
     let endbr = func_bytes.starts_with(&ENDBR64);
+    let first = if endbr { ENDBR64.len() } else { 0 };
     match site_off {
         0 => return Some(SitePlace::Entry),
         4 if endbr => return Some(SitePlace::AfterEndbr),
+        off if off == (first + PUSH_R10.len()) as u64
+            && func_bytes[first..].starts_with(&PUSH_R10) =>
+        {
+            return Some(SitePlace::AfterPushR10)
+        }
         _ => {}
     }
     let code = func_bytes.get(..site_off as usize)?;
@@ -271,6 +287,25 @@ mod tests {
             found,
             Some((19, SiteKind::CallGot, SitePlace::AfterPrologue))
         );
+    }
+
+    /// Regression: gcc's nested functions (`-pg -mfentry`) save the static chain first,
+    /// `push %r10; call *__fentry__; pop %r10`, and the site at +2 was "no recognisable site".
+    #[test]
+    fn fentry_site_after_push_r10_in_a_nested_function() {
+        // push %r10; call *0x2e38(%rip); pop %r10; push %rbp
+        let code = [0x41, 0x52, 0xff, 0x15, 0x38, 0x2e, 0, 0, 0x41, 0x5a, 0x55];
+        let got = 0x11a0 + 8 + 0x2e38;
+        let found = find_by_decoding(&code, 0x11a0, |t| t == CallTarget::Got(got));
+        assert_eq!(found, Some((2, SiteKind::CallGot, SitePlace::AfterPushR10)));
+        // push %r10; nopl 0x0(%rax,%rax,1) (-mnop-mcount, listed in __mcount_loc)
+        let nop = [0x41, 0x52, 0x0f, 0x1f, 0x44, 0, 0, 0x41, 0x5a];
+        assert_eq!(place_of(&nop, 2), Some(SitePlace::AfterPushR10));
+        // endbr64; push %r10; call rel32
+        let cet = [0xf3, 0x0f, 0x1e, 0xfa, 0x41, 0x52, 0xe8, 0, 0, 0, 0];
+        assert_eq!(place_of(&cet, 6), Some(SitePlace::AfterPushR10));
+        // Another push first (push %r11) is not gcc's static-chain save.
+        assert_eq!(place_of(&[0x41, 0x53, 0xe8, 0, 0, 0, 0], 2), None);
     }
 
     #[test]

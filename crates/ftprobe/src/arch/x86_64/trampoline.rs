@@ -8,9 +8,9 @@
 //! returns, the copy returns to `regs.ip` (initially the return address `site + 5`): a
 //! callback with IPMODIFY changes where the traced thread continues.
 //!
-//! Four templates: {argument registers, full register set} x {site at entry (`parent_ip` at the
-//! top of the caller's stack), site after `push %rbp; mov %rsp,%rbp` (`parent_ip` at
-//! `8(%rbp)`)}. The argument variant saves what a call may carry in: `rdi rsi rdx rcx r8 r9`,
+//! Six templates: {argument registers, full register set} x {site at entry (`parent_ip` at the
+//! top of the caller's stack), site after `push %r10` (a gcc nested function: `parent_ip` one
+//! word above the top), site after `push %rbp; mov %rsp,%rbp` (`parent_ip` at `8(%rbp)`)}. The argument variant saves what a call may carry in: `rdi rsi rdx rcx r8 r9`,
 //! `rax` (vector count of varargs), `r10` (static chain), `xmm0-7`, and restores them all, so
 //! any callback is safe to run (saving `xmm0-7` costs ~3 ns a hit here, see BENCHMARKS.md;
 //! without it a callback that uses SSE would corrupt the traced function's float arguments).
@@ -20,6 +20,8 @@
 //! frame-pointer unwinder walks through it; nothing is written above the return address.
 
 use std::arch::global_asm;
+
+use super::sites::SitePlace;
 
 /// Registers as the kernel's `struct pt_regs` (arch/x86/include/asm/ptrace.h), same order.
 ///
@@ -184,6 +186,10 @@ macro_rules! regs_template {
 // Site at entry: [rbp+8] is our return address, [rbp+16] the traced function's.
 args_template!("ftprobe_tramp_args_entry", "mov rsi, [rbp + 16]");
 regs_template!("ftprobe_tramp_regs_entry", "mov rsi, [rbp + 16]");
+// Site after `push %r10` (gcc's nested functions save the static chain before calling
+// `__fentry__`): [rbp+16] is the saved r10, [rbp+24] the traced function's return address.
+args_template!("ftprobe_tramp_args_push", "mov rsi, [rbp + 24]");
+regs_template!("ftprobe_tramp_regs_push", "mov rsi, [rbp + 24]");
 // Site after `push %rbp; mov %rsp,%rbp`: the traced function's frame is at [rbp].
 args_template!(
     "ftprobe_tramp_args_prologue",
@@ -203,6 +209,36 @@ extern "C" {
     static ftprobe_tramp_args_prologue_end: u8;
     static ftprobe_tramp_regs_prologue_start: u8;
     static ftprobe_tramp_regs_prologue_end: u8;
+    static ftprobe_tramp_args_push_start: u8;
+    static ftprobe_tramp_args_push_end: u8;
+    static ftprobe_tramp_regs_push_start: u8;
+    static ftprobe_tramp_regs_push_end: u8;
+}
+
+/// Where the traced function's return address (`parent_ip`) is when its site calls the
+/// trampoline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ParentAt {
+    /// At the top of the stack: the site is the first instruction (or follows `endbr64`).
+    Top,
+    /// One word above the top: the site follows `push %r10` (gcc nested functions).
+    AbovePushR10,
+    /// At `8(%rbp)`: the site follows the frame-pointer prologue (`-pg` mcount).
+    Frame,
+}
+
+impl ParentAt {
+    /// For a site at `place`.
+    pub fn of(place: SitePlace) -> ParentAt {
+        match place {
+            SitePlace::Entry | SitePlace::AfterEndbr => ParentAt::Top,
+            SitePlace::AfterPushR10 => ParentAt::AbovePushR10,
+            SitePlace::AfterPrologue => ParentAt::Frame,
+        }
+    }
+
+    /// Every value.
+    pub const ALL: [ParentAt; 3] = [ParentAt::Top, ParentAt::AbovePushR10, ParentAt::Frame];
 }
 
 /// Which template.
@@ -210,8 +246,8 @@ extern "C" {
 pub struct Variant {
     /// Save the full register set (SAVE_REGS) instead of the argument registers.
     pub save_regs: bool,
-    /// The site is after the frame-pointer prologue (`-pg` mcount).
-    pub after_prologue: bool,
+    /// Where the site finds `parent_ip`.
+    pub parent: ParentAt,
 }
 
 impl Variant {
@@ -220,20 +256,28 @@ impl Variant {
         // SAFETY: each pair of symbols delimits one template in .text (defined above with
         // global_asm), start before end; the bytes are code, immutable for the program's life.
         unsafe {
-            let (s, e): (*const u8, *const u8) = match (self.save_regs, self.after_prologue) {
-                (false, false) => (
+            let (s, e): (*const u8, *const u8) = match (self.save_regs, self.parent) {
+                (false, ParentAt::Top) => (
                     &raw const ftprobe_tramp_args_entry_start,
                     &raw const ftprobe_tramp_args_entry_end,
                 ),
-                (true, false) => (
+                (true, ParentAt::Top) => (
                     &raw const ftprobe_tramp_regs_entry_start,
                     &raw const ftprobe_tramp_regs_entry_end,
                 ),
-                (false, true) => (
+                (false, ParentAt::AbovePushR10) => (
+                    &raw const ftprobe_tramp_args_push_start,
+                    &raw const ftprobe_tramp_args_push_end,
+                ),
+                (true, ParentAt::AbovePushR10) => (
+                    &raw const ftprobe_tramp_regs_push_start,
+                    &raw const ftprobe_tramp_regs_push_end,
+                ),
+                (false, ParentAt::Frame) => (
                     &raw const ftprobe_tramp_args_prologue_start,
                     &raw const ftprobe_tramp_args_prologue_end,
                 ),
-                (true, true) => (
+                (true, ParentAt::Frame) => (
                     &raw const ftprobe_tramp_regs_prologue_start,
                     &raw const ftprobe_tramp_regs_prologue_end,
                 ),
@@ -259,11 +303,8 @@ mod tests {
     #[test]
     fn templates_end_with_slots_and_are_position_independent() {
         for save_regs in [false, true] {
-            for after_prologue in [false, true] {
-                let v = Variant {
-                    save_regs,
-                    after_prologue,
-                };
+            for parent in ParentAt::ALL {
+                let v = Variant { save_regs, parent };
                 let t = v.template();
                 assert!(t.len() > 100 && t.len() < 512, "{v:?}: {} bytes", t.len());
                 assert_eq!(&t[t.len() - 16..], &[0u8; 16], "{v:?}: slots start zeroed");
