@@ -510,6 +510,13 @@ pub fn debug_dir() -> Option<PathBuf> {
     }
 }
 
+/// A file's identity (device, inode): which paths name the same file. Not `canonicalize`:
+/// glibc's `realpath` calls the C library's `malloc`, which the agent never does.
+pub(crate) fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// The separate debug file of the object at `path` and its contents: by build-id first
 /// (`<dir>/.build-id/xx/yyyy.debug`), then by `.gnu_debuglink` name (next to the object, in
 /// its `.debug/`, under `<dir>/<object's directory>/`). A candidate counts only if it is
@@ -545,9 +552,9 @@ fn find_debug_file_in(
         let rel = obj_dir.strip_prefix("/").unwrap_or(obj_dir);
         candidates.push(dir.join(rel).join(name));
     }
-    let itself = std::fs::canonicalize(path).ok();
+    let itself = file_id(path);
     candidates.into_iter().find_map(|c| {
-        if !c.is_file() || std::fs::canonicalize(&c).ok() == itself {
+        if !c.is_file() || file_id(&c) == itself {
             return None;
         }
         let data = std::fs::read(&c).ok()?;

@@ -1540,7 +1540,7 @@ mod tests {
         assert!(matches!(err, RingError::TooSmall { len: 100 }), "{err:?}");
         assert_eq!(
             err.to_string(),
-            "ring memfd is 100 bytes, smaller than the 143360-byte header: \
+            "ring memfd is 100 bytes, smaller than the 159744-byte header: \
              not an ftprobe ring buffer"
         );
 

@@ -703,12 +703,8 @@ fn resolve_ifunc(resolver: u64) -> Option<u64> {
 pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> {
     let g = lock();
     let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-    // The same file by device and inode (not `canonicalize`: glibc's `realpath` would call
-    // the C library's `malloc`, which the agent never does).
-    let file_id = |p: &std::path::Path| {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
-    };
+    // The same file by device and inode.
+    let file_id = crate::elf::file_id;
     let want = file_id(std::path::Path::new(path));
     let o = st
         .objects
