@@ -49,6 +49,7 @@ fn main() {
         "c/insn_zoo.c",
         "c/own_sigtrap.c",
         "c/ctors.c",
+        "c/execs.c",
         "c/ctors_lib.c",
         "c/own_malloc.c",
         "c/libc_mallocs.c",
@@ -158,7 +159,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // signal handler that calls traced functions. own_malloc: patchable entries; its own
     // malloc family, 8-byte-aligned. libc_mallocs: no site flags; counts its calls of libc's
     // malloc and free. sigmasks: no site flags; signal handlers under masks that hold SIGTRAP. noreturn: patchable
-    // entries; main ends with a call to a noreturn function. libc_calls: no site flags;
+    // entries; main ends with a call to a noreturn function. execs: patchable
+    // entries; a failed exec, then an exec through each member of the family. libc_calls: no site flags;
     // calls into libc's internal functions (stripped-library probes).
     let patchable = Flavour::Patchable;
     // libsigearly.so, for sigmasks: a library constructor that installs a signal action
@@ -192,6 +194,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("libc_mallocs", &[], &[]),
         ("sigmasks", &[], &sigmasks_ld),
         ("noreturn", patchable.cflags(), patchable.ldflags()),
+        ("execs", patchable.cflags(), patchable.ldflags()),
         ("libc_calls", &[], &[]),
     ] {
         let obj = objs.join(format!("{name}.o"));

@@ -43,6 +43,7 @@ static AGENT_FINI: extern "C" fn() = agent_fini;
 static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 mod early;
+mod exec;
 
 /// The agent's constructor. As a rule the agent has started already, from the first
 /// initializer of another object ([`early`]); else (no other object has an initializer, or
@@ -59,6 +60,7 @@ extern "C" fn agent_init() {
 /// Start the agent: once, before any initializer of the program's objects when possible.
 fn start_agent() {
     sigtrap::init();
+    exec::init();
     init();
 }
 

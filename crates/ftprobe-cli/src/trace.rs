@@ -22,6 +22,12 @@ use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
 use std::sync::atomic::Ordering;
 
 use crate::output;
+
+/// TEXT record kinds the agent writes (`ftprobe-agent`'s `TEXT_*`): the armed-probes
+/// listing, `PID\tPATH` before an exec, `PID\tERRNO` when that exec failed.
+const TEXT_KPROBES_LIST: u32 = 1;
+const TEXT_EXEC: u32 = 2;
+const TEXT_EXEC_FAILED: u32 = 3;
 use crate::signals;
 use crate::symbols::Symbols;
 
@@ -267,6 +273,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         printed: 0,
         write_failed: false,
         abandoned: Vec::new(),
+        execs: Vec::new(),
     };
     printer.write(|o| output::header(o, if function { "function" } else { "nop" }));
     let status = loop {
@@ -525,6 +532,8 @@ struct Printer {
     write_failed: bool,
     /// Forked processes still writing when ftprobe stopped waiting for them.
     abandoned: Vec<u32>,
+    /// Processes that exec'd (pid, the program they ran), as the agent noted it.
+    execs: Vec<(u32, String)>,
 }
 
 impl Printer {
@@ -551,6 +560,8 @@ impl Printer {
         self.prefaulter.step(rings);
         self.batch.clear();
         self.arena.clear();
+        // (pid, line) of the execs noted in this poll.
+        let mut exec_notes: Vec<(u32, String)> = Vec::new();
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
             let Some(mut r) = rings.reader(i) else {
                 continue;
@@ -570,23 +581,58 @@ impl Printer {
                     });
                     arena.extend_from_slice(w);
                 }
-                rtype::TEXT => texts.push(
+                rtype::TEXT => texts.push((
+                    aux,
                     w.iter()
                         .flat_map(|x| x.to_le_bytes())
                         .filter(|&b| b != 0)
                         .collect::<Vec<u8>>(),
-                ),
+                )),
                 _ => {}
             });
-            for t in texts {
+            for (kind, t) in texts {
                 let text = String::from_utf8_lossy(&t).into_owned();
-                self.write(|o| {
-                    writeln!(o, "# kprobes/list:")?;
-                    text.lines().try_for_each(|l| writeln!(o, "#   {l}"))
-                });
+                match kind {
+                    TEXT_KPROBES_LIST => self.write(|o| {
+                        writeln!(o, "# kprobes/list:")?;
+                        text.lines().try_for_each(|l| writeln!(o, "#   {l}"))
+                    }),
+                    TEXT_EXEC | TEXT_EXEC_FAILED => {
+                        let (pid, rest) = text.split_once('\t').unwrap_or((&text, ""));
+                        let pid: u32 = pid.parse().unwrap_or(0);
+                        if kind == TEXT_EXEC {
+                            self.execs.push((pid, rest.to_owned()));
+                            exec_notes.push((
+                                pid,
+                                format!("# pid {pid} exec'd {rest}: not traced after exec\n"),
+                            ));
+                        } else if let Some(at) = self.execs.iter().rposition(|e| e.0 == pid) {
+                            let (_, path) = self.execs.remove(at);
+                            // Its "exec'd" line, if not printed yet, is replaced by this one.
+                            if let Some(n) = exec_notes.iter().rposition(|n| n.0 == pid) {
+                                exec_notes.remove(n);
+                            }
+                            let err = std::io::Error::from_raw_os_error(rest.parse().unwrap_or(0))
+                                .to_string();
+                            let err = err.split(" (os error").next().unwrap_or_default();
+                            exec_notes.push((
+                                pid,
+                                format!(
+                                    "# pid {pid}: exec of {path} failed ({err}); still traced\n"
+                                ),
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
             }
         }
+        // After this poll's events: an exec is the last thing its process did.
+        let exec_notes = std::mem::take(&mut exec_notes);
         if self.batch.is_empty() {
+            for (_, n) in &exec_notes {
+                self.write(|o| o.write_all(n.as_bytes()));
+            }
             return;
         }
         let objects = rings.objects();
@@ -650,7 +696,10 @@ impl Printer {
                 _ => lines.push(b'\n'),
             }
         }
-        let lines = std::mem::take(&mut self.lines);
+        let mut lines = std::mem::take(&mut self.lines);
+        for (_, n) in &exec_notes {
+            lines.extend_from_slice(n.as_bytes());
+        }
         self.write(|o| o.write_all(&lines));
         self.lines = lines;
     }
@@ -680,6 +729,7 @@ impl Printer {
         let events = self.events.clone();
         let seen = self.seen.clone();
         let abandoned = std::mem::take(&mut self.abandoned);
+        let execs = self.execs.clone();
         let printed = self.printed;
         self.write(|o| {
             for pid in &abandoned {
@@ -708,6 +758,9 @@ impl Printer {
                     let (dropped, missed) = counters[id];
                     writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, seen + dropped, missed)?;
                 }
+            }
+            for (pid, path) in &execs {
+                writeln!(o, "# pid {pid}'s counts stop at its exec of {path} (not traced after exec)")?;
             }
             o.flush()
         });

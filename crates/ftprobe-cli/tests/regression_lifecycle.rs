@@ -65,3 +65,57 @@ fn constructor_and_destructor_calls_of_other_libraries_are_traced() {
         "{text}"
     );
 }
+
+/// Issue 9, item 3: a program that execs another was shown under the old name, with no word
+/// that its events stop at the exec. Every member of the exec family is seen; a failed
+/// exec is said too, and tracing goes on after it.
+#[test]
+fn exec_is_reported_and_the_profile_says_where_counts_stop() {
+    let prog = ftprobe_dev::execs_fixture();
+    let prog = prog.to_str().unwrap();
+    for mode in [
+        "execve", "execv", "execvp", "execvpe", "execl", "execle", "execlp", "fexecve", "execveat",
+    ] {
+        let plain = common::untraced(&[prog, mode]);
+        assert_eq!(plain.status.code(), Some(7), "{mode}: {plain:?}");
+        let (out, text) = trace(&["-e", "p:w work"], &[prog, mode]);
+        assert_eq!(out.status.code(), Some(7), "{mode}: {out:?}");
+        // work(1), work(2), and work(3) after the failed exec.
+        assert_eq!(
+            events(&text).filter(|l| l.contains(" w: ")).count(),
+            3,
+            "{mode}: {text}"
+        );
+        let pid = events(&text)
+            .next()
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|t| t.rsplit('-').next())
+            .unwrap_or_else(|| panic!("{mode}: {text}"))
+            .to_owned();
+        assert!(
+            text.contains(&format!(
+                "# pid {pid}: exec of /nonexistent/ftprobe-no-such-program failed (No such file or directory); still traced\n"
+            )),
+            "{mode}: {text}"
+        );
+        let sh = std::fs::canonicalize("/bin/sh").unwrap();
+        let ran = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("# pid {pid} exec'd "))
+                    .and_then(|r| r.strip_suffix(": not traced after exec"))
+            })
+            .unwrap_or_else(|| panic!("{mode}: no exec line: {text}"));
+        assert_eq!(std::fs::canonicalize(ran).unwrap(), sh, "{mode}: {text}");
+        assert!(
+            text.contains(&format!(
+                "# pid {pid}'s counts stop at its exec of {ran} (not traced after exec)\n"
+            )),
+            "{mode}: {text}"
+        );
+        assert!(
+            text.contains(&format!("#   {:<44} {:>15} {:>15}\n", "w", 3, 0)),
+            "{mode}: {text}"
+        );
+    }
+}

@@ -131,6 +131,15 @@ pub fn noreturn_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("noreturn")
 }
 
+/// Path of `execs MODE` (`-fpatchable-function-entry=5`): calls `work` twice, fails to
+/// `execv` a path that does not exist, calls `work` once more, writes `execs sum=21` to
+/// stderr (4 + 7 + 10), then execs `/bin/sh -c 'exit 7'` through the function MODE names (`execve`,
+/// `execv`, `execvp`, `execvpe`, `execl`, `execle`, `execlp`, `fexecve`, `execveat`): exit
+/// status 7.
+pub fn execs_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("execs")
+}
+
 /// Path of `own_sigtrap MODE` (no site flags): handles (0: signal, 1: sigaction), ignores
 /// (2) or blocks (3: sigprocmask, 4: every signal in a thread) SIGTRAP itself, calls `work`
 /// (1 + 3 times, + once from its handler in modes 0 and 1), prints `mode=M s=S traps=T`,
