@@ -265,12 +265,14 @@ const LP: u64 = 2;
 /// # Safety
 /// Called only by the naked entry points below, with a NULL-terminated argument list.
 unsafe extern "C" fn exec_l(regs: *const u64, stack: *const u64, which: u64) -> c_int {
-    // SAFETY: the entry points saved six registers; the caller passed a NULL-terminated
-    // list (and, for execle, the environment after it) in registers and then on its stack.
+    // The entry points saved six registers; the caller passed a NULL-terminated list (and,
+    // for execle, the environment after it) in registers and then on its stack.
     let arg = |i: usize| -> *const c_char {
         (if i < 6 {
+            // SAFETY: one of the six saved registers.
             unsafe { *regs.add(i) }
         } else {
+            // SAFETY: a stack argument of the caller, up to its list's end (see above).
             unsafe { *stack.add(i - 6) }
         }) as *const c_char
     };
