@@ -230,6 +230,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &[&[
             &format!("-L{}", fixtures.display()),
             "-lfxctors",
+            "-pthread",
             "-Wl,-rpath,$ORIGIN",
         ]],
     );

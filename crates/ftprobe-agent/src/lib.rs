@@ -84,7 +84,11 @@ fn init() {
         std::sync::atomic::Ordering::Relaxed,
     );
     if let Err(e) = start(&fd, &env) {
-        eprintln!("ftprobe-agent: {e}");
+        // As for a definition that cannot be armed: the program does not run untraced as if
+        // all were well.
+        eprintln!("ftprobe-agent: {e}: stopped before main, nothing traced");
+        // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
+        unsafe { libc::_exit(1) };
     }
 }
 
@@ -114,7 +118,12 @@ impl Env {
         };
         // SAFETY (set_var/remove_var): we run from .init_array before main; no other thread
         // reads the environment concurrently (ftrace::init checks that we are alone).
+        // Libraries the CLI preloaded before the agent (a sanitizer's runtime, which must come
+        // first): taken out of LD_PRELOAD too, as the agent itself.
+        let added = std::env::var("FTPROBE_PRELOADED").unwrap_or_default();
+        let added: Vec<&str> = added.split(':').filter(|p| !p.is_empty()).collect();
         for var in [
+            "FTPROBE_PRELOADED",
             "FTPROBE_RING_FD",
             "FTPROBE_CLI_PID",
             "FTPROBE_FILTER",
@@ -128,7 +137,9 @@ impl Env {
         if let Ok(preload) = std::env::var("LD_PRELOAD") {
             let rest: Vec<&str> = preload
                 .split([':', ' '])
-                .filter(|p| !p.is_empty() && !p.ends_with("libftprobe_agent.so"))
+                .filter(|p| {
+                    !p.is_empty() && !p.ends_with("libftprobe_agent.so") && !added.contains(p)
+                })
                 .collect();
             if rest.is_empty() {
                 // SAFETY: see above: constructor, single thread.
@@ -209,9 +220,15 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
         trace::write_text(TEXT_KPROBES_LIST, &kprobes::list());
     }
     if env.function {
-        for w in function_tracer::start(None, &env.filter, &env.notrace)? {
-            eprintln!("ftprobe-agent: {w} (pattern ignored)");
+        let unmatched = function_tracer::start(None, &env.filter, &env.notrace)?;
+        if let Some(w) = unmatched.first() {
+            // The kernel refuses such a write to set_ftrace_filter / set_ftrace_notrace with
+            // EINVAL (ftrace_regex_write): refused here too, before main.
+            return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
         }
+    }
+    if let Some(rings) = trace::buffer() {
+        rings.set_armed();
     }
     Ok(())
 }

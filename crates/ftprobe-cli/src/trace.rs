@@ -133,6 +133,48 @@ fn check_not_static(prog: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The sanitizer runtimes `prog` links (`DT_NEEDED` names: ASan's, TSan's, HWASan's), which
+/// insist on being the first object in the process.
+fn sanitizer_runtimes(prog: &Path) -> Vec<String> {
+    use object::read::elf::{Dyn, FileHeader, SectionHeader};
+
+    let Ok(data) = std::fs::read(prog) else {
+        return Vec::new();
+    };
+    let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(&*data) else {
+        return Vec::new();
+    };
+    let Ok(e) = hdr.endian() else {
+        return Vec::new();
+    };
+    let Ok(sections) = hdr.sections(e, &*data) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for s in sections.iter() {
+        let Ok(Some((dyns, link))) = s.dynamic(e, &*data) else {
+            continue;
+        };
+        let Ok(strings) = sections.strings(e, &*data, link) else {
+            continue;
+        };
+        for d in dyns {
+            if d.tag32(e) == Some(object::elf::DT_NEEDED) {
+                if let Ok(name) = d.string(e, strings) {
+                    let name = String::from_utf8_lossy(name);
+                    if ["libasan.so", "libtsan.so", "libhwasan.so"]
+                        .iter()
+                        .any(|r| name.starts_with(r))
+                    {
+                        out.push(name.into_owned());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Parse the -e definitions as the kernel would and check that ftprobe can run them, before
 /// running anything. `-:[GRP/]EVENT` removes an event defined by an earlier -e.
 fn parse_events(defs: &[String]) -> Result<Vec<(String, ProbeDef)>> {
@@ -212,10 +254,20 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         )),
         None => Box::new(BufWriter::new(std::io::stdout())),
     };
-    let preload = match std::env::var("LD_PRELOAD") {
-        Ok(old) if !old.is_empty() => format!("{}:{old}", agent.display()),
-        _ => agent.display().to_string(),
-    };
+    // A sanitizer's runtime must be the first object loaded (ASan aborts otherwise: "ASan
+    // runtime does not come first"): preload it before the agent; the agent takes both out
+    // of LD_PRELOAD again.
+    let runtimes = find_program(&args.cmd[0])
+        .map(|p| sanitizer_runtimes(&p))
+        .unwrap_or_default();
+    let mut preload: Vec<String> = runtimes.clone();
+    preload.push(agent.display().to_string());
+    if let Ok(old) = std::env::var("LD_PRELOAD") {
+        if !old.is_empty() {
+            preload.push(old);
+        }
+    }
+    let preload = preload.join(":");
     signals::catch_termination();
     // Orphaned descendants of the target become our children, so that the wait at the end
     // finds the forked ones still tracing (Linux 3.4+; without it, the wait finds none).
@@ -224,6 +276,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let child = Command::new(&args.cmd[0])
         .args(&args.cmd[1..])
         .env("LD_PRELOAD", preload)
+        .env("FTPROBE_PRELOADED", runtimes.join(":"))
         .env("FTPROBE_RING_FD", fd.as_raw_fd().to_string())
         .env("FTPROBE_CLI_PID", std::process::id().to_string())
         .env("FTPROBE_FILTER", args.filter.join("\n"))
@@ -274,8 +327,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         write_failed: false,
         abandoned: Vec::new(),
         execs: Vec::new(),
+        tracer: if function { "function" } else { "nop" },
+        started: false,
     };
-    printer.write(|o| output::header(o, if function { "function" } else { "nop" }));
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
@@ -335,7 +389,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     }
     if rings.objects().is_empty() {
         eprintln!(
-            "ftprobe: the agent did not start in {} (setuid, or a loader that ignores LD_PRELOAD?): nothing was traced",
+            "ftprobe: the agent did not start in {}: nothing was traced (a setuid program, a \
+             program that runs another without the environment, or one that stopped before \
+             its libraries' constructors?)",
             args.cmd[0]
         );
     }
@@ -534,6 +590,11 @@ struct Printer {
     abandoned: Vec<u32>,
     /// Processes that exec'd (pid, the program they ran), as the agent noted it.
     execs: Vec<(u32, String)>,
+    /// `# tracer:` in the header.
+    tracer: &'static str,
+    /// The agent armed everything and the header is out. Until then nothing is printed: a
+    /// program stopped because something could not be armed leaves no trace-like output.
+    started: bool,
 }
 
 impl Printer {
@@ -557,6 +618,14 @@ impl Printer {
 
     /// Drain every ring, merge the records by timestamp, print them.
     fn poll(&mut self, rings: &SharedRings) {
+        if !self.started {
+            if !rings.armed() {
+                return;
+            }
+            self.started = true;
+            let tracer = self.tracer;
+            self.write(|o| output::header(o, tracer));
+        }
         self.prefaulter.step(rings);
         self.batch.clear();
         self.arena.clear();
@@ -705,6 +774,9 @@ impl Printer {
     }
 
     fn finish(&mut self, rings: &SharedRings) {
+        if !self.started {
+            return;
+        }
         let mut per_ring = Vec::new();
         let mut total = rings.lost_no_ring() + rings.lost_recursion();
         for i in 0..rings.claimed().min(rings.config().nr_rings) {

@@ -18,6 +18,7 @@ fn constructor_and_destructor_calls_of_other_libraries_are_traced() {
     let (out, text) = trace(&["-F", "lib_traced"], &[prog]);
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("lib_traced calls=6"));
+    assert_eq!(out.stdout, plain.stdout);
     let parents: Vec<&str> = events(&text)
         .filter(|l| l.contains(": lib_traced <-"))
         .map(|l| l.rsplit("<-").next().unwrap())
@@ -118,4 +119,109 @@ fn exec_is_reported_and_the_profile_says_where_counts_stop() {
             "{mode}: {text}"
         );
     }
+}
+
+/// Issue 9, item 5: a thread that a library's constructor starts was already running when
+/// the agent started, and the program ran untraced with exit 0 (kprobe events silently not
+/// armed). The agent now starts before that constructor: the thread is traced.
+#[test]
+fn thread_started_by_a_library_constructor_is_traced() {
+    let prog = ftprobe_dev::ctors_fixture();
+    let prog = prog.to_str().unwrap();
+    let plain = common::untraced(&[prog]);
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        "ctors main done thread_work=4\n"
+    );
+    let (out, text) = trace(
+        &["-F", "thread_work", "-e", "p:tw thread_work x=%di"],
+        &[prog],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, plain.stdout);
+    let args: Vec<&str> = events(&text)
+        .filter(|l| l.contains(" tw: "))
+        .map(|l| l.rsplit(' ').next().unwrap())
+        .collect();
+    assert_eq!(args, ["x=0x0", "x=0x1", "x=0x2", "x=0x3"], "{text}");
+    assert_eq!(
+        events(&text)
+            .filter(|l| l.ends_with(": thread_work <-worker_main"))
+            .count(),
+        4,
+        "{text}"
+    );
+}
+
+/// Issue 9, item 5: after a definition could not be armed (the program stopped before
+/// `main`, exit 1), stdout still got a trace header and a `kprobe_profile` with `0+ -`.
+#[test]
+fn arming_failure_prints_nothing_that_looks_like_a_trace() {
+    let prog = ftprobe_dev::ctors_fixture();
+    let out = common::ftprobe()
+        .args(["trace", "-e", "p:x no_such_symbol_anywhere", "--"])
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "",
+        "no header, no profile, no main"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(
+            "ftprobe-agent: trace_kprobe: error: Invalid probed address or symbol\n  Command: p:x no_such_symbol_anywhere\n"
+        ),
+        "{err}"
+    );
+}
+
+/// Issue 9, item 5: a program built with `-fsanitize=address` aborted ("ASan runtime does
+/// not come first in initial library list") and ftprobe blamed a setuid program or a loader
+/// that ignores LD_PRELOAD. The sanitizer's runtime is now preloaded first. Built here with
+/// the system's gcc; skipped where it has no ASan runtime.
+#[test]
+fn asan_program_is_traced() {
+    let dir = std::env::temp_dir().join(format!("ftprobe-asan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("asan.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stdlib.h>\n\
+         __attribute__((noinline)) int work(int x) { return x + 1; }\n\
+         int main(void) { int s = 0; for (int i = 0; i < 3; i++) s += work(i);\n\
+         char *p = malloc(8); p[0] = 1; free(p); printf(\"asan s=%d\\n\", s); return 0; }\n",
+    )
+    .unwrap();
+    let exe = dir.join("asan");
+    let built = std::process::Command::new("cc")
+        .args(["-O1", "-g", "-fsanitize=address", "-pg", "-mfentry"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        eprintln!("skipped: cc cannot build with -fsanitize=address here");
+        return;
+    }
+    let exe = exe.to_str().unwrap();
+    let plain = common::untraced(&[exe]);
+    if !plain.status.success() {
+        eprintln!("skipped: the ASan program does not run here: {plain:?}");
+        return;
+    }
+    let (out, text) = trace(&["-F", "work"], &[exe]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "asan s=6\n");
+    assert_eq!(
+        events(&text)
+            .filter(|l| l.ends_with(": work <-main"))
+            .count(),
+        3,
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

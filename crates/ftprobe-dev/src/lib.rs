@@ -108,9 +108,10 @@ pub fn cxx_fixture() -> PathBuf {
 }
 
 /// Path of `ctors` (no sites), linked with `libfxctors.so` (`-pg -mfentry`, PIC): the
-/// library's constructor calls `lib_traced` twice and its destructor three times, `main` once
-/// and then prints `ctors main done` with `printf` (flushed by `exit`, after every
-/// destructor); the destructor writes `lib_traced calls=6` to stderr.
+/// library's constructor calls `lib_traced` twice and starts a thread that calls
+/// `thread_work` 4 times; its destructor calls `lib_traced` three times; `main` calls it once,
+/// joins the thread and prints `ctors main done thread_work=4` with `printf` (flushed by
+/// `exit`, after every destructor); the destructor writes `lib_traced calls=6` to stderr.
 pub fn ctors_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("ctors")
 }

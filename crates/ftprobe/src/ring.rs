@@ -20,6 +20,7 @@
 //!   |  56 nr_objects u32      60 sigtrap_passed_pid u32 (see note_sigtrap_passed)    |
 //!   |  64 claimed u64 (the target's threads fetch_add)   72 lost_no_ring u64         |
 //!   |  80 lost_recursion u64 (events a tracer dropped: it was already running)          |
+//!   |  88 armed u64 (the agent armed everything it was asked to: the trace is on)        |
 //!   | 128 objects[512], 272 bytes each:                                              |
 //!   |       0 load_bias u64, 8 path_len u32, 12 reserved u32, 16 path[256]           |
 //!   | 139392 event_counters[1024], 16 bytes each (kprobe events, by event id):        |
@@ -131,6 +132,7 @@ struct Counters {
     claimed: AtomicU64,
     lost_no_ring: AtomicU64,
     lost_recursion: AtomicU64,
+    armed: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -180,6 +182,7 @@ const _: () = {
     assert!(offset_of!(Header, counters) + offset_of!(Counters, claimed) == 64);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_no_ring) == 72);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_recursion) == 80);
+    assert!(offset_of!(Header, counters) + offset_of!(Counters, armed) == 88);
     assert!(offset_of!(Header, objects) == 128);
     assert!(size_of::<ObjectSlot>() == 272);
     assert!(offset_of!(ObjectSlot, load_bias) == 0);
@@ -790,6 +793,20 @@ impl SharedRings {
     pub fn lost_no_ring(&self) -> u64 {
         // Relaxed: a statistic, pairs with nothing (see `note_lost_no_ring`).
         self.header().counters.0.lost_no_ring.load(Relaxed)
+    }
+
+    /// Agent side: everything asked for is armed (after the last probe, filter and tracer
+    /// were set up). Until then the reader prints nothing: a process stopped because a
+    /// definition could not be armed leaves no trace that looks like one.
+    pub fn set_armed(&self) {
+        // Release: pairs with `armed`'s Acquire; what was written before is visible then.
+        self.header().counters.0.armed.store(1, Release);
+    }
+
+    /// Whether the agent armed everything ([`SharedRings::set_armed`]).
+    pub fn armed(&self) -> bool {
+        // Acquire: pairs with `set_armed`.
+        self.header().counters.0.armed.load(Acquire) != 0
     }
 
     /// The shared counters of kprobe event `id`; `None` past [`MAX_EVENTS`]. The agent

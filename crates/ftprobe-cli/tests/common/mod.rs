@@ -128,7 +128,17 @@ pub mod kernel_uprobes {
                 panic!("uprobe_events: {e}");
             }
         }
-        let _ = write("trace", "", false);
+        // A tracing instance of our own: its own buffer, tracing_on, pid filter and options,
+        // whatever other users of tracefs do meanwhile.
+        let inst = format!("instances/{group}");
+        let _ = std::fs::remove_dir(dir.join(&inst));
+        if let Err(e) = std::fs::create_dir(dir.join(&inst)) {
+            remove();
+            panic!("tracefs instance: {e}");
+        }
+        let write =
+            |file: &str, text: &str, append: bool| write(&format!("{inst}/{file}"), text, append);
+        let _ = write("tracing_on", "1\n", false);
         let _ = write("options/event-fork", "1\n", false);
         // The thread that forks: `event-fork` adds the children of the listed tasks.
         // SAFETY: gettid has no preconditions.
@@ -139,7 +149,8 @@ pub mod kernel_uprobes {
         let _ = write(&format!("events/{group}/enable"), "0\n", false);
         let _ = write("set_event_pid", "", false);
         let _ = write("options/event-fork", "0\n", false);
-        let trace = std::fs::read_to_string(dir.join("trace")).unwrap_or_default();
+        let trace = std::fs::read_to_string(dir.join(&inst).join("trace")).unwrap_or_default();
+        let _ = std::fs::remove_dir(dir.join(&inst));
         remove();
         let child = child.expect("run the command");
         // The child's own thread (a single-threaded program): its tid is its pid.
