@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod common;
+use common::kernel_uprobes::{tracefs, tracefs_write};
 use common::{events, ftprobe, trace};
 
 use ftprobe_dev::{cxx_stl_fixture, fixture, lua, lua_script, noreturn_fixture, Flavour, LuaBuild};
@@ -19,41 +20,6 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-/// tracefs, mounted if it is not (root only); `None` (and why) when it cannot be had.
-fn tracefs() -> Result<PathBuf, String> {
-    let dir = PathBuf::from("/sys/kernel/tracing");
-    if dir.join("uprobe_events").exists() {
-        return Ok(dir);
-    }
-    // SAFETY: getuid has no memory effects.
-    if unsafe { libc::getuid() } != 0 {
-        return Err("not root".into());
-    }
-    // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            c"nodev".as_ptr(),
-            c"/sys/kernel/tracing".as_ptr(),
-            c"tracefs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 || !dir.join("uprobe_events").exists() {
-        return Err(format!(
-            "tracefs with uprobe_events not available: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(dir)
-}
-
-/// Appends one command to a tracefs control file; the kernel's answer.
-fn tracefs_write(path: &Path, cmd: &str) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().append(true).open(path)?;
-    f.write_all(cmd.as_bytes())
-}
 
 /// The file offset of symbol `name` of the ELF file `path` (a `uprobe_events` target), its
 /// address and size.

@@ -3,11 +3,11 @@
 //! bounds and the separate debug file (`libc6-dbg`), checked against the fixtures' own counts
 //! and, as root, against kernel uprobes on the same file offsets.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
+use common::kernel_uprobes::KernelUprobes;
 use common::{events, ftprobe, trace, untraced};
 
 use ftprobe_dev::{fixture, libc_calls_fixture, Flavour};
@@ -285,92 +285,14 @@ fn objdump_boundaries(svma: u64, len: u64) -> Option<Vec<u64>> {
     )
 }
 
-/// A kernel uprobe on `LIBC:offset` in a tracefs instance of its own (so nobody else's events
-/// mix in), recording only the processes named `comm`; removed on drop.
-struct KernelUprobe {
-    instance: PathBuf,
-    group: String,
-}
-
-impl KernelUprobe {
-    /// `None` (the caller skips, saying why) when not root or tracefs cannot be mounted.
-    fn new(offset: u64, comm: &str) -> Result<KernelUprobe, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root".into());
-        }
-        let tracefs = Path::new("/sys/kernel/tracing");
-        if !tracefs.join("uprobe_events").exists() {
-            // SAFETY: plain mount(2) of tracefs at its usual place.
-            let r = unsafe {
-                libc::mount(
-                    c"nodev".as_ptr(),
-                    c"/sys/kernel/tracing".as_ptr(),
-                    c"tracefs".as_ptr(),
-                    0,
-                    std::ptr::null(),
-                )
-            };
-            if r != 0 {
-                return Err(format!("no tracefs: {}", std::io::Error::last_os_error()));
-            }
-        }
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let group = format!("ftprobe_regsym_{}_{n}", std::process::id());
-        let def = format!("p:{group}/hit {LIBC}:{offset:#x}\n");
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(tracefs.join("uprobe_events"))
-            .and_then(|mut f| f.write_all(def.as_bytes()))
-            .map_err(|e| format!("uprobe_events: {e}"))?;
-        let instance = tracefs.join("instances").join(&group);
-        let probe = KernelUprobe { instance, group };
-        std::fs::create_dir(&probe.instance).map_err(|e| format!("instance: {e}"))?;
-        let event = probe.instance.join("events").join(&probe.group).join("hit");
-        std::fs::write(event.join("filter"), format!("comm == \"{comm}\"\n"))
-            .map_err(|e| format!("filter: {e}"))?;
-        std::fs::write(event.join("enable"), "1").map_err(|e| format!("enable: {e}"))?;
-        Ok(probe)
-    }
-
-    /// Hits recorded for the process `pid`.
-    fn hits(&self, pid: u32) -> usize {
-        let text = std::fs::read_to_string(self.instance.join("trace")).unwrap();
-        let tag = format!("-{pid} ");
-        text.lines()
-            .filter(|l| !l.starts_with('#') && l.contains(&tag))
-            .count()
-    }
-}
-
-impl Drop for KernelUprobe {
-    fn drop(&mut self) {
-        let _ = std::fs::write(
-            self.instance
-                .join("events")
-                .join(&self.group)
-                .join("hit/enable"),
-            "0",
-        );
-        let _ = std::fs::remove_dir(&self.instance);
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .append(true)
-            .open("/sys/kernel/tracing/uprobe_events")
-        {
-            let _ = f.write_all(format!("-:{}/hit\n", self.group).as_bytes());
-        }
-    }
-}
-
 /// Hits of a kernel uprobe at libc's file `offset` in one run of `libc_calls N`, or why not.
 fn kernel_hits(offset: u64, n: &str) -> Result<usize, String> {
     let exe = libc_calls_fixture();
-    let probe = KernelUprobe::new(offset, "libc_calls")?;
+    let probe = KernelUprobes::new(&[(Path::new(LIBC), offset)], Some("comm == \"libc_calls\""))?;
     let child = Command::new(&exe).arg(n).output().unwrap();
     assert!(child.status.success());
     // The pid is gone with the process; the trace keeps it. One run per probe: count them all.
-    let text = std::fs::read_to_string(probe.instance.join("trace")).unwrap();
+    let text = probe.trace();
     let pids: std::collections::BTreeSet<&str> = text
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -380,7 +302,7 @@ fn kernel_hits(offset: u64, n: &str) -> Result<usize, String> {
     Ok(pids
         .iter()
         .next()
-        .map_or(0, |p| probe.hits(p.parse().unwrap())))
+        .map_or(0, |p| probe.hits(0, p.parse().unwrap()) as usize))
 }
 
 /// Regression (issue 9, item 10): Debian's libc has no `.symtab`, and a probe by file offset

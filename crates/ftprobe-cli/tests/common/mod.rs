@@ -57,28 +57,43 @@ pub mod kernel_uprobes {
     use std::io::Write;
     use std::path::{Path, PathBuf};
     use std::process::Command;
+    use std::sync::atomic::{AtomicU32, Ordering};
 
     const TRACEFS: &str = "/sys/kernel/tracing";
 
-    /// tracefs, mounted if it was not; `None` (with the reason printed) when not root or
-    /// the kernel has no uprobe events.
-    pub fn tracefs() -> Option<PathBuf> {
+    /// tracefs, mounted if it is not (root only); why not when it cannot be had.
+    pub fn tracefs() -> Result<PathBuf, String> {
         let dir = PathBuf::from(TRACEFS);
+        if dir.join("uprobe_events").exists() {
+            return Ok(dir);
+        }
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root for tracefs");
-            return None;
+            return Err("not root".into());
         }
-        if !dir.join("uprobe_events").exists() {
-            let _ = Command::new("mount")
-                .args(["-t", "tracefs", "nodev", TRACEFS])
-                .status();
+        // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                c"nodev".as_ptr(),
+                c"/sys/kernel/tracing".as_ptr(),
+                c"tracefs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 || !dir.join("uprobe_events").exists() {
+            return Err(format!(
+                "tracefs with uprobe_events not available: {}",
+                std::io::Error::last_os_error()
+            ));
         }
-        if !dir.join("uprobe_events").exists() {
-            eprintln!("skipped: no {TRACEFS}/uprobe_events");
-            return None;
-        }
-        Some(dir)
+        Ok(dir)
+    }
+
+    /// Appends one command to a tracefs control file; the kernel's answer.
+    pub fn tracefs_write(path: &Path, cmd: &str) -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().append(true).open(path)?;
+        f.write_all(cmd.as_bytes())
     }
 
     /// The file offset of the dynamic symbol `sym` of the ELF file `path`.
@@ -97,79 +112,100 @@ pub mod kernel_uprobes {
         })
     }
 
-    /// Run `cmd` with kernel uprobes at each `(path, file offset)`, traced for this test
-    /// process's new children only (`set_event_pid` with `event-fork`, and only the child's
-    /// pid counted); returns the hits of each probe. Every event is removed again before
-    /// returning.
-    pub fn count_hits(probes: &[(&Path, u64)], cmd: &mut Command) -> Option<Vec<u64>> {
-        let dir = tracefs()?;
-        let group = format!("ftpt{}", std::process::id());
-        let write = |file: &str, text: &str, append: bool| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .append(append)
-                .truncate(!append)
-                .open(dir.join(file))
-                .and_then(|mut f| f.write_all(text.as_bytes()))
-        };
-        let remove = || {
-            for i in 0..probes.len() {
-                let _ = write("uprobe_events", &format!("-:{group}/p{i}\n"), true);
+    /// Kernel uprobes at `(file, offset)` places, enabled in a tracefs instance of their own
+    /// (its own buffer, `tracing_on`, filters and options, whatever else uses tracefs);
+    /// every event and the instance are removed on drop.
+    pub struct KernelUprobes {
+        instance: PathBuf,
+        group: String,
+        count: usize,
+    }
+
+    impl KernelUprobes {
+        /// Probe `p0`, `p1`, ... at each place; `filter` (an event filter such as
+        /// `comm == "ls"`) on each when given. Why not, when not root or tracefs cannot be
+        /// had.
+        pub fn new(places: &[(&Path, u64)], filter: Option<&str>) -> Result<KernelUprobes, String> {
+            let dir = tracefs()?;
+            static N: AtomicU32 = AtomicU32::new(0);
+            let n = N.fetch_add(1, Ordering::Relaxed);
+            let group = format!("ftprobe_test_{}_{n}", std::process::id());
+            let probes = KernelUprobes {
+                instance: dir.join("instances").join(&group),
+                group,
+                count: 0,
+            };
+            let mut probes = probes;
+            for (i, (path, off)) in places.iter().enumerate() {
+                let def = format!("p:{}/p{i} {}:{off:#x}\n", probes.group, path.display());
+                tracefs_write(&dir.join("uprobe_events"), &def)
+                    .map_err(|e| format!("uprobe_events {def:?}: {e}"))?;
+                probes.count = i + 1;
             }
-        };
-        remove();
-        for (i, (path, off)) in probes.iter().enumerate() {
-            if let Err(e) = write(
-                "uprobe_events",
-                &format!("p:{group}/p{i} {}:{off:#x}\n", path.display()),
-                true,
-            ) {
-                remove();
-                panic!("uprobe_events: {e}");
+            std::fs::create_dir(&probes.instance).map_err(|e| format!("instance: {e}"))?;
+            let events = probes.instance.join("events").join(&probes.group);
+            for i in 0..places.len() {
+                let ev = events.join(format!("p{i}"));
+                if let Some(f) = filter {
+                    std::fs::write(ev.join("filter"), format!("{f}\n"))
+                        .map_err(|e| format!("filter: {e}"))?;
+                }
             }
+            let _ = std::fs::write(probes.instance.join("tracing_on"), "1\n");
+            std::fs::write(events.join("enable"), "1\n").map_err(|e| format!("enable: {e}"))?;
+            Ok(probes)
         }
-        // A tracing instance of our own: its own buffer, tracing_on, pid filter and options,
-        // whatever other users of tracefs do meanwhile.
-        let inst = format!("instances/{group}");
-        let _ = std::fs::remove_dir(dir.join(&inst));
-        if let Err(e) = std::fs::create_dir(dir.join(&inst)) {
-            remove();
-            panic!("tracefs instance: {e}");
+
+        /// The instance's `trace` file: every event recorded so far.
+        pub fn trace(&self) -> String {
+            std::fs::read_to_string(self.instance.join("trace")).unwrap_or_default()
         }
-        let write =
-            |file: &str, text: &str, append: bool| write(&format!("{inst}/{file}"), text, append);
-        let _ = write("tracing_on", "1\n", false);
-        let _ = write("options/event-fork", "1\n", false);
-        // The thread that forks: `event-fork` adds the children of the listed tasks.
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() };
-        let _ = write("set_event_pid", &format!("{tid}\n"), false);
-        let _ = write(&format!("events/{group}/enable"), "1\n", false);
-        let child = cmd.spawn().and_then(|mut c| c.wait().map(|_| c.id()));
-        let _ = write(&format!("events/{group}/enable"), "0\n", false);
-        let _ = write("set_event_pid", "", false);
-        let _ = write("options/event-fork", "0\n", false);
-        let trace = std::fs::read_to_string(dir.join(&inst).join("trace")).unwrap_or_default();
-        let _ = std::fs::remove_dir(dir.join(&inst));
-        remove();
-        let child = child.expect("run the command");
-        // The child's own thread (a single-threaded program): its tid is its pid.
-        let pid_of = |l: &str| -> Option<u32> {
-            let task = l.split_whitespace().next()?;
-            task.rsplit('-').next()?.parse().ok()
-        };
-        let counted: Vec<&str> = trace
-            .lines()
-            .filter(|l| !l.starts_with('#') && pid_of(l) == Some(child))
-            .collect();
-        Some(
-            (0..probes.len())
-                .map(|i| {
-                    counted
-                        .iter()
-                        .filter(|l| l.contains(&format!(" p{i}: (")))
-                        .count() as u64
+
+        /// Hits of probe `i` by thread `tid` (a single-threaded process: its pid).
+        pub fn hits(&self, i: usize, tid: u32) -> u64 {
+            let (tag, task) = (format!(" p{i}: ("), format!("-{tid}"));
+            self.trace()
+                .lines()
+                .filter(|l| !l.starts_with('#') && l.contains(&tag))
+                .filter(|l| {
+                    l.split_whitespace()
+                        .next()
+                        .is_some_and(|t| t.ends_with(&task))
                 })
+                .count() as u64
+        }
+    }
+
+    impl Drop for KernelUprobes {
+        fn drop(&mut self) {
+            let events = self.instance.join("events").join(&self.group);
+            let _ = std::fs::write(events.join("enable"), "0\n");
+            let _ = std::fs::remove_dir(&self.instance);
+            for i in 0..self.count {
+                let _ = tracefs_write(
+                    &Path::new(TRACEFS).join("uprobe_events"),
+                    &format!("-:{}/p{i}\n", self.group),
+                );
+            }
+        }
+    }
+
+    /// Run `cmd` (a single-threaded program) under kernel uprobes at each `(path, file
+    /// offset)`; returns the hits of each probe by that process. `None` (and why, printed)
+    /// when not root or tracefs cannot be had.
+    pub fn count_hits(places: &[(&Path, u64)], cmd: &mut Command) -> Option<Vec<u64>> {
+        let probes = match KernelUprobes::new(places, None) {
+            Ok(p) => p,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return None;
+            }
+        };
+        let mut child = cmd.spawn().expect("run the command");
+        child.wait().expect("wait");
+        Some(
+            (0..places.len())
+                .map(|i| probes.hits(i, child.id()))
                 .collect(),
         )
     }
