@@ -120,37 +120,27 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &[],
     );
 
-    // cxx: C++ with -mfentry sites, for demangled names.
+    // C++ with -mfentry sites: cxx, for demangled names; cxx_stl, libstdc++ templates kept
+    // out of line (-O0), for names that are hard to demangle.
     let fl = Flavour::FentryCallPieRecord;
-    let obj = objs.join("cxx.o");
-    run(Command::new("g++")
-        .args(BASE_CFLAGS)
-        .args(fl.cflags())
-        .arg("-c")
-        .arg(c_dir.join("cxx.cc"))
-        .arg("-o")
-        .arg(&obj));
-    run(Command::new("g++")
-        .arg(&obj)
-        .args(fl.ldflags())
-        .arg("-o")
-        .arg(fixtures.join("cxx")));
-
-    // cxx_stl: libstdc++ templates kept out of line (-O0), for names that are hard to
-    // demangle.
-    let obj = objs.join("cxx_stl.o");
-    run(Command::new("g++")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer"])
-        .args(fl.cflags())
-        .arg("-c")
-        .arg(c_dir.join("cxx_stl.cc"))
-        .arg("-o")
-        .arg(&obj));
-    run(Command::new("g++")
-        .arg(&obj)
-        .args(fl.ldflags())
-        .arg("-o")
-        .arg(fixtures.join("cxx_stl")));
+    for (name, opt) in [
+        ("cxx", BASE_CFLAGS),
+        ("cxx_stl", &["-O0", "-g", "-fno-omit-frame-pointer"][..]),
+    ] {
+        let obj = objs.join(format!("{name}.o"));
+        run(Command::new("g++")
+            .args(opt)
+            .args(fl.cflags())
+            .arg("-c")
+            .arg(c_dir.join(format!("{name}.cc")))
+            .arg("-o")
+            .arg(&obj));
+        run(Command::new("g++")
+            .arg(&obj)
+            .args(fl.ldflags())
+            .arg("-o")
+            .arg(fixtures.join(name)));
+    }
 
     // Programs of one C file each. own_sigtrap: no site flags; a program that handles,
     // ignores or blocks SIGTRAP itself. mallocs: no site flags at all, like a program nobody
@@ -158,10 +148,11 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // entries; a forked child that outlives its parent. sigcalls: patchable entries; a
     // signal handler that calls traced functions. own_malloc: patchable entries; its own
     // malloc family, 8-byte-aligned. libc_mallocs: no site flags; counts its calls of libc's
-    // malloc and free. sigmasks: no site flags; signal handlers under masks that hold SIGTRAP. noreturn: patchable
-    // entries; main ends with a call to a noreturn function. execs: patchable
-    // entries; a failed exec, then an exec through each member of the family. libc_calls: no site flags;
-    // calls into libc's internal functions (stripped-library probes).
+    // malloc and free. sigmasks: no site flags; signal handlers under masks that hold
+    // SIGTRAP. noreturn: patchable entries; main ends with a call to a noreturn function.
+    // execs: patchable entries; a failed exec, then an exec through each member of the
+    // family. libc_calls: no site flags; calls into libc's internal functions
+    // (stripped-library probes).
     let patchable = Flavour::Patchable;
     // libsigearly.so, for sigmasks: a library constructor that installs a signal action
     // before the agent's constructor runs.
