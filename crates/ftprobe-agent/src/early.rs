@@ -216,10 +216,12 @@ unsafe extern "C" fn visit(
     // write inside PT_GNU_RELRO.
     let prot_of = |a: u64| -> i32 {
         let mut prot = libc::PROT_READ;
+        // Every segment on the word's page (old binaries share a page between segments).
+        let page = a & !4095;
         for p in phdrs {
             if p.p_type == libc::PT_LOAD
-                && a >= bias + p.p_vaddr
-                && a < bias + p.p_vaddr + p.p_memsz
+                && page + 4096 > bias + p.p_vaddr
+                && page < bias + p.p_vaddr + p.p_memsz
             {
                 if p.p_flags & libc::PF_W != 0 {
                     prot |= libc::PROT_WRITE;
@@ -229,10 +231,13 @@ unsafe extern "C" fn visit(
                 }
             }
         }
+        // The pages the loader made read-only (glibc `_dl_protect_relro`): from the page of
+        // the segment's start to the page of its end, both rounded down (a last partial page
+        // stays writable).
         let relro = phdrs.iter().any(|p| {
             p.p_type == libc::PT_GNU_RELRO
-                && (a & !4095) >= ((bias + p.p_vaddr) & !4095)
-                && a < bias + p.p_vaddr + p.p_memsz
+                && page >= ((bias + p.p_vaddr) & !4095)
+                && page < ((bias + p.p_vaddr + p.p_memsz) & !4095)
         });
         if relro {
             prot &= !libc::PROT_WRITE;

@@ -225,3 +225,37 @@ fn asan_program_is_traced() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The agent starts from other objects' initializers: real programs with many libraries
+/// (each initializer redirected, then put back) run traced exactly as untraced: the same
+/// output and exit status, with a probe on `libc:malloc` hit.
+#[test]
+fn system_programs_run_traced_as_untraced() {
+    let programs: &[&[&str]] = &[
+        &["bash", "-c", "echo from bash; exit 4"],
+        &["perl", "-e", "print 6*7, qq(\n)"],
+        &["python3", "-c", "import json; print(json.dumps([1, 2]))"],
+        &["git", "--version"],
+        &["ls", "-d", "/"],
+    ];
+    let mut ran = 0;
+    for cmd in programs {
+        let Ok(plain) = std::process::Command::new(cmd[0]).args(&cmd[1..]).output() else {
+            eprintln!("skipped {}: not installed", cmd[0]);
+            continue;
+        };
+        let (out, text) = trace(&["-e", "p:m libc:malloc"], cmd);
+        assert_eq!(out.status.code(), plain.status.code(), "{cmd:?}: {out:?}");
+        assert_eq!(out.stdout, plain.stdout, "{cmd:?}");
+        assert_eq!(out.stderr, plain.stderr, "{cmd:?}");
+        let hits: u64 = text
+            .lines()
+            .find(|l| l.starts_with("#   m "))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{cmd:?}: {text}"));
+        assert!(hits > 0, "{cmd:?}: {text}");
+        ran += 1;
+    }
+    assert!(ran >= 2, "bash and ls at least");
+}
