@@ -45,6 +45,27 @@ static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 mod early;
 mod exec;
 
+/// Writes the agent's own messages to stderr with a raw `write` system call: a probe on
+/// `libc:write` counts the program's writes, never the tracer's (`syscall` itself is on the
+/// probe path's blacklist, so it is never probed).
+fn say(args: std::fmt::Arguments<'_>) {
+    let text = args.to_string();
+    let mut rest = text.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: write(2) of a live buffer to fd 2.
+        let n = unsafe { libc::syscall(libc::SYS_write, 2, rest.as_ptr(), rest.len()) };
+        if n <= 0 {
+            break;
+        }
+        rest = &rest[n as usize..];
+    }
+}
+
+/// `eprintln!` through [`say`].
+macro_rules! say {
+    ($($t:tt)*) => { crate::say(format_args!("{}\n", format_args!($($t)*))) };
+}
+
 /// The agent's constructor. As a rule the agent has started already, from the first
 /// initializer of another object ([`early`]); else (no other object has an initializer, or
 /// the loader did not run the relocation-time resolver) it starts here.
@@ -86,7 +107,7 @@ fn init() {
     if let Err(e) = start(&fd, &env) {
         // As for a definition that cannot be armed: the program does not run untraced as if
         // all were well.
-        eprintln!("ftprobe-agent: {e}: stopped before main, nothing traced");
+        say!("ftprobe-agent: {e}: stopped before main, nothing traced");
         // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
         unsafe { libc::_exit(1) };
     }
@@ -178,12 +199,12 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     trace::set_buffer(rings);
     let (resolved, unhooked) = early::status();
     if !resolved {
-        eprintln!(
+        say!(
             "ftprobe-agent: started after the other libraries' constructors (the loader did not \
              run the agent's relocation-time hook): their calls are not traced"
         );
     } else if unhooked > 0 {
-        eprintln!(
+        say!(
             "ftprobe-agent: {unhooked} libraries past the first {} run their constructors \
              before the agent starts: calls made there are not traced",
             early::MAX_HOOKS
@@ -194,16 +215,22 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     let skipped = unsafe { ftrace::init_objects(&objects) }?;
     sigtrap::start();
     for e in skipped {
-        eprintln!("ftprobe-agent: skipped an object: {e}");
+        say!("ftprobe-agent: skipped an object: {e}");
     }
     for (id, cmd) in env.events.iter().enumerate() {
         match trace_kprobe::create(id as u32, cmd) {
             Ok(_) => {}
             Err(e) => {
-                eprint!("ftprobe-agent: {}", error_log(cmd, &e.err));
+                say(format_args!("ftprobe-agent: {}", error_log(cmd, &e.err)));
                 if let Some(d) = e.detail {
-                    eprintln!("  ({d})");
+                    say!("  ({d})");
                 }
+                // Which program it was (a script or a shim runs its interpreter, which is
+                // what the agent looked in).
+                let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+                // SAFETY: getpid has no preconditions.
+                let pid = unsafe { libc::getpid() };
+                say!("  (in {}, pid {pid}: stopped before main)", exe.display());
                 // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
                 unsafe { libc::_exit(1) };
             }
