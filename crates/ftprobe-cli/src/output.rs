@@ -76,8 +76,8 @@ pub fn entries(out: &mut dyn Write, printed: u64, lost: u64) -> std::io::Result<
 /// name=value ...`. Values as the kernel's print functions: integers as [`FetchType::format`],
 /// `char` as `'c'`, strings (`string`, `ustring`, `$comm`, `\"STR"`) as `"text"` with nothing
 /// escaped, `symbol` as `%pS` (`sym+0xoff/0xsize`, the bare address when no function covers
-/// it), `symstr` as that text in quotes, arrays as `{a,b,c}`, and `(fault)` for what could not
-/// be read.
+/// it), `symstr` as that text in quotes, arrays as `{a,b,c}`, and for what could not be read
+/// `(fault)` (a string) or the value 0 (a number, as the kernel's zeroed field).
 pub fn kprobe_event(
     out: &mut Vec<u8>,
     def: &ProbeDef,
@@ -139,7 +139,18 @@ fn format_scalar(ty: &FetchType, raw: u64, syms: &mut Symbols) -> String {
 /// One decoded argument of type `ty`.
 fn format_value(ty: &FetchType, v: &ArgValue, syms: &mut Symbols) -> String {
     match v {
-        ArgValue::Fault => "(fault)".to_owned(),
+        // The kernel prints `(fault)` for a string it could not read, and the zero its
+        // record holds for a number (checked against this kernel's uprobes: `+0(%di):u32`
+        // on a NULL `%di` prints `0`).
+        ArgValue::Fault => match ty {
+            FetchType::Array { elem, len } if !elem.is_string() => {
+                let zero = format_scalar(elem, 0, syms);
+                format!("{{{}}}", vec![zero; *len as usize].join(","))
+            }
+            FetchType::Array { .. } => "(fault)".to_owned(),
+            t if t.is_string() => "(fault)".to_owned(),
+            t => format_scalar(t, 0, syms),
+        },
         ArgValue::Scalar(raw) => format_scalar(ty, *raw, syms),
         ArgValue::Str(b) => format_string(b.as_deref()),
         ArgValue::Array(elems) => {

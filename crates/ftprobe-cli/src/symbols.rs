@@ -24,7 +24,8 @@ pub struct Symbols {
     objects: Vec<(u64, ElfImage)>,
     /// Display names (demangled) of the functions seen so far.
     names: Vec<String>,
-    /// (object index, function index) to its slot in `names`.
+    /// (object index, function index, or the start of an `.eh_frame` range with no symbol
+    /// as `usize::MAX - start`) to its slot in `names`.
     name_ids: FxHashMap<(usize, usize), u32>,
     cache: FxHashMap<u64, Option<Resolved>>,
 }
@@ -60,15 +61,27 @@ impl Symbols {
                 if !img.contains(svma) {
                     return None;
                 }
-                let (i, off) = img.func_at(svma)?;
-                Some((o, i, off, img.funcs[i].size))
+                if let Some((i, off)) = img.func_at(svma) {
+                    return Some((o, i, off, img.funcs[i].size));
+                }
+                // A function the object has no symbol for (a stripped library without its
+                // debug file): its `.eh_frame` range, named `object+0xSTART` as the probe
+                // listing names it.
+                let (start, len) = img.fde_at(svma)?;
+                Some((o, usize::MAX - start as usize, svma - start, len))
             });
         let r = found.map(|(o, i, off, size)| {
             let next = self.names.len() as u32;
             let name = *self.name_ids.entry((o, i)).or_insert(next);
             if name == next {
-                let f = &self.objects[o].1.funcs[i];
-                self.names.push(ftprobe::elf::display_name(&f.name));
+                let img = &self.objects[o].1;
+                self.names.push(match img.funcs.get(i) {
+                    Some(f) => ftprobe::elf::display_name(&f.name),
+                    None => {
+                        let file = img.path.file_name().unwrap_or_default().to_string_lossy();
+                        format!("{file}+{:#x}", usize::MAX - i)
+                    }
+                });
             }
             Resolved { name, off, size }
         });

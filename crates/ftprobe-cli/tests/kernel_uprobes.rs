@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
 
-use common::kernel_uprobes::{count_hits, file_offset_of, tracefs};
+use common::kernel_uprobes::{count_hits, file_offset_of, tracefs, KernelUprobes};
 
 /// One kernel uprobe session at a time.
 static TRACEFS: Mutex<()> = Mutex::new(());
@@ -74,4 +74,63 @@ fn libc_malloc_in_ls_counts_what_a_kernel_uprobe_counts() {
         kernel,
         "ftprobe (malloc, free) vs the kernel's uprobes"
     );
+}
+
+/// Regression (issue 9, item 4: the kernel's output): a number, char, bitfield or array that
+/// could not be read printed `(fault)`; this kernel prints the zero its record holds (only a
+/// string prints `(fault)`). The same fetch args through a kernel uprobe on the `fetchargs`
+/// fixture's `take` print the same values on each of its four calls (two with a NULL and a
+/// wild pointer). Not a nested dereference that faults: the kernel leaves that field as its
+/// per-CPU buffer held it (the previous event's value), where ftprobe prints 0.
+#[test]
+fn faulting_numbers_print_zero_as_the_kernel() {
+    let _one = TRACEFS.lock().unwrap_or_else(|e| e.into_inner());
+    let args = "id=+0(%di):u32 neg=+4(%di):s32 c=+24(%di):char[2] bf=+0(%di):b3@2/32 \
+                v=+40(%di):s64[2] n=+24(%di):string";
+    let exe = ftprobe_dev::fixture("fetchargs", ftprobe_dev::Flavour::FentryNop).unwrap();
+    let (out, text) = common::trace(
+        &["-e", &format!("p:z take {args}")],
+        &[exe.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let ours: Vec<String> = common::events(&text)
+        .filter(|l| l.contains(" z: ("))
+        .map(|l| l.split_once(") ").unwrap().1.to_owned())
+        .collect();
+    assert_eq!(ours.len(), 4, "{text}");
+    assert_eq!(ours[2], "id=0 neg=0 c={'\0','\0'} bf=0 v={0,0} n=(fault)");
+    assert_eq!(ours[2], ours[3], "a NULL and a wild pointer read alike");
+    let data = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let take = file
+        .symbols()
+        .find(|s| s.name() == Ok("take"))
+        .unwrap()
+        .address();
+    let seg = file
+        .segments()
+        .find(|s| take >= s.address() && take < s.address() + s.size())
+        .unwrap();
+    let offset = take - seg.address() + seg.file_range().0;
+    let probes = match KernelUprobes::with_args(&[(&exe, offset, args)]) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipped the comparison with the kernel: {why}");
+            return;
+        }
+    };
+    let mut child = Command::new(&exe)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let tag = format!("-{} ", child.id());
+    let kernel: Vec<String> = probes
+        .trace()
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(" p0: (") && l.contains(&tag))
+        .map(|l| l.split_once(") ").unwrap().1.to_owned())
+        .collect();
+    assert_eq!(kernel, ours, "ftprobe's values against the kernel's uprobe");
 }

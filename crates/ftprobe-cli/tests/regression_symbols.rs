@@ -365,6 +365,14 @@ fn probe_by_file_offset_inside_a_stripped_libc_function_counts_as_a_kernel_uprob
                     "{func} ({}):\n{text}",
                     path.display()
                 );
+            } else {
+                // Without it, after its `.eh_frame` range, as the listing names it (the event
+                // lines printed a bare address; found by a user).
+                let tag = format!("x: (libc.so.6+{svma:#x}+{:#x}/{size:#x})", at - svma);
+                assert!(
+                    events(&text).all(|l| l.ends_with(&tag)),
+                    "{func}: {tag}\n{text}"
+                );
             }
             let hits = kprobe_lines(&text, "x").len();
             assert_eq!(profile_hits(&text, "x"), Some(hits as u64), "{text}");

@@ -126,6 +126,19 @@ pub mod kernel_uprobes {
         /// `comm == "ls"`) on each when given. Why not, when not root or tracefs cannot be
         /// had.
         pub fn new(places: &[(&Path, u64)], filter: Option<&str>) -> Result<KernelUprobes, String> {
+            let places: Vec<(&Path, u64, &str)> = places.iter().map(|&(p, o)| (p, o, "")).collect();
+            Self::make(&places, filter)
+        }
+
+        /// As [`KernelUprobes::new`], each probe with fetch args (`uprobe_events` syntax).
+        pub fn with_args(places: &[(&Path, u64, &str)]) -> Result<KernelUprobes, String> {
+            Self::make(places, None)
+        }
+
+        fn make(
+            places: &[(&Path, u64, &str)],
+            filter: Option<&str>,
+        ) -> Result<KernelUprobes, String> {
             let dir = tracefs()?;
             static N: AtomicU32 = AtomicU32::new(0);
             let n = N.fetch_add(1, Ordering::Relaxed);
@@ -136,8 +149,12 @@ pub mod kernel_uprobes {
                 count: 0,
             };
             let mut probes = probes;
-            for (i, (path, off)) in places.iter().enumerate() {
-                let def = format!("p:{}/p{i} {}:{off:#x}\n", probes.group, path.display());
+            for (i, (path, off, args)) in places.iter().enumerate() {
+                let def = format!(
+                    "p:{}/p{i} {}:{off:#x} {args}\n",
+                    probes.group,
+                    path.display()
+                );
                 tracefs_write(&dir.join("uprobe_events"), &def)
                     .map_err(|e| format!("uprobe_events {def:?}: {e}"))?;
                 probes.count = i + 1;
