@@ -25,7 +25,8 @@ if ! command -v cargo >/dev/null; then
 fi
 
 cargo build --release --workspace --quiet
-lua=$(target/release/fixture-path lua-fentry-nop)
+bin="${CARGO_TARGET_DIR:-target}/release"
+lua=$("$bin/fixture-path" lua-fentry-nop)
 filters=("$@")
 [ ${#filters[@]} -gt 0 ] || filters=(
     -F 'luaH_*'
@@ -33,4 +34,4 @@ filters=("$@")
     -e 'p:resize luaH_resize t=$arg2 asize=$arg3:u32 hsize=$arg4:u32'
 )
 echo "+ ftprobe trace ${filters[*]} -- $lua    (runs the bundled tables.lua)" >&2
-exec target/release/ftprobe trace "${filters[@]}" -- "$lua"
+exec "$bin/ftprobe" trace "${filters[@]}" -- "$lua"
