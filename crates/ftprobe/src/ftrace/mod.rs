@@ -626,7 +626,7 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
                     .funcs_named(name)
                     .filter(move |_| !ifunc)
                     .map(|f| SymbolAddr {
-                        name: name.to_owned(),
+                        name: f.name.clone(),
                         module: o.module.clone(),
                         addr: f.svma + o.bias,
                         size: o.size_of(f.svma, f.size),
@@ -640,11 +640,13 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
                 .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
             {
                 let Some(debug) = o.debug() else { continue };
-                let funcs: Vec<(u64, u64)> =
-                    debug.funcs_named(name).map(|f| (f.svma, f.size)).collect();
-                for (svma, size) in funcs {
+                let funcs: Vec<(String, u64, u64)> = debug
+                    .funcs_named(name)
+                    .map(|f| (f.name.clone(), f.svma, f.size))
+                    .collect();
+                for (sym, svma, size) in funcs {
                     found.push(SymbolAddr {
-                        name: name.to_owned(),
+                        name: sym,
                         module: o.module.clone(),
                         addr: svma + o.bias,
                         size: o.size_of(svma, size),

@@ -163,14 +163,14 @@ pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
     {
         return Err(KprobeError::Blacklisted(format!(
             "{}+{:#x}",
-            func.name,
+            crate::elf::display_name(&func.name),
             addr - func.addr
         )));
     }
     if named(SPAWN_CHILD) && ft::module_of(addr).is_some_and(|m| m.starts_with("libc.so")) {
         return Err(KprobeError::SpawnChild(format!(
             "{}+{:#x}",
-            func.name,
+            crate::elf::display_name(&func.name),
             addr - func.addr
         )));
     }

@@ -145,12 +145,12 @@ pub enum KprobeError {
     #[error("no object {0:?} is loaded in this process (objects loaded later with dlopen are not supported yet)")]
     NoObject(String),
     /// Several functions of that name (-EADDRNOTAVAIL, "The symbol is not unique").
-    #[error("the symbol {name:?} is not unique: in {modules}")]
+    #[error("the symbol {name:?} is not unique: {candidates}; name one by its full C++ signature or mangled name, or its object (OBJ:SYM)")]
     NotUnique {
         /// The name.
         name: String,
-        /// Where it is defined.
-        modules: String,
+        /// Each function of that name (its full demangled name) and the object defining it.
+        candidates: String,
     },
     /// The offset is past the end of the function (-EINVAL).
     #[error("offset {offset:#x} is past the end of {name} (size {size:#x})")]
@@ -317,10 +317,19 @@ pub fn resolve(target: &KprobeTarget) -> Result<Resolved, KprobeError> {
                     0 => return Err(KprobeError::NoSymbol(name.clone())),
                     1 => hits.into_iter().next().expect("one"),
                     _ => {
-                        let modules: Vec<String> = hits.iter().map(|h| h.module.clone()).collect();
+                        let candidates: Vec<String> = hits
+                            .iter()
+                            .map(|h| {
+                                let full = crate::elf::demangled_names(&h.name)
+                                    .into_iter()
+                                    .next()
+                                    .unwrap_or_else(|| h.name.clone());
+                                format!("{full} in {}", h.module)
+                            })
+                            .collect();
                         return Err(KprobeError::NotUnique {
                             name: name.clone(),
-                            modules: modules.join(", "),
+                            candidates: candidates.join(", "),
                         });
                     }
                 };
