@@ -270,6 +270,11 @@ pub mod fxsites {
         pub fn fx_twice(x: i64) -> i64;
         /// Returns 42 (for tests that redirect the instruction pointer).
         pub fn fx_ret_42() -> i64;
+        /// Returns the `rbp` it runs with (after its site).
+        pub fn fx_rbp_callee() -> i64;
+        /// Calls `fx_rbp_callee` with its own `rbp` saved around the call; returns what it
+        /// returned.
+        pub fn fx_rbp_caller() -> i64;
         /// `a + b`, compiled with `-fpatchable-function-entry=5 -fcf-protection=full`:
         /// `endbr64`, then the site at +4.
         pub fn fx_cet_add(a: i64, b: i64) -> i64;

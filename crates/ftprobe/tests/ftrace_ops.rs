@@ -230,6 +230,27 @@ fn ipmodify_redirect_and_exclusive() {
     ftrace::unregister_ftrace_function(&OPS_IPM2).unwrap();
 }
 
+unsafe extern "C" fn set_rbp(_ip: u64, _parent: u64, _op: &FtraceOps, regs: &mut PtRegs) {
+    regs.rbp = 0x5a5a_1234;
+}
+static OPS_SET_RBP: FtraceOps = FtraceOps::new(
+    set_rbp,
+    FTRACE_OPS_FL_SAVE_REGS | FTRACE_OPS_FL_IPMODIFY,
+);
+
+/// A SAVE_REGS callback's change to `regs.rbp` was lost: the trampoline's `pop %rbp` put
+/// back the rbp it had saved, though every register is restored (PtRegs' docs).
+fn save_regs_callback_changes_rbp() {
+    ftrace::ftrace_set_filter(&OPS_SET_RBP, "fx_rbp_callee", true).unwrap();
+    ftrace::register_ftrace_function(&OPS_SET_RBP).unwrap();
+    // SAFETY: plain C function; it keeps its own rbp around the call.
+    let seen = unsafe { fx_rbp_caller() };
+    ftrace::unregister_ftrace_function(&OPS_SET_RBP).unwrap();
+    assert_eq!(seen, 0x5a5a_1234, "the traced function runs with the callback's rbp");
+    // SAFETY: as above.
+    assert_ne!(unsafe { fx_rbp_caller() }, 0x5a5a_1234, "and without the ops, its own");
+}
+
 static SEEN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 unsafe extern "C" fn record_regs(ip: u64, parent: u64, _op: &FtraceOps, regs: &mut PtRegs) {
     if ip == fx_mul as *const () as u64 {
@@ -432,6 +453,10 @@ fn main() {
             ipmodify_redirect_and_exclusive,
         ),
         ("regs_args_and_parent", regs_args_and_parent),
+        (
+            "save_regs_callback_changes_rbp",
+            save_regs_callback_changes_rbp,
+        ),
         (
             "recursion_is_dropped_and_counted",
             recursion_is_dropped_and_counted,
