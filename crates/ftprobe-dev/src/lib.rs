@@ -303,6 +303,8 @@ pub mod fxsites {
             pub fn zoo_retimm(x: i64) -> i64;
             /// `ret $8` with a word pushed by `zoo_retimm`.
             pub fn zoo_retimm_inner(x: i64) -> i64;
+            /// `x + 7`, through `cpuid` at +3 (not boostable: its slot ends with a trap).
+            pub fn zoo_cpuid(x: i64) -> i64;
             /// `zoo_data + 1` (42): RIP-relative `mov` and `cmpq $imm` after the displacement.
             pub fn zoo_riprel() -> i64;
             /// Never called: `syscall`, `call *mem`, `jmp *mem`, `int3`, to be refused.

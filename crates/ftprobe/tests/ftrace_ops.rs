@@ -233,10 +233,8 @@ fn ipmodify_redirect_and_exclusive() {
 unsafe extern "C" fn set_rbp(_ip: u64, _parent: u64, _op: &FtraceOps, regs: &mut PtRegs) {
     regs.rbp = 0x5a5a_1234;
 }
-static OPS_SET_RBP: FtraceOps = FtraceOps::new(
-    set_rbp,
-    FTRACE_OPS_FL_SAVE_REGS | FTRACE_OPS_FL_IPMODIFY,
-);
+static OPS_SET_RBP: FtraceOps =
+    FtraceOps::new(set_rbp, FTRACE_OPS_FL_SAVE_REGS | FTRACE_OPS_FL_IPMODIFY);
 
 /// A SAVE_REGS callback's change to `regs.rbp` was lost: the trampoline's `pop %rbp` put
 /// back the rbp it had saved, though every register is restored (PtRegs' docs).
@@ -246,9 +244,13 @@ fn save_regs_callback_changes_rbp() {
     // SAFETY: plain C function; it keeps its own rbp around the call.
     let seen = unsafe { fx_rbp_caller() };
     ftrace::unregister_ftrace_function(&OPS_SET_RBP).unwrap();
-    assert_eq!(seen, 0x5a5a_1234, "the traced function runs with the callback's rbp");
+    assert_eq!(
+        seen, 0x5a5a_1234,
+        "the traced function runs with the callback's rbp"
+    );
     // SAFETY: as above.
-    assert_ne!(unsafe { fx_rbp_caller() }, 0x5a5a_1234, "and without the ops, its own");
+    let again = unsafe { fx_rbp_caller() };
+    assert_ne!(again, 0x5a5a_1234, "and without the ops, its own");
 }
 
 static SEEN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];

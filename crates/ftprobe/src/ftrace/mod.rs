@@ -13,7 +13,6 @@
 
 pub mod glob;
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -25,6 +24,7 @@ use crate::arch::x86_64::tramp_area::TrampArea;
 pub use crate::arch::x86_64::trampoline::PtRegs;
 use crate::arch::x86_64::trampoline::{ParentAt, TrampolineFunc, Variant};
 use crate::elf::{ElfError, ElfImage, SiteSource};
+use crate::probe_state;
 use crate::process::LoadedObject;
 use crate::sys::SyscallError;
 use glob::{FilterEntry, FilterError};
@@ -236,12 +236,6 @@ static OPS_LIST: [AtomicPtr<FtraceOps>; MAX_OPS] =
 /// One past the highest OPS_LIST slot ever used: the list function scans no further.
 static OPS_LIST_END: AtomicUsize = AtomicUsize::new(0);
 
-thread_local! {
-    /// Probe path: set while this thread runs ftrace callbacks. Const-initialized, no
-    /// destructor: no allocation on first touch.
-    static IN_FTRACE: Cell<bool> = const { Cell::new(false) };
-}
-
 /// Probe path: calls every registered ops that wants `ip`.
 ///
 /// Recursion is handled per ops exactly as on its direct trampoline: an ops with
@@ -290,13 +284,17 @@ unsafe extern "C" fn ftrace_ops_assist_func(
 ) {
     // SAFETY: the trampoline's ops slot holds a &'static FtraceOps.
     let op = unsafe { &*(op as *const FtraceOps) };
-    if IN_FTRACE.with(|g| g.replace(true)) {
+    let t = probe_state::this_thread();
+    let sp = probe_state::stack_pointer();
+    let _ = t.enter(probe_state::Entry::Here(sp));
+    if t.in_ftrace.get() != 0 {
         op.missed.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    t.in_ftrace.set(sp);
     // SAFETY: regs points to the trampoline's frame, live for this call.
     unsafe { (op.func)(ip, parent_ip, op, &mut *regs) };
-    IN_FTRACE.with(|g| g.set(false));
+    t.in_ftrace.set(0);
 }
 
 /// A function with an ftrace site, as listed by [`functions`].
