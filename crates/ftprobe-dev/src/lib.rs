@@ -180,6 +180,18 @@ pub fn sigmasks_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sigmasks")
 }
 
+/// Path of `probepath MODE [ARGS]` (`-fpatchable-function-entry=5`, see
+/// `c/probepath.c`): what a probe must not change in a program (errno, SIGTRAP dispositions
+/// and flags, faults in XOL slots, non-local exits out of signal handlers, a slow `dlopen`).
+pub fn probepath_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("probepath")
+}
+
+/// Path of `libslowctor.so`, whose constructor sleeps 1 s (`probepath dlopen LIB`).
+pub fn slowctor_lib() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("libslowctor.so")
+}
+
 /// Path of `calls-rs`: the `calls` fixture written in Rust and compiled by rustc with
 /// `-Zpatchable-function-entry=5` (one LLVM NOP5 per function, `__patchable_function_entries`).
 /// `calls-rs N`: `run_calls` calls `caller(N)` once, which calls `work(i, i + 1)` N times;
