@@ -334,6 +334,43 @@ fn recursion_is_dropped_and_counted() {
     ftrace::unregister_ftrace_function(&OPS_RECURSE).unwrap();
 }
 
+/// A failed `unregister_ftrace_function` left the ops half-removed: marked unregistered,
+/// out of the list function's table, its hash retired, while its sites (the batch had rolled
+/// back) still called it through its direct trampoline. Now nothing changes on error.
+fn failed_unregistration_leaves_the_ops_registered() {
+    reset();
+    ftrace::ftrace_set_filter(&OPS_A, "fx_add", true).unwrap();
+    ftrace::register_ftrace_function(&OPS_A).unwrap();
+    let bytes_before = bytes(addr(fx_add));
+    ftprobe::sys::fault::fail_nth("membarrier", 2);
+    let e = ftrace::unregister_ftrace_function(&OPS_A).unwrap_err();
+    ftprobe::sys::fault::clear();
+    assert!(
+        matches!(e, FtraceError::Syscall(ref s) if s.call == "membarrier"),
+        "{e}"
+    );
+    assert!(OPS_A.is_registered(), "still registered");
+    assert_eq!(bytes(addr(fx_add)), bytes_before, "the site still calls it");
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_add(2, 3) }, 5);
+    assert_eq!(COUNT_A.load(Ordering::Relaxed), 1);
+    // With a second ops on the site, the list function must still find the first.
+    ftrace::ftrace_set_filter(&OPS_B, "fx_add", true).unwrap();
+    ftrace::register_ftrace_function(&OPS_B).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_add(2, 3) }, 5);
+    assert_eq!(COUNT_A.load(Ordering::Relaxed), 2);
+    assert_eq!(COUNT_B.load(Ordering::Relaxed), 1);
+    ftrace::unregister_ftrace_function(&OPS_B).unwrap();
+    // And unregistering works once the fault is gone.
+    ftrace::unregister_ftrace_function(&OPS_A).unwrap();
+    assert!(!OPS_A.is_registered());
+    assert_eq!(bytes(addr(fx_add)), NOP5);
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_add(2, 3) }, 5);
+    assert_eq!(COUNT_A.load(Ordering::Relaxed), 2);
+}
+
 fn failed_registration_leaves_sites_as_they_were() {
     reset();
     ftrace::ftrace_set_filter(&OPS_A, "fx_add", true).unwrap();
@@ -447,6 +484,10 @@ fn main() {
         (
             "failed_registration_leaves_sites_as_they_were",
             failed_registration_leaves_sites_as_they_were,
+        ),
+        (
+            "failed_unregistration_leaves_the_ops_registered",
+            failed_unregistration_leaves_the_ops_registered,
         ),
         ("two_ops_one_site", two_ops_one_site),
         ("filter_globs", filter_globs),

@@ -200,6 +200,10 @@ pub enum FtraceError {
     /// A system call failed (no trampoline memory, mprotect, membarrier, sigaction).
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+    /// The object's file on disk is not the one in memory (its build-id differs: replaced
+    /// since it was loaded, e.g. by a package upgrade): its addresses cannot be trusted.
+    #[error("{0}: the file on disk is not the one loaded (changed since): not traced")]
+    ObjectChanged(std::path::PathBuf),
 }
 
 impl FtraceError {
@@ -465,14 +469,24 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             exec.clone().map(|s| s.svma).min().unwrap_or(0) + lo.bias,
             exec.map(|s| s.svma + s.memsz).max().unwrap_or(0) + lo.bias,
         );
+        if let (Some(id), Some(at)) = (&image.build_id, image.build_id_svma) {
+            let mut mem = vec![0u8; id.len()];
+            let got = crate::sys::read_nofault(at.wrapping_add(lo.bias), &mut mem);
+            if got != id.len() || mem != *id {
+                skipped.push(FtraceError::ObjectChanged(lo.path.clone()));
+                continue;
+            }
+        }
         let oi = objects.len();
         for s in &image.sites {
             let ip = s.svma + lo.bias;
             // The bytes in memory must be what the file says (else: not this file's code).
-            // SAFETY: ip lies in an executable PT_LOAD segment of a loaded object: mapped.
-            let mem =
-                unsafe { std::slice::from_raw_parts(ip as *const u8, s.kind.byte_len() as usize) };
-            if crate::arch::x86_64::sites::classify(mem) != Some(s.kind) {
+            // Read without faulting: an address from the file is checked before it is trusted.
+            let mut mem = [0u8; 8];
+            let len = s.kind.byte_len() as usize;
+            if crate::sys::read_nofault(ip, &mut mem[..len]) != len
+                || crate::arch::x86_64::sites::classify(&mem[..len]) != Some(s.kind)
+            {
                 continue;
             }
             sites.push((
@@ -1031,7 +1045,8 @@ pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceErr
 
 /// Stop calling `ops` (`unregister_ftrace_function()`). Its sites go back to NOP or to the
 /// trampolines of the remaining ops. A callback already running on another thread may still
-/// finish after this returns; the ops is `'static`, so that is memory-safe.
+/// finish after this returns; the ops is `'static`, so that is memory-safe. On error nothing
+/// changed: the ops is still registered, its sites still call it.
 pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceError> {
     let mut g = lock();
     let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
@@ -1041,7 +1056,12 @@ pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceE
         .position(|o| std::ptr::eq(*o, ops))
         .ok_or(FtraceError::NotRegistered)?;
     st.registered.remove(pos);
-    let result = st.update_sites();
+    if let Err(e) = st.update_sites() {
+        // The sites were not changed (update_sites rolls back): they still call this ops,
+        // directly or through the list function, which must keep finding it.
+        st.registered.insert(pos, ops);
+        return Err(e);
+    }
     if let Some(slot) = OPS_LIST
         .iter()
         .find(|s| std::ptr::eq(s.load(Ordering::Relaxed), ops))
@@ -1050,7 +1070,7 @@ pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceE
     }
     ops.registered.store(false, Ordering::Relaxed);
     st.retire_hash(ops);
-    result
+    Ok(())
 }
 
 impl State {

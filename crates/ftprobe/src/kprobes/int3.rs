@@ -183,10 +183,12 @@ fn lock() -> std::sync::MutexGuard<'static, Ctrl> {
 /// The function's code as it is in the file: memory, with the int3s already armed in it
 /// replaced by their original bytes.
 fn original_code(func: &SymbolAddr, c: &Ctrl) -> Vec<u8> {
-    let len = func.size.max(16) as usize;
-    // SAFETY: the function lies in an executable segment of a loaded object, `size` bytes
-    // long (16 when the symbol has no size: still inside the mapped segment's page).
-    let mut code = unsafe { std::slice::from_raw_parts(func.addr as *const u8, len) }.to_vec();
+    // 16 bytes when the symbol has no size (one instruction at +0 is all that can be probed
+    // then), which may run past the end of the mapping: read without faulting, and keep what
+    // could be read.
+    let mut code = vec![0u8; func.size.max(16) as usize];
+    let len = crate::sys::read_nofault(func.addr, &mut code);
+    code.truncate(len);
     for (a, armed) in c.armed.range(func.addr..func.addr + len as u64) {
         code[(a - func.addr) as usize] = armed.orig;
     }
