@@ -171,24 +171,31 @@ impl AltStack {
 }
 
 impl ThreadState {
-    /// Whether any guard is set (the common case is none: nothing to check).
+    /// Whether a guard is set at or below `sp` (the common case is none: nothing to check; a
+    /// guard above `sp` belongs to a frame this entry is nested in, as when a kprobe event's
+    /// handler takes the ring's writer guard under the kprobe guard). `x - 1 < sp` is
+    /// `x != 0 && x <= sp`.
     #[inline(always)]
-    fn busy(&self) -> bool {
-        self.writing.get()
-            | self.in_ftrace.get()
-            | self.kprobe_sp.get()
-            | self.program_trap_sp.get()
-            != 0
+    fn maybe_stale(&self, sp: u64) -> bool {
+        (self.writing.get().wrapping_sub(1) < sp)
+            | (self.in_ftrace.get().wrapping_sub(1) < sp)
+            | (self.kprobe_sp.get().wrapping_sub(1) < sp)
+            | (self.program_trap_sp.get().wrapping_sub(1) < sp)
     }
 
     /// Every entry point of the probe path calls this first: clears the guards that a
-    /// non-local exit left behind (module docs). Free when no guard is set. Returns the
-    /// signals a stale slot had blocked that the caller must unblock in the interrupted
-    /// context (`Entry::Interrupted` only; for `Entry::Here` they are unblocked now).
+    /// non-local exit left behind (module docs). Free when no guard is set at or below the
+    /// entry's stack pointer. Returns the signals a stale slot had blocked that the caller
+    /// must unblock in the interrupted context (`Entry::Interrupted` only; for `Entry::Here`
+    /// they are unblocked now).
     #[inline(always)]
     #[must_use]
     pub(crate) fn enter(&self, at: Entry<'_>) -> u64 {
-        if self.busy() {
+        let sp = match at {
+            Entry::Here(sp) => sp,
+            Entry::Interrupted(uc) => uc.uc_mcontext.gregs[libc::REG_RSP as usize] as u64,
+        };
+        if self.maybe_stale(sp) {
             self.repair(at)
         } else {
             0
