@@ -53,6 +53,10 @@ static OWNED: AtomicU64 = AtomicU64::new(0);
 static CHAINED: [AtomicPtr<libc::sigaction>; 32] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; 32];
 
+/// `SIG_DFL`, for a reset on delivery (`SA_RESETHAND`) without allocating.
+// SAFETY: a zeroed sigaction is a valid value: SIG_DFL, no flags, an empty mask.
+static DFL_ACTION: libc::sigaction = unsafe { std::mem::zeroed() };
+
 /// The fault signals whose handler becomes ftprobe's while XOL slots exist.
 pub const FAULT_SIGNALS: [libc::c_int; 4] =
     [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
@@ -499,8 +503,14 @@ fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
     // SIGTRAP stays unblocked: a probe hit in the handler must reach ftprobe's.
     mask &= !probe_state::bit(libc::SIGTRAP);
     if act.sa_flags & libc::SA_RESETHAND != 0 {
-        // SAFETY: a zeroed sigaction is SIG_DFL.
-        replace_chained(sig, Some(&unsafe { std::mem::zeroed() }));
+        if let Some(slot) = chained_slot(sig) {
+            // No allocation here (a signal handler): the static default action. Release
+            // pairs with the Acquire load in `chained`; CHAINED is never written through.
+            slot.store(
+                &DFL_ACTION as *const libc::sigaction as *mut libc::sigaction,
+                Ordering::Release,
+            );
+        }
     }
     // SAFETY: rt_sigprocmask(SIG_SETMASK, &mask, NULL, 8) reads 8 bytes of `mask`; the mask
     // the handler interrupted is restored by the kernel's sigreturn.
