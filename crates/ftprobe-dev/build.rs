@@ -55,6 +55,8 @@ fn main() {
         "c/libc_mallocs.c",
         "c/sigmasks.c",
         "c/sigearly.c",
+        "c/slowctor.c",
+        "c/probepath.c",
         "c/cxx.cc",
         "c/cxx_stl.cc",
         "c/noreturn.c",
@@ -168,6 +170,19 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &fixtures.join("libsigearly.so"),
         &[&["-shared", "-Wl,-soname,libsigearly.so"]],
     );
+    // libslowctor.so, for probepath's dlopen mode: a constructor that sleeps 1 s.
+    let slow = objs.join("slowctor.o");
+    compile(
+        &c_dir.join("slowctor.c"),
+        &slow,
+        &[BASE_CFLAGS, &["-fPIC"]],
+        &[],
+    );
+    link(
+        &[&slow],
+        &fixtures.join("libslowctor.so"),
+        &[&["-shared", "-Wl,-soname,libslowctor.so"]],
+    );
     let fixtures_dir = format!("-L{}", fixtures.display());
     let sigmasks_ld = [
         "-pthread",
@@ -187,6 +202,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("noreturn", patchable.cflags(), patchable.ldflags()),
         ("execs", patchable.cflags(), patchable.ldflags()),
         ("libc_calls", &[], &[]),
+        ("probepath", patchable.cflags(), &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

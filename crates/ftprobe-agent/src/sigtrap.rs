@@ -8,7 +8,9 @@
 //! - SIGTRAP's action (`sigaction`, `signal`, `bsd_signal`, `ssignal`, `sysv_signal`,
 //!   `sigset`, `sigignore`): the program's action becomes the one ftprobe's handler chains
 //!   to for traps that are not its own ([`text_poke::replace_chained`]); the program sees it
-//!   as installed, and gets it back as `old`.
+//!   as installed, and gets it back as `old`. The same for the fault signals (`SIGSEGV`,
+//!   `SIGBUS`, `SIGILL`, `SIGFPE`) once int3 probes have XOL slots: ftprobe's handler shows a
+//!   fault inside a slot at the probed instruction, then delivers it to the program's action.
 //! - The thread's mask (`sigprocmask`, `pthread_sigmask`, `sigblock`, `sigsetmask`,
 //!   `sighold`, `sigset(SIGTRAP, SIG_HOLD)`): SIGTRAP is taken out of what gets blocked, and
 //!   is never reported as blocked.
@@ -291,9 +293,9 @@ unsafe fn sigaction_impl(
     old: *mut libc::sigaction,
 ) -> libc::c_int {
     let installed = text_poke::installed();
-    if sig == libc::SIGTRAP && installed {
+    if text_poke::owns(sig) {
         // SAFETY: the caller passes null or a valid sigaction.
-        let prev = text_poke::replace_chained(unsafe { act.as_ref() });
+        let prev = text_poke::replace_chained(sig, unsafe { act.as_ref() });
         if !old.is_null() {
             // SAFETY: the caller passes null or a writable sigaction.
             unsafe { *old = prev };
@@ -340,8 +342,8 @@ unsafe fn sigaction_impl(
 /// # Safety
 /// As `signal(3)`.
 unsafe fn signal_impl(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    if sig == libc::SIGTRAP && text_poke::installed() {
-        return text_poke::replace_chained(Some(&simple_action(handler, libc::SA_RESTART)))
+    if text_poke::owns(sig) {
+        return text_poke::replace_chained(sig, Some(&simple_action(handler, libc::SA_RESTART)))
             .sa_sigaction;
     }
     let f = next(Next::Signal);
@@ -401,9 +403,9 @@ pub unsafe extern "C" fn ssignal(
 /// # Safety
 /// As `sysv_signal(3)`.
 unsafe fn sysv_signal_impl(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    if sig == libc::SIGTRAP && text_poke::installed() {
+    if text_poke::owns(sig) {
         let act = simple_action(handler, libc::SA_RESETHAND | libc::SA_NODEFER);
-        return text_poke::replace_chained(Some(&act)).sa_sigaction;
+        return text_poke::replace_chained(sig, Some(&act)).sa_sigaction;
     }
     let f = next(Next::SysvSignal);
     if f == 0 {
@@ -453,11 +455,11 @@ const SIG_HOLD: libc::sighandler_t = 2;
 /// As `sigset(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn sigset(sig: libc::c_int, disp: libc::sighandler_t) -> libc::sighandler_t {
-    if sig == libc::SIGTRAP && text_poke::installed() {
-        if disp == SIG_HOLD {
-            return text_poke::replace_chained(None).sa_sigaction;
-        }
-        return text_poke::replace_chained(Some(&simple_action(disp, 0))).sa_sigaction;
+    if sig == libc::SIGTRAP && text_poke::installed() && disp == SIG_HOLD {
+        return text_poke::replace_chained(sig, None).sa_sigaction;
+    }
+    if text_poke::owns(sig) && disp != SIG_HOLD {
+        return text_poke::replace_chained(sig, Some(&simple_action(disp, 0))).sa_sigaction;
     }
     let f = next(Next::Sigset);
     if f == 0 {
@@ -477,8 +479,8 @@ pub unsafe extern "C" fn sigset(sig: libc::c_int, disp: libc::sighandler_t) -> l
 /// As `sigignore(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn sigignore(sig: libc::c_int) -> libc::c_int {
-    if sig == libc::SIGTRAP && text_poke::installed() {
-        text_poke::replace_chained(Some(&simple_action(libc::SIG_IGN, 0)));
+    if text_poke::owns(sig) {
+        text_poke::replace_chained(sig, Some(&simple_action(libc::SIG_IGN, 0)));
         return 0;
     }
     let f = next(Next::Sigignore);

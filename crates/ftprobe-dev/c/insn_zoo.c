@@ -37,6 +37,12 @@ __asm__(
     "zoo_riprel:\n mov zoo_data(%rip),%rax\n cmpq $41,zoo_data(%rip)\n jne 1f\n inc %rax\n"
     "1: ret\n .size zoo_riprel,.-zoo_riprel\n"
 
+    /* x + 7, through cpuid at +3 (0f a2: not boostable, so a probe there steps through a slot
+     * that ends with a trap) */
+    ".globl zoo_cpuid\n .type zoo_cpuid,@function\n"
+    "zoo_cpuid:\n push %rbx\n xor %eax,%eax\n cpuid\n pop %rbx\n lea 7(%rdi),%rax\n ret\n"
+    " .size zoo_cpuid,.-zoo_cpuid\n"
+
     /* refused: syscall, call and jmp through memory, int3 */
     ".globl zoo_refused\n .type zoo_refused,@function\n"
     "zoo_refused:\n mov $39,%eax\n syscall\n call *zoo_ptr(%rip)\n jmp *zoo_ptr(%rip)\n int3\n ret\n"

@@ -180,6 +180,18 @@ pub fn sigmasks_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sigmasks")
 }
 
+/// Path of `probepath MODE [ARGS]` (`-fpatchable-function-entry=5`, see
+/// `c/probepath.c`): what a probe must not change in a program (errno, SIGTRAP dispositions
+/// and flags, faults in XOL slots, non-local exits out of signal handlers, a slow `dlopen`).
+pub fn probepath_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("probepath")
+}
+
+/// Path of `libslowctor.so`, whose constructor sleeps 1 s (`probepath dlopen LIB`).
+pub fn slowctor_lib() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("libslowctor.so")
+}
+
 /// Path of `calls-rs`: the `calls` fixture written in Rust and compiled by rustc with
 /// `-Zpatchable-function-entry=5` (one LLVM NOP5 per function, `__patchable_function_entries`).
 /// `calls-rs N`: `run_calls` calls `caller(N)` once, which calls `work(i, i + 1)` N times;
@@ -270,6 +282,11 @@ pub mod fxsites {
         pub fn fx_twice(x: i64) -> i64;
         /// Returns 42 (for tests that redirect the instruction pointer).
         pub fn fx_ret_42() -> i64;
+        /// Returns the `rbp` it runs with (after its site).
+        pub fn fx_rbp_callee() -> i64;
+        /// Calls `fx_rbp_callee` with its own `rbp` saved around the call; returns what it
+        /// returned.
+        pub fn fx_rbp_caller() -> i64;
         /// `a + b`, compiled with `-fpatchable-function-entry=5 -fcf-protection=full`:
         /// `endbr64`, then the site at +4.
         pub fn fx_cet_add(a: i64, b: i64) -> i64;
@@ -298,6 +315,8 @@ pub mod fxsites {
             pub fn zoo_retimm(x: i64) -> i64;
             /// `ret $8` with a word pushed by `zoo_retimm`.
             pub fn zoo_retimm_inner(x: i64) -> i64;
+            /// `x + 7`, through `cpuid` at +3 (not boostable: its slot ends with a trap).
+            pub fn zoo_cpuid(x: i64) -> i64;
             /// `zoo_data + 1` (42): RIP-relative `mov` and `cmpq $imm` after the displacement.
             pub fn zoo_riprel() -> i64;
             /// Never called: `syscall`, `call *mem`, `jmp *mem`, `int3`, to be refused.

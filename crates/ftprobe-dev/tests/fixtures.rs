@@ -504,15 +504,17 @@ fn fxsites_are_callable_and_patchable() {
     assert_eq!(results, [5, 42, 10, 23, 42]);
 
     let exe = std::env::current_exe().unwrap();
-    let funcs: [(&str, *const u8); 5] = [
+    let funcs: [(&str, *const u8); 7] = [
         ("fx_add", fxsites::fx_add as *const u8),
         ("fx_mul", fxsites::fx_mul as *const u8),
         ("fx_leaf", fxsites::fx_leaf as *const u8),
         ("fx_twice", fxsites::fx_twice as *const u8),
         ("fx_ret_42", fxsites::fx_ret_42 as *const u8),
+        ("fx_rbp_callee", fxsites::fx_rbp_callee as *const u8),
+        ("fx_rbp_caller", fxsites::fx_rbp_caller as *const u8),
     ];
     // In the file: the linker kept __patchable_function_entries, and it lists exactly these
-    // five functions (nothing else in a Rust test executable has patchable entries).
+    // seven functions (nothing else in a Rust test executable has patchable entries).
     let entries: BTreeSet<u64> = record_entries(&exe, "__patchable_function_entries")
         .expect("the linker kept __patchable_function_entries")
         .into_iter()

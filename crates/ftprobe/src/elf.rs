@@ -144,6 +144,10 @@ pub struct ElfImage {
     pub fdes: Vec<(u64, u64)>,
     /// The `NT_GNU_BUILD_ID` note's bytes.
     pub build_id: Option<Vec<u8>>,
+    /// Where those bytes are (the `.note.gnu.build-id` section's descriptor), to compare
+    /// with what is mapped: a file replaced on disk since it was loaded is not the code in
+    /// memory.
+    pub build_id_svma: Option<u64>,
     /// The `.gnu_debuglink` section: the debug file's name and the CRC-32 of its contents.
     pub debuglink: Option<(String, u32)>,
 }
@@ -216,6 +220,17 @@ impl ElfImage {
         }
         let relocatable = file.kind() == object::ObjectKind::Dynamic;
         let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+        // The note's header (namesz, descsz, type: 12 bytes) and its name "GNU\0" (4 bytes)
+        // come before the descriptor.
+        let build_id_svma = file
+            .section_by_name(".note.gnu.build-id")
+            .filter(|s| {
+                s.data()
+                    .ok()
+                    .zip(build_id.as_deref())
+                    .is_some_and(|(d, id)| d.get(16..) == Some(id))
+            })
+            .map(|s| s.address() + 16);
         let debuglink = file
             .gnu_debuglink()
             .ok()
@@ -244,6 +259,7 @@ impl ElfImage {
             ifuncs: ifunc_symbols(&file),
             fdes: eh_frame_fdes(&file),
             build_id,
+            build_id_svma,
             debuglink,
         };
         if sites {
@@ -664,6 +680,43 @@ mod tests {
     use std::path::Path;
 
     const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+
+    /// ftrace::init dereferenced addresses taken from the file on disk before checking them
+    /// against what is mapped (a library replaced since it was loaded). It now first compares
+    /// the build-id note in memory, at `build_id_svma`, with the file's: equal for libc as
+    /// loaded, different for another file at the same address.
+    #[test]
+    fn build_id_in_memory_tells_the_loaded_file_from_another() {
+        let objs = crate::process::loaded_objects();
+        let libc = objs
+            .iter()
+            .find(|o| o.path.to_string_lossy().contains("libc.so"))
+            .expect("libc is loaded");
+        let read = |img: &ElfImage| {
+            let id = img.build_id.as_ref().expect("a build-id");
+            let at = img.build_id_svma.expect("its address");
+            let mut mem = vec![0u8; id.len()];
+            let n = crate::sys::read_nofault(at + libc.bias, &mut mem);
+            (n == id.len() && mem == *id, id.clone())
+        };
+        let img = ElfImage::open(&libc.path).unwrap();
+        let (same, id) = read(&img);
+        assert!(same, "libc's build-id is in memory where its note says");
+        // Another file with a build-id (the dynamic loader), as if it had replaced libc.
+        let other = objs
+            .iter()
+            .find(|o| o.path.to_string_lossy().contains("ld-linux"))
+            .expect("the dynamic loader is loaded");
+        let other = ElfImage::open(&other.path).unwrap();
+        assert_ne!(other.build_id.as_ref(), Some(&id));
+        let at = other.build_id_svma.expect("its address");
+        let mut mem = vec![0u8; other.build_id.as_ref().unwrap().len()];
+        let n = crate::sys::read_nofault(at + libc.bias, &mut mem);
+        assert!(
+            n != mem.len() || Some(&mem) != other.build_id.as_ref(),
+            "another file's build-id is not what libc's mapping holds there"
+        );
+    }
 
     /// The FDE of a compiled C function covers exactly its symbol's range.
     #[test]

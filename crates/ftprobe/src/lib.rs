@@ -11,6 +11,7 @@ pub mod events;
 pub mod ftrace;
 pub mod function_tracer;
 pub mod kprobes;
+mod probe_state;
 pub mod process;
 pub mod ring;
 pub mod sys;

@@ -6,9 +6,9 @@
 //! ring is free its events are counted in the header's `lost_no_ring`. After `fork` the
 //! child's thread claims a ring of its own (one producer per ring).
 
-use std::cell::Cell;
 use std::sync::OnceLock;
 
+use crate::probe_state::{self, stack_pointer, Entry, ThreadRing, ThreadState};
 use crate::ring::{self, RingWriter, SharedRings};
 use crate::sys;
 
@@ -29,43 +29,9 @@ pub mod rtype {
 
 static RINGS: OnceLock<SharedRings> = OnceLock::new();
 
-#[derive(Clone, Copy)]
-enum ThreadRing {
-    Unclaimed,
-    Claimed(RingWriter<'static>),
-    NoneFree,
-}
-
-/// What the probe path keeps per thread, in one thread-local so that a hit finds it with one
-/// TLS access (in the preloaded agent, a cdylib, each access is a `__tls_get_addr` call).
-struct ThreadState {
-    ring: Cell<ThreadRing>,
-    /// Set while a tracer writes into this thread's ring: the function tracer's callback
-    /// ([`with_ring_guarded`]) or a kprobe event ([`event_ring`]). A ring has one producer;
-    /// a signal handler that interrupts a write must not start another on the same ring.
-    writing: Cell<bool>,
-}
-
-thread_local! {
-    /// Const-initialized, no destructor: no allocation on first touch.
-    static THREAD: ThreadState = const {
-        ThreadState {
-            ring: Cell::new(ThreadRing::Unclaimed),
-            writing: Cell::new(false),
-        }
-    };
-}
-
-/// This thread's state: one TLS access, the closure small enough that `with` inlines (a
-/// larger one made it an out-of-line call through the key's accessor).
-#[inline(always)]
-fn thread_state() -> *const ThreadState {
-    THREAD.with(|t| t as *const ThreadState)
-}
-
 /// After `fork`, the child's only thread must not write into its parent's ring.
 extern "C" fn forget_ring_in_child() {
-    THREAD.with(|t| t.ring.set(ThreadRing::Unclaimed));
+    probe_state::this_thread().ring.set(ThreadRing::Unclaimed);
 }
 
 /// Make `rings` this process's trace buffer. Once; later calls return `false`.
@@ -87,10 +53,7 @@ pub fn buffer() -> Option<&'static SharedRings> {
 /// lost) when there is no buffer or no free ring.
 #[inline]
 pub fn this_thread_ring() -> Option<RingWriter<'static>> {
-    // SAFETY: a const-initialized thread-local without a destructor lives in the thread's
-    // static TLS block for the thread's whole life; the reference is used on this thread,
-    // within this call.
-    ring_of(unsafe { &*thread_state() })
+    ring_of(probe_state::this_thread())
 }
 
 #[inline(always)]
@@ -119,31 +82,40 @@ pub enum EventRing {
 }
 
 /// The thread's write into its ring is in progress while this lives ([`event_ring`]).
-pub struct WriteGuard(*const ThreadState);
+pub struct WriteGuard(&'static ThreadState);
 
 impl Drop for WriteGuard {
     fn drop(&mut self) {
-        // SAFETY: made by `event_ring` from this thread's state, which outlives the call that
-        // holds the guard (as in `this_thread_ring`).
-        unsafe { &*self.0 }.writing.set(false);
+        self.0.writing.set(0);
     }
+}
+
+/// Take the one-writer guard of this thread's ring (its frame's stack pointer `sp`), after
+/// repairing what a non-local exit left; `false` when a write is in progress.
+#[inline(always)]
+fn begin_write(t: &ThreadState, sp: u64) -> bool {
+    let _ = t.enter(Entry::Here(sp));
+    if t.writing.get() != 0 {
+        if let Some(b) = RINGS.get() {
+            b.note_lost_recursion(1);
+        }
+        return false;
+    }
+    t.writing.set(sp);
+    true
 }
 
 /// Probe path, kprobe events: this thread's ring, or why there is none; one TLS access.
 #[inline]
 pub fn event_ring() -> EventRing {
-    // SAFETY: as in `this_thread_ring`.
-    let t = unsafe { &*thread_state() };
-    if t.writing.replace(true) {
-        if let Some(b) = RINGS.get() {
-            b.note_lost_recursion(1);
-        }
+    let t = probe_state::this_thread();
+    if !begin_write(t, stack_pointer()) {
         return EventRing::Busy;
     }
     match ring_of(t) {
         Some(w) => EventRing::Ring(w, WriteGuard(t)),
         None => {
-            t.writing.set(false);
+            t.writing.set(0);
             EventRing::NoRing
         }
     }
@@ -156,18 +128,14 @@ pub fn event_ring() -> EventRing {
 /// and the ring together.
 #[inline(always)]
 pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
-    // SAFETY: as in `this_thread_ring`.
-    let t = unsafe { &*thread_state() };
-    if t.writing.replace(true) {
-        if let Some(b) = RINGS.get() {
-            b.note_lost_recursion(1);
-        }
+    let t = probe_state::this_thread();
+    if !begin_write(t, stack_pointer()) {
         return;
     }
     if let Some(w) = ring_of(t) {
         f(w);
     }
-    t.writing.set(false);
+    t.writing.set(0);
 }
 
 /// Probe path, first event of a thread: claim its ring. Out of line and cold, so that the
@@ -197,20 +165,29 @@ pub fn clock() -> (u64, u32) {
 }
 
 /// Control path: write `text` as [`rtype::TEXT`] records of kind `kind` (split in pieces of
-/// at most 4 KiB) into this thread's ring.
+/// at most 4 KiB) into this thread's ring, under the ring's one-writer guard (a caller in a
+/// signal handler that interrupted a write writes nothing: `false`). The records are built
+/// before the guard is taken, so that a traced `malloc` is not counted as lost.
 pub fn write_text(kind: u32, text: &str) -> bool {
-    let Some(w) = this_thread_ring() else {
+    let records: Vec<Vec<u64>> = text
+        .as_bytes()
+        .chunks(4096)
+        .map(|chunk| {
+            chunk
+                .chunks(8)
+                .map(|b| {
+                    let mut w = [0u8; 8];
+                    w[..b.len()].copy_from_slice(b);
+                    u64::from_le_bytes(w)
+                })
+                .collect()
+        })
+        .collect();
+    let t = probe_state::this_thread();
+    if !begin_write(t, stack_pointer()) {
         return false;
-    };
-    text.as_bytes().chunks(4096).all(|chunk| {
-        let words: Vec<u64> = chunk
-            .chunks(8)
-            .map(|b| {
-                let mut w = [0u8; 8];
-                w[..b.len()].copy_from_slice(b);
-                u64::from_le_bytes(w)
-            })
-            .collect();
-        w.write_aux(rtype::TEXT, kind, &words)
-    })
+    }
+    let ok = ring_of(t).is_some_and(|w| records.iter().all(|r| w.write_aux(rtype::TEXT, kind, r)));
+    t.writing.set(0);
+    ok
 }

@@ -230,6 +230,29 @@ fn ipmodify_redirect_and_exclusive() {
     ftrace::unregister_ftrace_function(&OPS_IPM2).unwrap();
 }
 
+unsafe extern "C" fn set_rbp(_ip: u64, _parent: u64, _op: &FtraceOps, regs: &mut PtRegs) {
+    regs.rbp = 0x5a5a_1234;
+}
+static OPS_SET_RBP: FtraceOps =
+    FtraceOps::new(set_rbp, FTRACE_OPS_FL_SAVE_REGS | FTRACE_OPS_FL_IPMODIFY);
+
+/// A SAVE_REGS callback's change to `regs.rbp` was lost: the trampoline's `pop %rbp` put
+/// back the rbp it had saved, though every register is restored (PtRegs' docs).
+fn save_regs_callback_changes_rbp() {
+    ftrace::ftrace_set_filter(&OPS_SET_RBP, "fx_rbp_callee", true).unwrap();
+    ftrace::register_ftrace_function(&OPS_SET_RBP).unwrap();
+    // SAFETY: plain C function; it keeps its own rbp around the call.
+    let seen = unsafe { fx_rbp_caller() };
+    ftrace::unregister_ftrace_function(&OPS_SET_RBP).unwrap();
+    assert_eq!(
+        seen, 0x5a5a_1234,
+        "the traced function runs with the callback's rbp"
+    );
+    // SAFETY: as above.
+    let again = unsafe { fx_rbp_caller() };
+    assert_ne!(again, 0x5a5a_1234, "and without the ops, its own");
+}
+
 static SEEN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 unsafe extern "C" fn record_regs(ip: u64, parent: u64, _op: &FtraceOps, regs: &mut PtRegs) {
     if ip == fx_mul as *const () as u64 {
@@ -309,6 +332,43 @@ fn recursion_is_dropped_and_counted() {
     );
     ftrace::unregister_ftrace_function(&OPS_A).unwrap();
     ftrace::unregister_ftrace_function(&OPS_RECURSE).unwrap();
+}
+
+/// A failed `unregister_ftrace_function` left the ops half-removed: marked unregistered,
+/// out of the list function's table, its hash retired, while its sites (the batch had rolled
+/// back) still called it through its direct trampoline. Now nothing changes on error.
+fn failed_unregistration_leaves_the_ops_registered() {
+    reset();
+    ftrace::ftrace_set_filter(&OPS_A, "fx_add", true).unwrap();
+    ftrace::register_ftrace_function(&OPS_A).unwrap();
+    let bytes_before = bytes(addr(fx_add));
+    ftprobe::sys::fault::fail_nth("membarrier", 2);
+    let e = ftrace::unregister_ftrace_function(&OPS_A).unwrap_err();
+    ftprobe::sys::fault::clear();
+    assert!(
+        matches!(e, FtraceError::Syscall(ref s) if s.call == "membarrier"),
+        "{e}"
+    );
+    assert!(OPS_A.is_registered(), "still registered");
+    assert_eq!(bytes(addr(fx_add)), bytes_before, "the site still calls it");
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_add(2, 3) }, 5);
+    assert_eq!(COUNT_A.load(Ordering::Relaxed), 1);
+    // With a second ops on the site, the list function must still find the first.
+    ftrace::ftrace_set_filter(&OPS_B, "fx_add", true).unwrap();
+    ftrace::register_ftrace_function(&OPS_B).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_add(2, 3) }, 5);
+    assert_eq!(COUNT_A.load(Ordering::Relaxed), 2);
+    assert_eq!(COUNT_B.load(Ordering::Relaxed), 1);
+    ftrace::unregister_ftrace_function(&OPS_B).unwrap();
+    // And unregistering works once the fault is gone.
+    ftrace::unregister_ftrace_function(&OPS_A).unwrap();
+    assert!(!OPS_A.is_registered());
+    assert_eq!(bytes(addr(fx_add)), NOP5);
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_add(2, 3) }, 5);
+    assert_eq!(COUNT_A.load(Ordering::Relaxed), 2);
 }
 
 fn failed_registration_leaves_sites_as_they_were() {
@@ -425,6 +485,10 @@ fn main() {
             "failed_registration_leaves_sites_as_they_were",
             failed_registration_leaves_sites_as_they_were,
         ),
+        (
+            "failed_unregistration_leaves_the_ops_registered",
+            failed_unregistration_leaves_the_ops_registered,
+        ),
         ("two_ops_one_site", two_ops_one_site),
         ("filter_globs", filter_globs),
         (
@@ -432,6 +496,10 @@ fn main() {
             ipmodify_redirect_and_exclusive,
         ),
         ("regs_args_and_parent", regs_args_and_parent),
+        (
+            "save_regs_callback_changes_rbp",
+            save_regs_callback_changes_rbp,
+        ),
         (
             "recursion_is_dropped_and_counted",
             recursion_is_dropped_and_counted,

@@ -466,6 +466,59 @@ fn int3_probe_hammered_by_eight_threads() {
     kprobes::unregister_kprobe(p).unwrap();
 }
 
+/// `unregister_kprobe` of a non-boosted int3 probe killed a multithreaded process: a thread
+/// still in the slot hit the slot's final `int3` after the probe had left the table, and the
+/// trap went to SIGTRAP's default action (3 runs of 3). The slot's trap is now recognised by
+/// the slot. 10 000 register/unregister cycles on `cpuid` under a thread that runs it.
+fn unregister_while_a_thread_is_in_the_slot() {
+    use ftprobe_dev::fxsites::zoo::zoo_cpuid;
+    use std::sync::atomic::AtomicBool;
+    static STOP: AtomicBool = AtomicBool::new(false);
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let p = leak(Kprobe::new(
+        sym("zoo_cpuid", 3),
+        Some(thread_pre),
+        Some(count_post),
+    ));
+    let runner = std::thread::spawn(|| {
+        let mut i = 0i64;
+        while !STOP.load(Ordering::Relaxed) {
+            // SAFETY: plain assembly function of ftprobe-dev.
+            assert_eq!(unsafe { zoo_cpuid(i) }, i + 7);
+            i += 1;
+            RUNS.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let before = THREAD_HITS.load(Ordering::Relaxed);
+    for _ in 0..10_000 {
+        kprobes::register_kprobe(p).unwrap();
+        std::hint::spin_loop();
+        kprobes::unregister_kprobe(p).unwrap();
+    }
+    STOP.store(true, Ordering::Relaxed);
+    runner.join().unwrap();
+    assert!(RUNS.load(Ordering::Relaxed) > 0);
+    assert!(
+        THREAD_HITS.load(Ordering::Relaxed) > before,
+        "the thread went through the probe"
+    );
+    // Still works afterwards, with its post_handler.
+    kprobes::register_kprobe(p).unwrap();
+    let (pre0, post0) = (
+        THREAD_HITS.load(Ordering::Relaxed),
+        p.data.load(Ordering::Relaxed),
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { zoo_cpuid(1) }, 8);
+    assert_eq!(THREAD_HITS.load(Ordering::Relaxed), pre0 + 1);
+    assert_eq!(
+        p.data.load(Ordering::Relaxed) >> 32,
+        (post0 >> 32) + 1,
+        "post_handler ran"
+    );
+    kprobes::unregister_kprobe(p).unwrap();
+}
+
 fn calls_probed(p: &Kprobe, _regs: &mut PtRegs) -> i32 {
     p.data.fetch_add(1, Ordering::Relaxed);
     // SAFETY: plain C function; it is the probed function itself.
@@ -637,6 +690,10 @@ fn main() {
         (
             "int3_probe_hammered_by_eight_threads",
             int3_probe_hammered_by_eight_threads,
+        ),
+        (
+            "unregister_while_a_thread_is_in_the_slot",
+            unregister_while_a_thread_is_in_the_slot,
         ),
     ];
     for (name, case) in cases {

@@ -12,8 +12,13 @@
 //!   may run meanwhile. A registration that fails at any step leaves every site as it was.
 
 pub mod glob;
+mod objects;
 
-use std::cell::Cell;
+pub use objects::{
+    addr_of_file_offset, alloc_code_near, find_symbol, has_module, is_ftprobe_code,
+    make_code_writable, module_matches, module_of, names_at, symbol_at, SymbolAddr,
+};
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -25,6 +30,7 @@ use crate::arch::x86_64::tramp_area::TrampArea;
 pub use crate::arch::x86_64::trampoline::PtRegs;
 use crate::arch::x86_64::trampoline::{ParentAt, TrampolineFunc, Variant};
 use crate::elf::{ElfError, ElfImage, SiteSource};
+use crate::probe_state;
 use crate::process::LoadedObject;
 use crate::sys::SyscallError;
 use glob::{FilterEntry, FilterError};
@@ -200,6 +206,10 @@ pub enum FtraceError {
     /// A system call failed (no trampoline memory, mprotect, membarrier, sigaction).
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+    /// The object's file on disk is not the one in memory (its build-id differs: replaced
+    /// since it was loaded, e.g. by a package upgrade): its addresses cannot be trusted.
+    #[error("{0}: the file on disk is not the one loaded (changed since): not traced")]
+    ObjectChanged(std::path::PathBuf),
 }
 
 impl FtraceError {
@@ -235,12 +245,6 @@ static OPS_LIST: [AtomicPtr<FtraceOps>; MAX_OPS] =
 
 /// One past the highest OPS_LIST slot ever used: the list function scans no further.
 static OPS_LIST_END: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// Probe path: set while this thread runs ftrace callbacks. Const-initialized, no
-    /// destructor: no allocation on first touch.
-    static IN_FTRACE: Cell<bool> = const { Cell::new(false) };
-}
 
 /// Probe path: calls every registered ops that wants `ip`.
 ///
@@ -290,13 +294,17 @@ unsafe extern "C" fn ftrace_ops_assist_func(
 ) {
     // SAFETY: the trampoline's ops slot holds a &'static FtraceOps.
     let op = unsafe { &*(op as *const FtraceOps) };
-    if IN_FTRACE.with(|g| g.replace(true)) {
+    let t = probe_state::this_thread();
+    let sp = probe_state::stack_pointer();
+    let _ = t.enter(probe_state::Entry::Here(sp));
+    if t.in_ftrace.get() != 0 {
         op.missed.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    t.in_ftrace.set(sp);
     // SAFETY: regs points to the trampoline's frame, live for this call.
     unsafe { (op.func)(ip, parent_ip, op, &mut *regs) };
-    IN_FTRACE.with(|g| g.set(false));
+    t.in_ftrace.set(0);
 }
 
 /// A function with an ftrace site, as listed by [`functions`].
@@ -467,14 +475,24 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             exec.clone().map(|s| s.svma).min().unwrap_or(0) + lo.bias,
             exec.map(|s| s.svma + s.memsz).max().unwrap_or(0) + lo.bias,
         );
+        if let (Some(id), Some(at)) = (&image.build_id, image.build_id_svma) {
+            let mut mem = vec![0u8; id.len()];
+            let got = crate::sys::read_nofault(at.wrapping_add(lo.bias), &mut mem);
+            if got != id.len() || mem != *id {
+                skipped.push(FtraceError::ObjectChanged(lo.path.clone()));
+                continue;
+            }
+        }
         let oi = objects.len();
         for s in &image.sites {
             let ip = s.svma + lo.bias;
             // The bytes in memory must be what the file says (else: not this file's code).
-            // SAFETY: ip lies in an executable PT_LOAD segment of a loaded object: mapped.
-            let mem =
-                unsafe { std::slice::from_raw_parts(ip as *const u8, s.kind.byte_len() as usize) };
-            if crate::arch::x86_64::sites::classify(mem) != Some(s.kind) {
+            // Read without faulting: an address from the file is checked before it is trusted.
+            let mut mem = [0u8; 8];
+            let len = s.kind.byte_len() as usize;
+            if crate::sys::read_nofault(ip, &mut mem[..len]) != len
+                || crate::arch::x86_64::sites::classify(&mem[..len]) != Some(s.kind)
+            {
                 continue;
             }
             sites.push((
@@ -576,300 +594,6 @@ pub fn record(ip: u64) -> Option<DynFtrace> {
     let g = lock();
     let st = g.as_ref()?;
     st.index_of(ip).map(|i| st.records[i])
-}
-
-/// A function symbol of a loaded object, at its address in this process.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SymbolAddr {
-    /// Name as in the symbol table.
-    pub name: String,
-    /// File name of the object.
-    pub module: String,
-    /// Address in this process.
-    pub addr: u64,
-    /// Size in bytes (0 if the symbol table does not say).
-    pub size: u64,
-}
-
-/// Whether `module` names the object whose file name is `file`: the file name itself, a path
-/// ending in it, or one of [`glob::module_names`] (`libc`, `libc.so` for `libc.so.6`).
-pub fn module_matches(module: &str, file: &str) -> bool {
-    let module = module.rsplit('/').next().unwrap_or(module);
-    glob::module_names(file).any(|n| n == module)
-}
-
-/// Every function called `name`, by any of its names (in the object `module`, if given),
-/// among the objects ftrace looked at; `NoObject` if `module` names none of them.
-///
-/// The objects' own symbol tables are searched first; only when no object has the name
-/// there, their separate debug files (`libc6-dbg` for libc's internal functions such as
-/// `_int_malloc`). A symbol without a size gets its FDE's.
-pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, FtraceError> {
-    // Objects where `name` is a GNU indirect function: resolved below, without the lock.
-    let mut ifuncs: Vec<(u64, String)> = Vec::new();
-    let mut found: Vec<SymbolAddr> = {
-        let mut g = lock();
-        let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
-        let mut found: Vec<SymbolAddr> = st
-            .objects
-            .iter()
-            .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
-            .flat_map(|o| {
-                let resolver = o.image.ifuncs.iter().find(|(n, _)| n == name);
-                let ifunc = resolver.is_some();
-                if let Some((_, svma)) = resolver {
-                    // The IFUNC is the default version programs bind to; a plain function of
-                    // the same name is an old compatibility version (glibc's memcpy@GLIBC_2.2.5).
-                    ifuncs.push((svma + o.bias, o.module.clone()));
-                }
-                o.image
-                    .funcs_named(name)
-                    .filter(move |_| !ifunc)
-                    .map(|f| SymbolAddr {
-                        name: f.name.clone(),
-                        module: o.module.clone(),
-                        addr: f.svma + o.bias,
-                        size: o.size_of(f.svma, f.size),
-                    })
-            })
-            .collect();
-        if found.is_empty() && ifuncs.is_empty() {
-            for o in st
-                .objects
-                .iter_mut()
-                .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
-            {
-                let Some(debug) = o.debug() else { continue };
-                let funcs: Vec<(String, u64, u64)> = debug
-                    .funcs_named(name)
-                    .map(|f| (f.name.clone(), f.svma, f.size))
-                    .collect();
-                for (sym, svma, size) in funcs {
-                    found.push(SymbolAddr {
-                        name: sym,
-                        module: o.module.clone(),
-                        addr: svma + o.bias,
-                        size: o.size_of(svma, size),
-                    });
-                }
-            }
-        }
-        found
-    };
-    for (resolver, module) in ifuncs {
-        let Some(addr) = resolve_ifunc(resolver) else {
-            continue;
-        };
-        let mut g = lock();
-        let Some(st) = g.as_mut() else { continue };
-        // The implementation, by its own name where the library or its debug file has one,
-        // else by the IFUNC's, with its FDE's size (remembered, for `symbol_at`).
-        found.push(match lookup(st, addr, false) {
-            Some((sym, 0)) => sym,
-            _ => {
-                let size = lookup(st, addr, true)
-                    .filter(|(_, off)| *off == 0)
-                    .map_or(0, |(s, _)| s.size);
-                let sym = SymbolAddr {
-                    name: name.to_owned(),
-                    module,
-                    addr,
-                    size,
-                };
-                if !st.ifunc_impls.iter().any(|s| s.addr == addr) {
-                    st.ifunc_impls.push(sym.clone());
-                }
-                sym
-            }
-        });
-    }
-    Ok(found)
-}
-
-/// The implementation of an indirect function, from its resolver at `resolver` (an address
-/// in this process): called as the dynamic linker calls it on x86-64, with no argument
-/// (glibc's `elf_ifunc_invoke`, which `dlsym` runs too). Not through `dlopen(RTLD_NOLOAD)` +
-/// `dlsym`: for a library that was never `dlopen`ed, glibc builds its search list then, with
-/// the program's `malloc`, which the agent never calls.
-fn resolve_ifunc(resolver: u64) -> Option<u64> {
-    // SAFETY: `resolver` is the STT_GNU_IFUNC symbol's value plus its object's load bias: the
-    // function the dynamic linker called for this symbol at relocation, with the same (empty)
-    // argument list; resolvers only read CPU features and return an address.
-    let addr = unsafe { std::mem::transmute::<usize, extern "C" fn() -> u64>(resolver as usize)() };
-    (addr != 0).then_some(addr)
-}
-
-/// The address in this process of `offset` bytes into the file of the loaded object at
-/// `path` (matched as the same file, else by file name): the `uprobe_events` `PATH:OFFSET`
-/// form. `NoSite` if no loaded object is that file or no segment maps the offset.
-pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> {
-    let g = lock();
-    let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-    // The same file by device and inode.
-    let file_id = crate::elf::file_id;
-    let want = file_id(std::path::Path::new(path));
-    let o = st
-        .objects
-        .iter()
-        .find(|o| want.is_some() && file_id(&o.image.path) == want)
-        .or_else(|| st.objects.iter().find(|o| module_matches(path, &o.module)))
-        .ok_or(FtraceError::NoSite(offset))?;
-    let svma = o
-        .image
-        .svma_of_offset(offset)
-        .ok_or(FtraceError::NoSite(offset))?;
-    Ok(svma + o.bias)
-}
-
-/// Whether an object that `module` names is loaded (see [`module_matches`]).
-pub fn has_module(module: &str) -> bool {
-    let g = lock();
-    g.as_ref()
-        .is_some_and(|st| st.objects.iter().any(|o| module_matches(module, &o.module)))
-}
-
-/// The function containing `addr`, with the offset into it: from the object's symbols, its
-/// debug file's, or (in a stripped object) the bounds of the `.eh_frame` FDE covering it,
-/// named `module+0xSTART` (see `Object::function_at`).
-pub fn symbol_at(addr: u64) -> Option<(SymbolAddr, u64)> {
-    let mut g = lock();
-    let st = g.as_mut()?;
-    lookup(st, addr, true)
-}
-
-/// [`symbol_at`] under the lock; without `fde`, named functions only.
-fn lookup(st: &mut State, addr: u64, fde: bool) -> Option<(SymbolAddr, u64)> {
-    if let Some(s) = st
-        .ifunc_impls
-        .iter()
-        .find(|s| addr >= s.addr && addr - s.addr < s.size.max(1))
-    {
-        return Some((s.clone(), addr - s.addr));
-    }
-    st.objects.iter_mut().find_map(|o| {
-        let svma = addr.checked_sub(o.bias)?;
-        if !o.image.contains(svma) {
-            return None;
-        }
-        let (name, start, size) = o.function_at(svma, fde)?;
-        Some((
-            SymbolAddr {
-                name,
-                module: o.module.clone(),
-                addr: start + o.bias,
-                size,
-            },
-            svma - start,
-        ))
-    })
-}
-
-/// Every name (aliases included, as the symbol tables spell them, the debug file's too) of
-/// the function that starts at `addr`, e.g. `sigaction` and `__sigaction`. Empty if no named
-/// function starts there.
-pub fn names_at(addr: u64) -> Vec<String> {
-    let mut g = lock();
-    let Some(st) = g.as_mut() else {
-        return Vec::new();
-    };
-    let names = |img: &ElfImage, svma: u64| -> Vec<String> {
-        match img.func_at(svma) {
-            Some((i, 0)) => img
-                .names
-                .iter()
-                .filter(|(_, j)| *j == i)
-                .map(|(n, _)| n.clone())
-                .collect(),
-            _ => Vec::new(),
-        }
-    };
-    st.objects
-        .iter_mut()
-        .find_map(|o| {
-            let svma = addr.checked_sub(o.bias)?;
-            if !o.image.contains(svma) {
-                return None;
-            }
-            let mut all = names(&o.image, svma);
-            if let Some(d) = o.debug() {
-                all.extend(names(d, svma));
-            }
-            Some(all)
-        })
-        .unwrap_or_default()
-}
-
-/// Executable memory near `addr` (within call/jmp rel32 reach of it) for code that `make`
-/// produces for the address it will have: XOL slots of int3 kprobes. Never freed.
-pub fn alloc_code_near(
-    addr: u64,
-    len: usize,
-    make: impl FnOnce(u64) -> Vec<u8>,
-) -> Result<u64, FtraceError> {
-    let mut g = lock();
-    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
-    let o = st
-        .objects
-        .iter_mut()
-        .find(|o| addr >= o.text.0 && addr < o.text.1)
-        .ok_or(FtraceError::NoSite(addr))?;
-    let mut make = Some(make);
-    if let Some(a) = o
-        .areas
-        .iter_mut()
-        .filter(|a| a.reachable_from(addr))
-        .find_map(|a| {
-            let m = make.take()?;
-            a.alloc_with(len, m)
-        })
-    {
-        return Ok(a);
-    }
-    let mut area = TrampArea::near(o.text.0, o.text.1)?;
-    let make = make.ok_or(FtraceError::NoSite(addr))?;
-    let a = area.alloc_with(len, make).expect("a new area holds a slot");
-    o.areas.push(area);
-    Ok(a)
-}
-
-/// Make the code of the object containing `addr` writable (once per object), for int3 probes
-/// on objects without ftrace sites.
-pub fn make_code_writable(addr: u64) -> Result<(), FtraceError> {
-    let mut g = lock();
-    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
-    let Some(o) = st
-        .objects
-        .iter_mut()
-        .find(|o| addr >= o.text.0 && addr < o.text.1)
-    else {
-        return Err(FtraceError::NoSite(addr));
-    };
-    if !o.writable {
-        // SAFETY: the range is the object's executable segments, mapped by the loader.
-        unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
-        o.writable = true;
-    }
-    Ok(())
-}
-
-/// Whether `addr` is in code ftprobe made (a trampoline or an XOL slot).
-pub fn is_ftprobe_code(addr: u64) -> bool {
-    let g = lock();
-    g.as_ref().is_some_and(|st| {
-        st.objects
-            .iter()
-            .any(|o| o.areas.iter().any(|a| a.contains(addr)))
-    })
-}
-
-/// The module (file name) of the object containing `addr`.
-pub fn module_of(addr: u64) -> Option<String> {
-    let g = lock();
-    let st = g.as_ref()?;
-    st.objects
-        .iter()
-        .find(|o| o.image.contains(addr.wrapping_sub(o.bias)))
-        .map(|o| o.module.clone())
 }
 
 /// The site whose 5 bytes cover `addr` (`ip <= addr < ip + 5`), if any.
@@ -1035,7 +759,8 @@ pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceErr
 
 /// Stop calling `ops` (`unregister_ftrace_function()`). Its sites go back to NOP or to the
 /// trampolines of the remaining ops. A callback already running on another thread may still
-/// finish after this returns; the ops is `'static`, so that is memory-safe.
+/// finish after this returns; the ops is `'static`, so that is memory-safe. On error nothing
+/// changed: the ops is still registered, its sites still call it.
 pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceError> {
     let mut g = lock();
     let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
@@ -1045,7 +770,12 @@ pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceE
         .position(|o| std::ptr::eq(*o, ops))
         .ok_or(FtraceError::NotRegistered)?;
     st.registered.remove(pos);
-    let result = st.update_sites();
+    if let Err(e) = st.update_sites() {
+        // The sites were not changed (update_sites rolls back): they still call this ops,
+        // directly or through the list function, which must keep finding it.
+        st.registered.insert(pos, ops);
+        return Err(e);
+    }
     if let Some(slot) = OPS_LIST
         .iter()
         .find(|s| std::ptr::eq(s.load(Ordering::Relaxed), ops))
@@ -1054,7 +784,7 @@ pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceE
     }
     ops.registered.store(false, Ordering::Relaxed);
     st.retire_hash(ops);
-    result
+    Ok(())
 }
 
 impl State {

@@ -10,11 +10,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use super::{kprobe_running, published, Kprobe, CURRENT_KPROBE};
+use super::{published, Kprobe};
 use crate::arch::x86_64::nops::SITE_LEN;
 use crate::ftrace::{
     self as ft, FtraceError, FtraceOps, PtRegs, FTRACE_OPS_FL_IPMODIFY, FTRACE_OPS_FL_SAVE_REGS,
 };
+use crate::probe_state::{self, Entry};
 
 static KPROBE_FTRACE_OPS: FtraceOps =
     FtraceOps::new(kprobe_ftrace_handler, FTRACE_OPS_FL_SAVE_REGS);
@@ -112,17 +113,21 @@ unsafe extern "C" fn kprobe_ftrace_handler(
     if wants_ipmodify(probes) != is_ipmodify_ops {
         return;
     }
-    if kprobe_running().is_some() {
+    let t = probe_state::this_thread();
+    let sp = probe_state::stack_pointer();
+    let _ = t.enter(Entry::Here(sp));
+    if !t.kprobe.get().is_null() {
         for p in probes.iter().filter(|p| !p.is_disabled()) {
             p.note_missed();
         }
         return;
     }
+    t.kprobe_sp.set(sp);
     let orig_ip = regs.ip;
     regs.ip = ip + 1;
     let mut ip_changed = false;
     for p in probes.iter().filter(|p| !p.is_disabled()) {
-        CURRENT_KPROBE.set(*p as *const Kprobe);
+        t.kprobe.set(*p as *const Kprobe);
         if let Some(pre) = p.pre_handler {
             if pre(p, regs) != 0 {
                 ip_changed = true;
@@ -135,12 +140,13 @@ unsafe extern "C" fn kprobe_ftrace_handler(
             regs.ip = ip + SITE_LEN;
             for p in probes.iter().filter(|p| !p.is_disabled()) {
                 if let Some(post) = p.post_handler {
-                    CURRENT_KPROBE.set(*p as *const Kprobe);
+                    t.kprobe.set(*p as *const Kprobe);
                     post(p, regs, 0);
                 }
             }
         }
         regs.ip = orig_ip;
     }
-    CURRENT_KPROBE.set(std::ptr::null());
+    t.kprobe.set(std::ptr::null());
+    t.kprobe_sp.set(0);
 }

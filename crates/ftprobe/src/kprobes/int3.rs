@@ -13,16 +13,16 @@
 //! Everything reached from [`handle_trap`] is async-signal-safe: published tables read with
 //! atomics, no allocation, no lock.
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Mutex;
 
-use super::{kprobe_running, published, Kprobe, KprobeError, CURRENT_KPROBE};
+use super::{published, Kprobe, KprobeError};
 use crate::arch::x86_64::insn::{self, Emulate, GpReg, XolPlan};
 use crate::arch::x86_64::nops::INT3;
 use crate::arch::x86_64::text_poke;
 use crate::ftrace::{self as ft, PtRegs, SymbolAddr};
+use crate::probe_state::{self, mask_word, Entry, Xol, SLOT_BLOCKED};
 
 /// One armed address.
 #[derive(Clone)]
@@ -38,51 +38,96 @@ struct Armed {
     slot_boost: u64,
 }
 
-/// What the trap handler reads: sorted by address, and by the address of a slot's final
-/// `int3` (non-boosted slots).
+/// What the trap handler reads: the armed addresses, sorted.
 struct Table {
     by_addr: Vec<Armed>,
-    by_slot_trap: Vec<(u64, usize)>,
+}
+
+/// One XOL slot. Slots are never freed (a thread may still be in one after its probe was
+/// disarmed) and are reused when the same instruction is armed again.
+#[derive(Clone, Copy)]
+struct Slot {
+    /// The slot's first byte.
+    start: u64,
+    /// Its last instruction: the final `int3` (non-boosted) or the `jmp` back (boosted).
+    end: u64,
+    /// The probed instruction, and the address after it.
+    addr: u64,
+    next: u64,
+    /// Ends with `int3`.
+    step: bool,
+}
+
+/// Every slot ever made, sorted by start: the trap handler recognises a slot's trap by the
+/// slot, not by the probe table (a thread may reach it after the probe left the table), and
+/// a fault handler maps a PC inside a slot back to the probed instruction.
+struct Slots {
+    by_start: Vec<Slot>,
+}
+
+impl Slots {
+    /// The slot holding `pc`.
+    fn containing(&self, pc: u64) -> Option<&Slot> {
+        let i = self
+            .by_start
+            .partition_point(|s| s.start <= pc)
+            .checked_sub(1)?;
+        let s = &self.by_start[i];
+        (pc <= s.end).then_some(s)
+    }
 }
 
 struct Ctrl {
     armed: BTreeMap<u64, Armed>,
+    /// The slots made for an address and its instruction's bytes: (step, boost).
+    slots: BTreeMap<(u64, Vec<u8>), (u64, u64)>,
+    all_slots: Vec<Slot>,
     /// Published tables: kept, never freed (a handler may still read one).
     #[allow(clippy::vec_box)]
     retired: Vec<Box<Table>>,
+    #[allow(clippy::vec_box)]
+    retired_slots: Vec<Box<Slots>>,
 }
 
 static CTRL: Mutex<Ctrl> = Mutex::new(Ctrl {
     armed: BTreeMap::new(),
+    slots: BTreeMap::new(),
+    all_slots: Vec::new(),
     retired: Vec::new(),
+    retired_slots: Vec::new(),
 });
 static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
-
-thread_local! {
-    /// Between a non-boosted hit and its slot's trap: the probe address, and whether the
-    /// post_handlers are due (not on a re-entered hit). Const-initialized.
-    static SINGLE_STEP: Cell<(u64, bool)> = const { Cell::new((0, false)) };
-}
+static SLOTS: AtomicPtr<Slots> = AtomicPtr::new(std::ptr::null_mut());
 
 fn publish(c: &mut Ctrl) {
     let by_addr: Vec<Armed> = c.armed.values().cloned().collect();
-    let mut by_slot_trap: Vec<(u64, usize)> = by_addr
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| a.slot_step != 0)
-        .map(|(i, a)| (a.slot_step + xol_code_len(&a.plan) as u64, i))
-        .collect();
-    by_slot_trap.sort_unstable();
-    let t = Box::into_raw(Box::new(Table {
-        by_addr,
-        by_slot_trap,
-    }));
+    let t = Box::into_raw(Box::new(Table { by_addr }));
     // Release pairs with the Acquire load in `handle_trap`.
     let old = TABLE.swap(t, Ordering::AcqRel);
     if !old.is_null() {
         // SAFETY: old came from Box::into_raw above; kept alive in `retired` for readers.
         c.retired.push(unsafe { Box::from_raw(old) });
     }
+}
+
+fn publish_slots(c: &mut Ctrl) {
+    let mut by_start = c.all_slots.clone();
+    by_start.sort_unstable_by_key(|s| s.start);
+    let t = Box::into_raw(Box::new(Slots { by_start }));
+    // Release pairs with the Acquire load in `slots`.
+    let old = SLOTS.swap(t, Ordering::AcqRel);
+    if !old.is_null() {
+        // SAFETY: old came from Box::into_raw above; kept alive for readers.
+        c.retired_slots.push(unsafe { Box::from_raw(old) });
+    }
+}
+
+/// Probe path: every slot made so far.
+fn slots() -> Option<&'static Slots> {
+    // Acquire pairs with the Release swap in `publish_slots`.
+    let p = SLOTS.load(Ordering::Acquire);
+    // SAFETY: published slot tables are never freed (see Ctrl::retired_slots).
+    (!p.is_null()).then(|| unsafe { &*p })
 }
 
 /// Names on the probe path (the handler and what it calls): refused as targets, as the
@@ -98,6 +143,8 @@ const BLACKLIST: &[&str] = &[
     "sigaction",
     "__restore_rt",
     "membarrier",
+    // errno is saved and restored around the SIGTRAP handler's work.
+    "__errno_location",
 ];
 
 /// Functions (and their glibc aliases) that glibc's `posix_spawn` child calls after it has
@@ -136,10 +183,12 @@ fn lock() -> std::sync::MutexGuard<'static, Ctrl> {
 /// The function's code as it is in the file: memory, with the int3s already armed in it
 /// replaced by their original bytes.
 fn original_code(func: &SymbolAddr, c: &Ctrl) -> Vec<u8> {
-    let len = func.size.max(16) as usize;
-    // SAFETY: the function lies in an executable segment of a loaded object, `size` bytes
-    // long (16 when the symbol has no size: still inside the mapped segment's page).
-    let mut code = unsafe { std::slice::from_raw_parts(func.addr as *const u8, len) }.to_vec();
+    // 16 bytes when the symbol has no size (one instruction at +0 is all that can be probed
+    // then), which may run past the end of the mapping: read without faulting, and keep what
+    // could be read.
+    let mut code = vec![0u8; func.size.max(16) as usize];
+    let len = crate::sys::read_nofault(func.addr, &mut code);
+    code.truncate(len);
     for (a, armed) in c.armed.range(func.addr..func.addr + len as u64) {
         code[(a - func.addr) as usize] = armed.orig;
     }
@@ -182,12 +231,42 @@ pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
     };
     let (mut slot_step, mut slot_boost) = (0, 0);
     if let XolPlan::Xol { boostable, .. } = plan {
-        slot_step = xol_slot(&code, func.addr, addr, false)?;
-        if boostable {
-            slot_boost = xol_slot(&code, func.addr, addr, true)?;
+        let off = (addr - func.addr) as usize;
+        let key = (addr, code[off..off + len as usize].to_vec());
+        if let Some(&(step, boost)) = c.slots.get(&key) {
+            (slot_step, slot_boost) = (step, boost);
+        } else {
+            slot_step = xol_slot(&code, func.addr, addr, false)?;
+            if boostable {
+                slot_boost = xol_slot(&code, func.addr, addr, true)?;
+            }
+            let code_len = xol_code_len(&plan) as u64;
+            let next = addr + len as u64;
+            c.all_slots.push(Slot {
+                start: slot_step,
+                end: slot_step + code_len,
+                addr,
+                next,
+                step: true,
+            });
+            if slot_boost != 0 {
+                c.all_slots.push(Slot {
+                    start: slot_boost,
+                    end: slot_boost + code_len,
+                    addr,
+                    next,
+                    step: false,
+                });
+            }
+            c.slots.insert(key, (slot_step, slot_boost));
+            publish_slots(&mut c);
         }
     }
     ft::make_code_writable(addr)?;
+    if slot_step != 0 {
+        // A fault in a slot is shown at the probed instruction, and resets the slot state.
+        text_poke::install_fault_handlers(abort_xol).map_err(|e| KprobeError::Ftrace(e.into()))?;
+    }
     let orig = code[(addr - func.addr) as usize];
     c.armed.insert(
         addr,
@@ -394,10 +473,10 @@ fn emulate(e: &Emulate, addr: u64, len: u64, regs: &mut PtRegs) {
     };
 }
 
-fn run_post(probes: &[&'static Kprobe], regs: &mut PtRegs) {
+fn run_post(probes: &[&'static Kprobe], regs: &mut PtRegs, t: &probe_state::ThreadState) {
     for p in probes.iter().filter(|p| !p.is_disabled()) {
         if let Some(post) = p.post_handler {
-            CURRENT_KPROBE.set(*p as *const Kprobe);
+            t.kprobe.set(*p as *const Kprobe);
             post(p, regs, 0);
         }
     }
@@ -405,6 +484,33 @@ fn run_post(probes: &[&'static Kprobe], regs: &mut PtRegs) {
 
 /// Probe path: a SIGTRAP that is not a text_poke batch's. Returns whether it was ours.
 pub(super) fn handle_trap(uc: &mut libc::ucontext_t) -> bool {
+    let trap = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64 - 1;
+    let st = probe_state::this_thread();
+    // This thread's slot, done: the post_handlers, then on after the probed instruction.
+    let x = st.xol.get();
+    if x.addr != 0 && trap == x.slot_trap {
+        st.xol.set(Xol::NONE);
+        let mut regs = to_regs(&uc.uc_mcontext.gregs);
+        regs.ip = x.next;
+        if x.post_due {
+            if let Some(probes) = published().and_then(|l| l.get(x.addr)) {
+                run_post(probes, &mut regs, st);
+            }
+        }
+        st.kprobe.set(std::ptr::null());
+        st.kprobe_sp.set(0);
+        *mask_word(&mut uc.uc_sigmask) &= !x.added_mask;
+        from_regs(&mut uc.uc_mcontext.gregs, &regs);
+        return true;
+    }
+    // Another slot's trap: a re-entered hit's, or a thread that was in the slot when its
+    // probe was disarmed: on after the instruction, no handlers.
+    if let Some(s) = slots().and_then(|s| s.containing(trap)) {
+        if s.step && trap == s.end {
+            uc.uc_mcontext.gregs[libc::REG_RIP as usize] = s.next as i64;
+            return true;
+        }
+    }
     // Acquire pairs with the Release swap in `publish`.
     let t = TABLE.load(Ordering::Acquire);
     if t.is_null() {
@@ -412,50 +518,40 @@ pub(super) fn handle_trap(uc: &mut libc::ucontext_t) -> bool {
     }
     // SAFETY: published tables are never freed (see Ctrl::retired).
     let t = unsafe { &*t };
-    let g = &mut uc.uc_mcontext.gregs;
-    let trap = g[libc::REG_RIP as usize] as u64 - 1;
-    if let Ok(i) = t.by_addr.binary_search_by_key(&trap, |a| a.addr) {
-        hit(&t.by_addr[i], g);
-        return true;
-    }
-    if let Ok(i) = t.by_slot_trap.binary_search_by_key(&trap, |s| s.0) {
-        let a = &t.by_addr[t.by_slot_trap[i].1];
-        let (addr, post_due) = SINGLE_STEP.get();
-        let mut regs = to_regs(g);
-        regs.ip = a.addr + a.len as u64;
-        if addr == a.addr && post_due {
-            if let Some(probes) = published().and_then(|l| l.get(a.addr)) {
-                run_post(probes, &mut regs);
-            }
-            CURRENT_KPROBE.set(std::ptr::null());
-        }
-        SINGLE_STEP.set((0, false));
-        from_regs(g, &regs);
-        return true;
-    }
-    false
+    let Ok(i) = t.by_addr.binary_search_by_key(&trap, |a| a.addr) else {
+        return false;
+    };
+    let unblock = st.enter(Entry::Interrupted(uc));
+    *mask_word(&mut uc.uc_sigmask) &= !unblock;
+    hit(&t.by_addr[i], uc, st);
+    true
 }
 
-fn hit(a: &Armed, g: &mut [libc::greg_t; 23]) {
+fn hit(a: &Armed, uc: &mut libc::ucontext_t, st: &probe_state::ThreadState) {
     let probes: &[&'static Kprobe] = published().and_then(|l| l.get(a.addr)).unwrap_or(&[]);
-    let mut regs = to_regs(g);
-    let reentered = kprobe_running().is_some();
+    let mut regs = to_regs(&uc.uc_mcontext.gregs);
+    let reentered = !st.kprobe.get().is_null();
     let has_post = probes
         .iter()
         .any(|p| !p.is_disabled() && p.post_handler.is_some());
+    let clear = |st: &probe_state::ThreadState| {
+        st.kprobe.set(std::ptr::null());
+        st.kprobe_sp.set(0);
+    };
     if reentered {
         for p in probes.iter().filter(|p| !p.is_disabled()) {
             p.note_missed();
         }
     } else {
+        st.kprobe_sp.set(regs.sp);
         regs.ip = a.addr + 1;
         for p in probes.iter().filter(|p| !p.is_disabled()) {
-            CURRENT_KPROBE.set(*p as *const Kprobe);
+            st.kprobe.set(*p as *const Kprobe);
             if let Some(pre) = p.pre_handler {
                 if pre(p, &mut regs) != 0 {
                     // The handler moved ip: continue there, skip the instruction.
-                    CURRENT_KPROBE.set(std::ptr::null());
-                    from_regs(g, &regs);
+                    clear(st);
+                    from_regs(&mut uc.uc_mcontext.gregs, &regs);
                     return;
                 }
             }
@@ -464,25 +560,63 @@ fn hit(a: &Armed, g: &mut [libc::greg_t; 23]) {
     match &a.plan {
         XolPlan::Emulate { insn, .. } => {
             emulate(insn, a.addr, a.len as u64, &mut regs);
-            if !reentered && has_post {
-                run_post(probes, &mut regs);
-            }
             if !reentered {
-                CURRENT_KPROBE.set(std::ptr::null());
+                if has_post {
+                    run_post(probes, &mut regs, st);
+                }
+                clear(st);
             }
         }
-        XolPlan::Xol { .. } => {
+        XolPlan::Xol { code, .. } => {
             if a.slot_boost != 0 && (reentered || !has_post) {
                 // The boosted slot jumps back by itself: no second trap.
                 regs.ip = a.slot_boost;
                 if !reentered {
-                    CURRENT_KPROBE.set(std::ptr::null());
+                    clear(st);
                 }
             } else {
                 regs.ip = a.slot_step;
-                SINGLE_STEP.set((a.addr, !reentered));
+                if !reentered {
+                    // Until the slot's trap: asynchronous signals wait (see SLOT_BLOCKED).
+                    let m = mask_word(&mut uc.uc_sigmask);
+                    let added = SLOT_BLOCKED & !*m;
+                    *m |= added;
+                    st.xol.set(Xol {
+                        addr: a.addr,
+                        next: a.addr + a.len as u64,
+                        slot: a.slot_step,
+                        slot_trap: a.slot_step + code.len() as u64,
+                        post_due: has_post,
+                        added_mask: added,
+                    });
+                }
             }
         }
     }
-    from_regs(g, &regs);
+    from_regs(&mut uc.uc_mcontext.gregs, &regs);
+}
+
+/// Probe path, a fault signal the kernel raised (`SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`):
+/// if the thread faulted inside an XOL slot, the program is shown the probed instruction's
+/// address instead (uprobes' `arch_uprobe_abort_xol`): the instruction's own address when it
+/// faulted, the one after it when the slot had already executed it; and the thread's slot
+/// state is dropped (its handler may leave by a non-local exit; if it returns, the thread
+/// runs the instruction again from its own address, through the probe). Returns whether the
+/// PC was in a slot.
+pub(crate) fn abort_xol(uc: &mut libc::ucontext_t) -> bool {
+    let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
+    let Some(s) = slots().and_then(|s| s.containing(pc)) else {
+        return false;
+    };
+    let st = probe_state::this_thread();
+    let x = st.xol.get();
+    if x.addr != 0 && x.slot == s.start {
+        st.xol.set(Xol::NONE);
+        st.kprobe.set(std::ptr::null());
+        st.kprobe_sp.set(0);
+        *mask_word(&mut uc.uc_sigmask) &= !x.added_mask;
+    }
+    let shown = if pc == s.start { s.addr } else { s.next };
+    uc.uc_mcontext.gregs[libc::REG_RIP as usize] = shown as i64;
+    true
 }

@@ -13,7 +13,6 @@
 mod ftrace;
 mod int3;
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -253,11 +252,6 @@ static TABLE: Mutex<Table> = Mutex::new(Table {
     retired: Vec::new(),
 });
 static PUBLISHED: AtomicPtr<ProbeList> = AtomicPtr::new(std::ptr::null_mut());
-
-thread_local! {
-    /// The kprobe running on this thread (`current_kprobe`). Const-initialized.
-    static CURRENT_KPROBE: Cell<*const Kprobe> = const { Cell::new(std::ptr::null()) };
-}
 
 fn lock() -> MutexGuard<'static, Table> {
     TABLE.lock().unwrap_or_else(|e| e.into_inner())
@@ -525,7 +519,7 @@ pub fn list() -> String {
 
 /// Probe path: the probe running on this thread, if any (`kprobe_running()`).
 pub fn kprobe_running() -> Option<&'static Kprobe> {
-    let p = CURRENT_KPROBE.get();
-    // SAFETY: only registered &'static probes are stored in CURRENT_KPROBE.
+    let p = crate::probe_state::this_thread().kprobe.get();
+    // SAFETY: only registered &'static probes are stored as the current kprobe.
     (!p.is_null()).then(|| unsafe { &*p })
 }

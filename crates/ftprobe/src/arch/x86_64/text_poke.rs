@@ -15,9 +15,10 @@
 //!
 //! Text is made writable once per executable segment ([`make_writable`]), never per site.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::nops::{call_target, INT3, SITE_LEN};
+use crate::probe_state;
 use crate::sys::{self, SyscallError};
 
 /// One site to rewrite: its address and its new 5 bytes.
@@ -42,34 +43,59 @@ pub enum TextPokeError {
 static BATCH: AtomicPtr<Vec<Poke>> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLERS_ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
-/// The program's SIGTRAP action, which ours chains to for traps that are not ftprobe's: the
-/// one in place before ours, then whatever the program installs later (the agent interposes
-/// `sigaction`/`signal`, see [`replace_chained`]). Leaked boxes: a handler may be reading the
-/// previous one.
-static CHAINED: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+/// Signals whose handler is ftprobe's (bit `sig`): SIGTRAP, and the fault signals once an
+/// XOL slot exists ([`install_fault_handlers`]).
+static OWNED: AtomicU64 = AtomicU64::new(0);
+/// Per signal, the program's action, which ftprobe's handler delivers the signals it did not
+/// cause to: the one in place before ours, then whatever the program installs later (the
+/// agent interposes `sigaction`/`signal`, see [`replace_chained`]). Leaked boxes: a handler
+/// may be reading the previous one.
+static CHAINED: [AtomicPtr<libc::sigaction>; 32] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; 32];
+
+/// `SIG_DFL`, for a reset on delivery (`SA_RESETHAND`) without allocating.
+// SAFETY: a zeroed sigaction is a valid value: SIG_DFL, no flags, an empty mask.
+static DFL_ACTION: libc::sigaction = unsafe { std::mem::zeroed() };
+
+/// The fault signals whose handler becomes ftprobe's while XOL slots exist.
+pub const FAULT_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
 
 /// Whether ftprobe's SIGTRAP handler is installed.
 pub fn installed() -> bool {
     INSTALLED.load(Ordering::Acquire)
 }
 
-/// The program's view of SIGTRAP while ftprobe's handler is installed: store `new` (if any)
-/// as the action traps that are not ftprobe's go to, and return the previous one. What an
-/// interposed `sigaction(SIGTRAP, new, old)` does, so that the program's handler keeps
-/// working and ftprobe's stays in place.
-pub fn replace_chained(new: Option<&libc::sigaction>) -> libc::sigaction {
-    // Acquire pairs with the Release swap below / in `init`.
-    let cur = CHAINED.load(Ordering::Acquire);
-    let prev = if cur.is_null() {
+/// Whether ftprobe's handler is installed for `sig` (SIGTRAP, or a fault signal).
+pub fn owns(sig: libc::c_int) -> bool {
+    // Acquire pairs with the Release fetch_or where a handler is installed.
+    (0..64).contains(&sig) && OWNED.load(Ordering::Acquire) & (1 << sig) != 0
+}
+
+fn chained_slot(sig: libc::c_int) -> Option<&'static AtomicPtr<libc::sigaction>> {
+    usize::try_from(sig).ok().and_then(|s| CHAINED.get(s))
+}
+
+/// The program's action for `sig` as ftprobe keeps it (SIG_DFL if none).
+fn chained(sig: libc::c_int) -> libc::sigaction {
+    // Acquire pairs with the Release stores in `replace_chained` and where it is installed.
+    match chained_slot(sig).map(|c| c.load(Ordering::Acquire)) {
+        // SAFETY: CHAINED holds leaked, never-freed Boxes.
+        Some(p) if !p.is_null() => unsafe { *p },
         // SAFETY: a zeroed sigaction is valid: SIG_DFL.
-        unsafe { std::mem::zeroed() }
-    } else {
-        // SAFETY: CHAINED holds a leaked, never-freed Box once `init` ran.
-        unsafe { *cur }
-    };
-    if let Some(n) = new {
-        // Release pairs with the Acquire loads here and in `chain_to_old_handler`.
-        CHAINED.store(Box::into_raw(Box::new(*n)), Ordering::Release);
+        _ => unsafe { std::mem::zeroed() },
+    }
+}
+
+/// The program's view of a signal whose handler is ftprobe's ([`owns`]): store `new` (if
+/// any) as the action the signals ftprobe did not cause go to, and return the previous one.
+/// What an interposed `sigaction(sig, new, old)` does, so that the program's handler keeps
+/// working and ftprobe's stays in place.
+pub fn replace_chained(sig: libc::c_int, new: Option<&libc::sigaction>) -> libc::sigaction {
+    let prev = chained(sig);
+    if let (Some(n), Some(slot)) = (new, chained_slot(sig)) {
+        // Release pairs with the Acquire load in `chained`.
+        slot.store(Box::into_raw(Box::new(*n)), Ordering::Release);
     }
     prev
 }
@@ -94,7 +120,7 @@ static FATAL_TRAP_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Register the fatal-trap hook (one; a later call replaces it).
 pub fn set_fatal_trap_hook(hook: FatalTrapHook) {
-    // Release pairs with the Acquire load in `chain_to_old_handler`.
+    // Release pairs with the Acquire load in `deliver`.
     FATAL_TRAP_HOOK.store(hook as *mut (), Ordering::Release);
 }
 
@@ -119,17 +145,30 @@ pub fn init() -> Result<(), TextPokeError> {
         return Ok(());
     }
     sys::membarrier_register()?;
+    install(libc::SIGTRAP, sigtrap_handler)?;
+    // Release pairs with the Acquire load in `deliver`.
+    INSTALLED.store(true, Ordering::Release);
+    Ok(())
+}
+
+type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// Install ftprobe's `handler` for `sig`, keeping the action in place as the program's.
+fn install(sig: libc::c_int, handler: Handler) -> Result<(), TextPokeError> {
     // SAFETY: a zeroed sigaction is a valid value (empty mask, no flags, SIG_DFL).
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction = sigtrap_handler as *const () as usize;
+    act.sa_sigaction = handler as *const () as usize;
     // SA_NODEFER: a probe handler running inside this handler may hit another int3 probe; with
-    // SIGTRAP blocked the kernel would kill the process instead of delivering it.
+    // SIGTRAP blocked the kernel would kill the process instead of delivering it. The
+    // program's handler gets its own mask ([`deliver`]).
     act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER;
+    // Asynchronous signals wait until the handler is done: none can interrupt the probe path
+    // in it (and leave it by a non-local exit) or run while a batch is being emulated.
+    *probe_state::mask_word(&mut act.sa_mask) = probe_state::SLOT_BLOCKED;
     // SAFETY: a zeroed sigaction is a valid value.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: `act` is a valid sigaction whose handler is async-signal-safe; `old` is ours.
-    let r = unsafe { sys::real_sigaction(libc::SIGTRAP, &act, &mut old) };
-    CHAINED.store(Box::into_raw(Box::new(old)), Ordering::Release);
+    let r = unsafe { sys::real_sigaction(sig, &act, &mut old) };
     if r != 0 {
         return Err(SyscallError {
             call: "sigaction",
@@ -137,8 +176,31 @@ pub fn init() -> Result<(), TextPokeError> {
         }
         .into());
     }
-    // Release pairs with the Acquire load in `chain_to_old_handler`.
-    INSTALLED.store(true, Ordering::Release);
+    if let Some(slot) = chained_slot(sig) {
+        // Release pairs with the Acquire load in `chained`.
+        slot.store(Box::into_raw(Box::new(old)), Ordering::Release);
+    }
+    // Release pairs with the Acquire load in `owns`.
+    OWNED.fetch_or(1 << sig, Ordering::Release);
+    Ok(())
+}
+
+/// A fault handler of a higher layer (int3 kprobes' `abort_xol`): called for a fault signal
+/// before the program's handler sees it; may rewrite the context. Probe path.
+pub type FaultHook = fn(&mut libc::ucontext_t) -> bool;
+
+static FAULT_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Make ftprobe's handler the one for the fault signals ([`FAULT_SIGNALS`]), calling `hook`
+/// before the program's handler. Idempotent.
+pub fn install_fault_handlers(hook: FaultHook) -> Result<(), TextPokeError> {
+    // Release pairs with the Acquire load in `fault_handler`.
+    FAULT_HOOK.store(hook as *mut (), Ordering::Release);
+    for sig in FAULT_SIGNALS {
+        if !owns(sig) {
+            install(sig, fault_handler)?;
+        }
+    }
     Ok(())
 }
 
@@ -236,18 +298,37 @@ fn poke_bytes(pokes: &[Poke], which: fn(&Poke) -> &[u8; 5], range: std::ops::Ran
     }
 }
 
-/// Probe path: the SIGTRAP handler. Async-signal-safe: atomics, loads and stores only.
+/// This thread's `errno`.
+fn errno_slot() -> *mut libc::c_int {
+    // SAFETY: __errno_location has no preconditions (blacklisted as a probe target).
+    unsafe { libc::__errno_location() }
+}
+
+/// Probe path: the SIGTRAP handler. Async-signal-safe: atomics, loads and stores only. The
+/// program's `errno` is as it was when the handler returns or calls the program's handler.
 extern "C" fn sigtrap_handler(
     sig: libc::c_int,
     info: *mut libc::siginfo_t,
     ctx: *mut libc::c_void,
 ) {
+    let errno = errno_slot();
+    // SAFETY: this thread's errno.
+    let saved = unsafe { *errno };
+    let ours = sigtrap_work(info, ctx);
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+    if !ours {
+        deliver(sig, info, ctx);
+    }
+}
+
+/// The SIGTRAP handler's own work: whether the trap was ftprobe's.
+fn sigtrap_work(info: *mut libc::siginfo_t, ctx: *mut libc::c_void) -> bool {
     // A SIGTRAP sent by kill/raise/tgkill is the program's, never an int3 of ours (those come
     // with si_code SI_KERNEL).
     // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
     if unsafe { (*info).si_code } != libc::SI_KERNEL {
-        chain_to_old_handler(sig, info, ctx);
-        return;
+        return false;
     }
     // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler; this thread owns it.
     let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
@@ -279,27 +360,52 @@ extern "C" fn sigtrap_handler(
             handled = emulate_if_in_batch(uc, addr);
         }
     }
-    if !handled {
-        chain_to_old_handler(sig, info, ctx);
+    handled
+}
+
+/// Probe path: the handler of the fault signals while XOL slots exist: a fault inside a slot
+/// is shown to the program at the probed instruction ([`FaultHook`]), then delivered.
+extern "C" fn fault_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let errno = errno_slot();
+    // SAFETY: this thread's errno.
+    let saved = unsafe { *errno };
+    let h = chained(sig).sa_sigaction;
+    let hook = FAULT_HOOK.load(Ordering::Acquire);
+    if h != libc::SIG_DFL && h != libc::SIG_IGN && !hook.is_null() {
+        // SAFETY: FAULT_HOOK only ever holds a `FaultHook`.
+        let hook: FaultHook = unsafe { std::mem::transmute::<*mut (), FaultHook>(hook) };
+        // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler.
+        hook(unsafe { &mut *(ctx as *mut libc::ucontext_t) });
     }
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+    deliver(sig, info, ctx);
 }
 
 /// Probe path: if `addr` is a site of the batch in flight, emulate its new instruction.
 fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
+    // The batch is read between the increment and the decrement and nothing else is done
+    // there: no fault, and no asynchronous signal (blocked in this handler) can leave the
+    // window without the decrement, which would make every later batch wait forever.
     HANDLERS_ACTIVE.fetch_add(1, Ordering::SeqCst);
     let batch = BATCH.load(Ordering::SeqCst);
-    let mut handled = false;
+    let mut found = None;
     if !batch.is_null() {
         // SAFETY: a non-null BATCH points to a live Vec until HANDLERS_ACTIVE drops to zero
         // after BATCH is cleared (see text_poke_batch).
         let pokes = unsafe { &*batch };
         if let Ok(i) = pokes.binary_search_by_key(&addr, |p| p.addr) {
-            emulate(uc, &pokes[i]);
-            handled = true;
+            found = Some(pokes[i]);
         }
     }
     HANDLERS_ACTIVE.fetch_sub(1, Ordering::SeqCst);
-    handled
+    match found {
+        Some(p) => {
+            emulate(uc, &p);
+            true
+        }
+        None => false,
+    }
 }
 
 /// Emulate the new instruction of a site hit while in flight (the kernel's
@@ -320,49 +426,116 @@ fn emulate(uc: &mut libc::ucontext_t, p: &Poke) {
     }
 }
 
-fn chain_to_old_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+/// Deliver a signal ftprobe did not cause (and whose handler is ftprobe's) to the program's
+/// action, as the kernel would have: ignored (`SIG_IGN`, unless the kernel raised it for a
+/// fault or trap of the thread, which the kernel never lets be ignored), the default action
+/// (`SIG_DFL`: the program dies of it), or the program's handler, with `SA_SIGINFO`'s
+/// arguments or not, under the mask the kernel would give it (the interrupted mask, its
+/// `sa_mask`, the signal itself unless `SA_NODEFER`), reset to `SIG_DFL` first with
+/// `SA_RESETHAND`. SIGTRAP itself is never blocked (int3 probes need it): a SIGTRAP that
+/// arrives while the program's own SIGTRAP handler runs without `SA_NODEFER` is held and
+/// delivered when that handler returns, as the kernel holds a blocked signal. The handler
+/// runs on the stack ftprobe's ran on (the signal stack whenever the thread has one).
+fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // Acquire pairs with the Release store in `init`; the handler is only installed after it.
-    if !INSTALLED.load(Ordering::Acquire) {
+    if !INSTALLED.load(Ordering::Acquire) && sig == libc::SIGTRAP {
         return;
     }
-    // Acquire pairs with the Release stores in `init` and `replace_chained`.
-    let p = CHAINED.load(Ordering::Acquire);
-    if p.is_null() {
-        return;
-    }
-    // SAFETY: CHAINED points to a leaked Box that is never freed.
-    let old = unsafe { &*p };
-    let h = old.sa_sigaction;
+    let act = chained(sig);
+    let h = act.sa_sigaction;
+    // si_code > 0: raised by the kernel for this thread's own instruction (SI_KERNEL for an
+    // int3, SEGV_MAPERR, ...); kill/raise/sigqueue give SI_USER, SI_TKILL, SI_QUEUE (<= 0).
     // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
-    let from_kernel = unsafe { (*info).si_code } == libc::SI_KERNEL;
+    let from_kernel = unsafe { (*info).si_code } > 0;
     if h == libc::SIG_IGN && !from_kernel {
-        // A SIGTRAP sent by kill/raise to a program that ignores it: ignored, as without us.
+        // A signal sent by kill/raise to a program that ignores it: ignored, as without us.
         return;
     }
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
-        // Not our trap and nobody else's: die of SIGTRAP as the program would have without us
-        // (the kernel kills a program that ignores a trap of its own too).
-        let hook = FATAL_TRAP_HOOK.load(Ordering::Acquire);
-        if !hook.is_null() {
-            // SAFETY: FATAL_TRAP_HOOK only ever holds a `FatalTrapHook`.
-            let hook = unsafe { std::mem::transmute::<*mut (), FatalTrapHook>(hook) };
-            hook();
+        if sig == libc::SIGTRAP {
+            // Not our trap and nobody else's: die of SIGTRAP as the program would have
+            // without us (the kernel kills a program that ignores a trap of its own too).
+            let hook = FATAL_TRAP_HOOK.load(Ordering::Acquire);
+            if !hook.is_null() {
+                // SAFETY: FATAL_TRAP_HOOK only ever holds a `FatalTrapHook`.
+                let hook = unsafe { std::mem::transmute::<*mut (), FatalTrapHook>(hook) };
+                hook();
+            }
         }
         // SAFETY: sigaction and raise are async-signal-safe; a zeroed sigaction is SIG_DFL.
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
-            sys::real_sigaction(libc::SIGTRAP, &dfl, std::ptr::null_mut());
-            libc::raise(libc::SIGTRAP);
+            sys::real_sigaction(sig, &dfl, std::ptr::null_mut());
+            if sig != libc::SIGTRAP && from_kernel {
+                // The faulting instruction runs again and faults under the default action.
+                return;
+            }
+            libc::raise(sig);
         }
-    } else if old.sa_flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: the program installed this handler for SIGTRAP with SA_SIGINFO.
-        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(h) };
+        return;
+    }
+    // SAFETY: the kernel passes a valid ucontext_t to an SA_SIGINFO handler; this thread's.
+    let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
+    let st = probe_state::this_thread();
+    let nodefer = act.sa_flags & libc::SA_NODEFER != 0;
+    let outer = if sig == libc::SIGTRAP {
+        let unblock = st.enter(probe_state::Entry::Interrupted(uc));
+        *probe_state::mask_word(&mut uc.uc_sigmask) &= !unblock;
+        if st.program_trap_sp.get() != 0 && !nodefer {
+            st.program_trap_pending.set(true);
+            return;
+        }
+        let outer = st.program_trap_sp.get();
+        st.program_trap_sp
+            .set(uc.uc_mcontext.gregs[libc::REG_RSP as usize] as u64);
+        outer
+    } else {
+        0
+    };
+    let mut mask = *probe_state::mask_word(&mut uc.uc_sigmask) | {
+        let mut m = act.sa_mask;
+        *probe_state::mask_word(&mut m)
+    };
+    if !nodefer {
+        mask |= probe_state::bit(sig);
+    }
+    // SIGTRAP stays unblocked: a probe hit in the handler must reach ftprobe's.
+    mask &= !probe_state::bit(libc::SIGTRAP);
+    if act.sa_flags & libc::SA_RESETHAND != 0 {
+        if let Some(slot) = chained_slot(sig) {
+            // No allocation here (a signal handler): the static default action. Release
+            // pairs with the Acquire load in `chained`; CHAINED is never written through.
+            slot.store(
+                &DFL_ACTION as *const libc::sigaction as *mut libc::sigaction,
+                Ordering::Release,
+            );
+        }
+    }
+    // SAFETY: rt_sigprocmask(SIG_SETMASK, &mask, NULL, 8) reads 8 bytes of `mask`; the mask
+    // the handler interrupted is restored by the kernel's sigreturn.
+    unsafe {
+        sys::raw_syscall4(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK as u64,
+            &mask as *const u64 as u64,
+            0,
+            8,
+        )
+    };
+    if act.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program installed this handler for `sig` with SA_SIGINFO.
+        let f: Handler = unsafe { std::mem::transmute(h) };
         f(sig, info, ctx);
     } else {
-        // SAFETY: the program installed this plain handler for SIGTRAP.
+        // SAFETY: the program installed this plain handler for `sig`.
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
+    }
+    if sig == libc::SIGTRAP {
+        st.program_trap_sp.set(outer);
+        if outer == 0 && st.program_trap_pending.replace(false) {
+            deliver(sig, info, ctx);
+        }
     }
 }

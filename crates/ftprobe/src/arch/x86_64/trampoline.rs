@@ -172,7 +172,9 @@ macro_rules! regs_template {
                    mov [rsp + 120], rax
                    mov [rsp + 136], rax
                    mov [rsp + 160], rax",
-            restore: "mov rbx, [rsp + 40]
+            restore: "mov rax, [rsp + 32]
+                      mov [rbp], rax
+                      mov rbx, [rsp + 40]
                       mov r11, [rsp + 48]
                       mov r12, [rsp + 24]
                       mov r13, [rsp + 16]

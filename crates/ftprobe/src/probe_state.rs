@@ -1,0 +1,299 @@
+//! The probe path's per-thread state, in one thread-local, and its repair after a non-local
+//! exit (the user-space form of the kernel's per-CPU kprobe state and its reset in
+//! `kprobe_fault_handler`, or uprobes' `arch_uprobe_abort_xol`).
+//!
+//! A thread's probe path keeps: its ring, the one-writer guard of that ring, the recursion
+//! guard of `FTRACE_OPS_FL_RECURSION` ops, the kprobe running on it (`current_kprobe`), the
+//! single-step state of a non-boosted XOL slot, and whether the program's own SIGTRAP handler
+//! is running (to defer a nested SIGTRAP as the kernel would). One thread-local holds it all,
+//! so a hit finds it with one TLS access (in the preloaded agent each is a `__tls_get_addr`
+//! call).
+//!
+//! Every guard records the stack pointer of the code that set it. A signal handler can leave
+//! the probe path without returning (`siglongjmp` out of a handler that interrupted a
+//! callback, a fault in an XOL slot whose handler jumps out): the guard then stays set while
+//! its frame is gone. Every entry point calls [`ThreadState::enter`] with its own stack
+//! pointer: a guard whose stack pointer is at or below it (the stack grows down) belongs to a
+//! frame that no longer exists, and is cleared ([`ThreadState::repair`]); a live guard's
+//! nested entries (a signal handler that interrupted it) are always below it. Entries on
+//! another stack (a handler on the `sigaltstack`) compare only with guards on that stack.
+
+use std::cell::Cell;
+
+use crate::kprobes::Kprobe;
+use crate::ring::RingWriter;
+
+/// This thread's ring.
+#[derive(Clone, Copy)]
+pub(crate) enum ThreadRing {
+    /// Not claimed yet (claimed on the first event).
+    Unclaimed,
+    /// Claimed.
+    Claimed(RingWriter<'static>),
+    /// No ring was free: events are counted as lost.
+    NoneFree,
+}
+
+/// Between a non-boosted int3 hit and its slot's trap.
+#[derive(Clone, Copy)]
+pub(crate) struct Xol {
+    /// The probed address (0: the thread is not in a slot).
+    pub addr: u64,
+    /// The address after the probed instruction.
+    pub next: u64,
+    /// The slot's first byte.
+    pub slot: u64,
+    /// The slot's final `int3`.
+    pub slot_trap: u64,
+    /// The post_handlers are due (not on a re-entered hit).
+    pub post_due: bool,
+    /// Signals blocked while the thread runs the slot that its own mask did not block (the
+    /// kernel's first mask word): taken out again at the slot's trap, or on a repair.
+    pub added_mask: u64,
+}
+
+impl Xol {
+    pub(crate) const NONE: Xol = Xol {
+        addr: 0,
+        next: 0,
+        slot: 0,
+        slot_trap: 0,
+        post_due: false,
+        added_mask: 0,
+    };
+}
+
+/// The probe path's state of one thread (module docs). Stack pointers are 0 when the guard
+/// is clear.
+pub(crate) struct ThreadState {
+    pub ring: Cell<ThreadRing>,
+    /// A tracer is writing into this thread's ring (one producer per ring).
+    pub writing: Cell<u64>,
+    /// An `FTRACE_OPS_FL_RECURSION` ops' callback is running.
+    pub in_ftrace: Cell<u64>,
+    /// The kprobe running (`current_kprobe`), from `kprobe_sp`.
+    pub kprobe: Cell<*const Kprobe>,
+    pub kprobe_sp: Cell<u64>,
+    /// The non-boosted slot the thread is in (`kprobe` is set meanwhile).
+    pub xol: Cell<Xol>,
+    /// The program's SIGTRAP handler is running (called from ftprobe's).
+    pub program_trap_sp: Cell<u64>,
+    /// A SIGTRAP for the program arrived while its handler ran without `SA_NODEFER`.
+    pub program_trap_pending: Cell<bool>,
+}
+
+thread_local! {
+    /// Const-initialized, no destructor: no allocation on first touch.
+    static STATE: ThreadState = const {
+        ThreadState {
+            ring: Cell::new(ThreadRing::Unclaimed),
+            writing: Cell::new(0),
+            in_ftrace: Cell::new(0),
+            kprobe: Cell::new(std::ptr::null()),
+            kprobe_sp: Cell::new(0),
+            xol: Cell::new(Xol::NONE),
+            program_trap_sp: Cell::new(0),
+            program_trap_pending: Cell::new(false),
+        }
+    };
+}
+
+/// This thread's state: one TLS access.
+#[inline(always)]
+pub(crate) fn this_thread() -> &'static ThreadState {
+    // SAFETY: a const-initialized thread-local without a destructor lives in the thread's
+    // static TLS block for the thread's whole life; the reference is only used on this thread
+    // (ThreadState is not Sync, and callers keep it within the call that took it).
+    STATE.with(|t| unsafe { &*(t as *const ThreadState) })
+}
+
+/// The stack pointer of the caller (an entry point's frame).
+#[inline(always)]
+pub(crate) fn stack_pointer() -> u64 {
+    let sp: u64;
+    // SAFETY: reads rsp into a register; no memory access, no flags.
+    unsafe {
+        std::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    sp
+}
+
+/// Where an entry point runs: its stack pointer, and how to learn whether that is on the
+/// thread's signal stack.
+#[derive(Clone, Copy)]
+pub(crate) enum Entry<'a> {
+    /// A trampoline callback: this stack pointer; the signal stack is asked for if needed.
+    Here(u64),
+    /// The SIGTRAP handler: the interrupted context (its stack pointer, and its signal stack
+    /// as the kernel saved it in `uc_stack`).
+    Interrupted(&'a libc::ucontext_t),
+}
+
+/// A signal stack, and whether the entry's stack pointer is on it.
+struct AltStack {
+    on: bool,
+    lo: u64,
+    hi: u64,
+}
+
+impl AltStack {
+    fn of(st: &libc::stack_t, sp: u64) -> AltStack {
+        let lo = st.ss_sp as u64;
+        let hi = lo.wrapping_add(st.ss_size as u64);
+        let disabled = st.ss_flags & libc::SS_DISABLE != 0;
+        AltStack {
+            on: !disabled && sp > lo && sp <= hi,
+            lo,
+            hi,
+        }
+    }
+
+    /// The thread's signal stack now (one raw `sigaltstack` system call: no errno).
+    fn now(sp: u64) -> AltStack {
+        // SAFETY: a zeroed stack_t is a valid value to be overwritten.
+        let mut st: libc::stack_t = unsafe { std::mem::zeroed() };
+        // SAFETY: sigaltstack(NULL, &st) only writes st.
+        let r =
+            unsafe { crate::sys::raw_syscall2(libc::SYS_sigaltstack, 0, &mut st as *mut _ as u64) };
+        if r != 0 {
+            return AltStack {
+                on: false,
+                lo: 0,
+                hi: 0,
+            };
+        }
+        AltStack::of(&st, sp)
+    }
+
+    fn contains(&self, sp: u64) -> bool {
+        sp > self.lo && sp <= self.hi
+    }
+}
+
+impl ThreadState {
+    /// Whether a guard is set at or below `sp` (the common case is none: nothing to check; a
+    /// guard above `sp` belongs to a frame this entry is nested in, as when a kprobe event's
+    /// handler takes the ring's writer guard under the kprobe guard). `x - 1 < sp` is
+    /// `x != 0 && x <= sp`.
+    #[inline(always)]
+    fn maybe_stale(&self, sp: u64) -> bool {
+        (self.writing.get().wrapping_sub(1) < sp)
+            | (self.in_ftrace.get().wrapping_sub(1) < sp)
+            | (self.kprobe_sp.get().wrapping_sub(1) < sp)
+            | (self.program_trap_sp.get().wrapping_sub(1) < sp)
+    }
+
+    /// Every entry point of the probe path calls this first: clears the guards that a
+    /// non-local exit left behind (module docs). Free when no guard is set at or below the
+    /// entry's stack pointer. Returns the signals a stale slot had blocked that the caller
+    /// must unblock in the interrupted context (`Entry::Interrupted` only; for `Entry::Here`
+    /// they are unblocked now).
+    #[inline(always)]
+    #[must_use]
+    pub(crate) fn enter(&self, at: Entry<'_>) -> u64 {
+        let sp = match at {
+            Entry::Here(sp) => sp,
+            Entry::Interrupted(uc) => uc.uc_mcontext.gregs[libc::REG_RSP as usize] as u64,
+        };
+        if self.maybe_stale(sp) {
+            self.repair(at)
+        } else {
+            0
+        }
+    }
+
+    /// The repair: each guard whose frame cannot be live any more is cleared; a stale slot
+    /// gives back the signals it blocked (see [`ThreadState::enter`]).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn repair(&self, at: Entry<'_>) -> u64 {
+        let sp = match at {
+            Entry::Here(sp) => sp,
+            Entry::Interrupted(uc) => uc.uc_mcontext.gregs[libc::REG_RSP as usize] as u64,
+        };
+        let mut alt: Option<AltStack> = None;
+        let mut stale = |recorded: u64| -> bool {
+            if recorded == 0 || sp < recorded {
+                return false;
+            }
+            let a = alt.get_or_insert_with(|| match at {
+                Entry::Here(sp) => AltStack::now(sp),
+                Entry::Interrupted(uc) => AltStack::of(&uc.uc_stack, sp),
+            });
+            // On the signal stack, a guard set on another stack belongs to the code this
+            // handler interrupted: live.
+            !a.on || a.contains(recorded)
+        };
+        if stale(self.writing.get()) {
+            // The write it guarded was abandoned (never published, or published just before
+            // the exit): counted as lost, as an event a signal handler's interruption cost.
+            self.writing.set(0);
+            if let Some(b) = crate::trace::buffer() {
+                b.note_lost_recursion(1);
+            }
+        }
+        if stale(self.in_ftrace.get()) {
+            self.in_ftrace.set(0);
+        }
+        if stale(self.program_trap_sp.get()) {
+            self.program_trap_sp.set(0);
+            self.program_trap_pending.set(false);
+        }
+        if stale(self.kprobe_sp.get()) {
+            self.kprobe.set(std::ptr::null());
+            self.kprobe_sp.set(0);
+            let x = self.take_xol();
+            if x.added_mask != 0 {
+                match at {
+                    Entry::Here(_) => unblock_now(x.added_mask),
+                    Entry::Interrupted(_) => return x.added_mask,
+                }
+            }
+        }
+        0
+    }
+
+    /// Leave the slot state: what it was.
+    pub(crate) fn take_xol(&self) -> Xol {
+        self.xol.replace(Xol::NONE)
+    }
+}
+
+/// The signals a thread runs a non-boosted slot with blocked (as the kernel single-steps a
+/// kprobe with interrupts off): every one but those the slot's own instruction can raise
+/// (`SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`), SIGTRAP (the slot's trap) and those that cannot
+/// be blocked. An asynchronous signal waits until the slot's trap: no handler runs, sees the
+/// slot's address or leaves it by a non-local exit in between.
+pub(crate) const SLOT_BLOCKED: u64 = !(bit(libc::SIGTRAP)
+    | bit(libc::SIGSEGV)
+    | bit(libc::SIGBUS)
+    | bit(libc::SIGILL)
+    | bit(libc::SIGFPE)
+    | bit(libc::SIGKILL)
+    | bit(libc::SIGSTOP));
+
+/// Signal `sig`'s bit in the kernel's first mask word.
+pub(crate) const fn bit(sig: libc::c_int) -> u64 {
+    1 << (sig - 1)
+}
+
+/// The kernel's first mask word of a `sigset_t` (signals 1 to 64).
+pub(crate) fn mask_word(set: &mut libc::sigset_t) -> &mut u64 {
+    // SAFETY: glibc's sigset_t is an array of unsigned longs, 8-aligned, signal n at bit
+    // n - 1 of the first.
+    unsafe { &mut *(set as *mut libc::sigset_t as *mut u64) }
+}
+
+/// Unblock `mask` (the kernel's first mask word) on this thread: one raw `rt_sigprocmask`.
+fn unblock_now(mask: u64) {
+    // SAFETY: rt_sigprocmask(SIG_UNBLOCK, &mask, NULL, 8) reads 8 bytes of `mask`.
+    unsafe {
+        crate::sys::raw_syscall4(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_UNBLOCK as u64,
+            &mask as *const u64 as u64,
+            0,
+            8,
+        )
+    };
+}
