@@ -42,6 +42,22 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use ftprobe::arch::x86_64::text_poke;
 use ftprobe::trace;
 
+/// An exported C function of the C library's signature that does what `$body` says with
+/// its arguments (most interposers are such one-liners over a shared implementation).
+macro_rules! interposer {
+    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) -> $r:ty = $body:expr;) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// As the C library's function of this name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { $body }
+        }
+    };
+}
+
 /// The interposed functions' next definitions, by index into [`NEXT`].
 #[derive(Clone, Copy)]
 enum Next {
@@ -257,32 +273,14 @@ fn simple_action(handler: libc::sighandler_t, flags: libc::c_int) -> libc::sigac
 
 // ---- actions ------------------------------------------------------------------------------
 
-/// Interposed `sigaction(2)`.
-///
-/// # Safety
-/// As `sigaction(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn sigaction(
-    sig: libc::c_int,
-    act: *const libc::sigaction,
-    old: *mut libc::sigaction,
-) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { sigaction_impl(sig, act, old) }
+interposer! {
+    /// Interposed `sigaction(2)`.
+    fn sigaction(sig: libc::c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> libc::c_int = sigaction_impl(sig, act, old);
 }
 
-/// Interposed `__sigaction` (glibc's other name for `sigaction`).
-///
-/// # Safety
-/// As `sigaction(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn __sigaction(
-    sig: libc::c_int,
-    act: *const libc::sigaction,
-    old: *mut libc::sigaction,
-) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { sigaction_impl(sig, act, old) }
+interposer! {
+    /// Interposed `__sigaction` (glibc's other name for `sigaction`).
+    fn __sigaction(sig: libc::c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> libc::c_int = sigaction_impl(sig, act, old);
 }
 
 /// # Safety
@@ -359,43 +357,19 @@ unsafe fn signal_impl(sig: libc::c_int, handler: libc::sighandler_t) -> libc::si
     r
 }
 
-/// Interposed `signal(3)`.
-///
-/// # Safety
-/// As `signal(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn signal(
-    sig: libc::c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
-    // SAFETY: the caller's contract.
-    unsafe { signal_impl(sig, handler) }
+interposer! {
+    /// Interposed `signal(3)`.
+    fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = signal_impl(sig, handler);
 }
 
-/// Interposed `bsd_signal(3)`.
-///
-/// # Safety
-/// As `signal(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn bsd_signal(
-    sig: libc::c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
-    // SAFETY: the caller's contract.
-    unsafe { signal_impl(sig, handler) }
+interposer! {
+    /// Interposed `bsd_signal(3)`.
+    fn bsd_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = signal_impl(sig, handler);
 }
 
-/// Interposed `ssignal(3)` (glibc's `signal`).
-///
-/// # Safety
-/// As `signal(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn ssignal(
-    sig: libc::c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
-    // SAFETY: the caller's contract.
-    unsafe { signal_impl(sig, handler) }
+interposer! {
+    /// Interposed `ssignal(3)` (glibc's `signal`).
+    fn ssignal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = signal_impl(sig, handler);
 }
 
 /// `sysv_signal`: one-shot, not deferred (`SA_RESETHAND | SA_NODEFER`), an empty mask.
@@ -419,30 +393,14 @@ unsafe fn sysv_signal_impl(sig: libc::c_int, handler: libc::sighandler_t) -> lib
     r
 }
 
-/// Interposed `sysv_signal(3)`.
-///
-/// # Safety
-/// As `sysv_signal(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn sysv_signal(
-    sig: libc::c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
-    // SAFETY: the caller's contract.
-    unsafe { sysv_signal_impl(sig, handler) }
+interposer! {
+    /// Interposed `sysv_signal(3)`.
+    fn sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = sysv_signal_impl(sig, handler);
 }
 
-/// Interposed `__sysv_signal` (glibc's other name for `sysv_signal`).
-///
-/// # Safety
-/// As `sysv_signal(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn __sysv_signal(
-    sig: libc::c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
-    // SAFETY: the caller's contract.
-    unsafe { sysv_signal_impl(sig, handler) }
+interposer! {
+    /// Interposed `__sysv_signal` (glibc's other name for `sysv_signal`).
+    fn __sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = sysv_signal_impl(sig, handler);
 }
 
 /// `SIG_HOLD` (glibc's value; the libc crate does not have it).
@@ -545,32 +503,14 @@ unsafe fn mask_without_sigtrap(
     unsafe { f(how, either(&copy, set), old) }
 }
 
-/// Interposed `sigprocmask(2)`.
-///
-/// # Safety
-/// As `sigprocmask(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn sigprocmask(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { mask_without_sigtrap(Next::Sigprocmask, how, set, old) }
+interposer! {
+    /// Interposed `sigprocmask(2)`.
+    fn sigprocmask(how: libc::c_int, set: *const libc::sigset_t, old: *mut libc::sigset_t) -> libc::c_int = mask_without_sigtrap(Next::Sigprocmask, how, set, old);
 }
 
-/// Interposed `pthread_sigmask(3)`.
-///
-/// # Safety
-/// As `pthread_sigmask(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_sigmask(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { mask_without_sigtrap(Next::PthreadSigmask, how, set, old) }
+interposer! {
+    /// Interposed `pthread_sigmask(3)`.
+    fn pthread_sigmask(how: libc::c_int, set: *const libc::sigset_t, old: *mut libc::sigset_t) -> libc::c_int = mask_without_sigtrap(Next::PthreadSigmask, how, set, old);
 }
 
 /// A BSD signal mask (`sigblock`, `sigsetmask`, `sigpause`) without SIGTRAP's bit.
@@ -626,24 +566,14 @@ unsafe fn sigsuspend_impl(set: *const libc::sigset_t) -> libc::c_int {
     unsafe { std::mem::transmute::<usize, F>(f)(either(&copy, set)) }
 }
 
-/// Interposed `sigsuspend(2)`.
-///
-/// # Safety
-/// As `sigsuspend(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn sigsuspend(set: *const libc::sigset_t) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { sigsuspend_impl(set) }
+interposer! {
+    /// Interposed `sigsuspend(2)`.
+    fn sigsuspend(set: *const libc::sigset_t) -> libc::c_int = sigsuspend_impl(set);
 }
 
-/// Interposed `__sigsuspend` (glibc's other name for `sigsuspend`).
-///
-/// # Safety
-/// As `sigsuspend(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn __sigsuspend(set: *const libc::sigset_t) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { sigsuspend_impl(set) }
+interposer! {
+    /// Interposed `__sigsuspend` (glibc's other name for `sigsuspend`).
+    fn __sigsuspend(set: *const libc::sigset_t) -> libc::c_int = sigsuspend_impl(set);
 }
 
 /// glibc's `__sigpause(sig_or_mask, is_sig)`: a BSD mask when `is_sig` is 0, else the
@@ -666,24 +596,14 @@ unsafe fn sigpause_impl(sig_or_mask: libc::c_int, is_sig: libc::c_int) -> libc::
     unsafe { std::mem::transmute::<usize, F>(f)(arg, is_sig) }
 }
 
-/// Interposed `sigpause` (BSD: the mask to wait under).
-///
-/// # Safety
-/// As BSD `sigpause(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn sigpause(mask: libc::c_int) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { sigpause_impl(mask, 0) }
+interposer! {
+    /// Interposed `sigpause` (BSD: the mask to wait under).
+    fn sigpause(mask: libc::c_int) -> libc::c_int = sigpause_impl(mask, 0);
 }
 
-/// Interposed `__sigpause`.
-///
-/// # Safety
-/// As `sigpause(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn __sigpause(sig_or_mask: libc::c_int, is_sig: libc::c_int) -> libc::c_int {
-    // SAFETY: the caller's contract.
-    unsafe { sigpause_impl(sig_or_mask, is_sig) }
+interposer! {
+    /// Interposed `__sigpause`.
+    fn __sigpause(sig_or_mask: libc::c_int, is_sig: libc::c_int) -> libc::c_int = sigpause_impl(sig_or_mask, is_sig);
 }
 
 /// Interposed `ppoll(2)`.
@@ -902,44 +822,24 @@ unsafe fn longjmp_impl(which: Next, env: *mut JmpBufTag, val: libc::c_int) -> ! 
     unsafe { std::mem::transmute::<usize, LongjmpFn>(f)(env, val) }
 }
 
-/// Interposed `siglongjmp(3)`.
-///
-/// # Safety
-/// As `siglongjmp(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn siglongjmp(env: *mut JmpBufTag, val: libc::c_int) -> ! {
-    // SAFETY: the caller's contract.
-    unsafe { longjmp_impl(Next::Siglongjmp, env, val) }
+interposer! {
+    /// Interposed `siglongjmp(3)`.
+    fn siglongjmp(env: *mut JmpBufTag, val: libc::c_int) -> ! = longjmp_impl(Next::Siglongjmp, env, val);
 }
 
-/// Interposed `longjmp(3)` (glibc's restores a mask `sigsetjmp` saved, as `siglongjmp`).
-///
-/// # Safety
-/// As `longjmp(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn longjmp(env: *mut JmpBufTag, val: libc::c_int) -> ! {
-    // SAFETY: the caller's contract.
-    unsafe { longjmp_impl(Next::Siglongjmp, env, val) }
+interposer! {
+    /// Interposed `longjmp(3)` (glibc's restores a mask `sigsetjmp` saved, as `siglongjmp`).
+    fn longjmp(env: *mut JmpBufTag, val: libc::c_int) -> ! = longjmp_impl(Next::Siglongjmp, env, val);
 }
 
-/// Interposed `_longjmp(3)` (the same function in glibc).
-///
-/// # Safety
-/// As `longjmp(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn _longjmp(env: *mut JmpBufTag, val: libc::c_int) -> ! {
-    // SAFETY: the caller's contract.
-    unsafe { longjmp_impl(Next::Siglongjmp, env, val) }
+interposer! {
+    /// Interposed `_longjmp(3)` (the same function in glibc).
+    fn _longjmp(env: *mut JmpBufTag, val: libc::c_int) -> ! = longjmp_impl(Next::Siglongjmp, env, val);
 }
 
-/// Interposed `__longjmp_chk` (`longjmp` under `_FORTIFY_SOURCE`).
-///
-/// # Safety
-/// As `longjmp(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn __longjmp_chk(env: *mut JmpBufTag, val: libc::c_int) -> ! {
-    // SAFETY: the caller's contract.
-    unsafe { longjmp_impl(Next::LongjmpChk, env, val) }
+interposer! {
+    /// Interposed `__longjmp_chk` (`longjmp` under `_FORTIFY_SOURCE`).
+    fn __longjmp_chk(env: *mut JmpBufTag, val: libc::c_int) -> ! = longjmp_impl(Next::LongjmpChk, env, val);
 }
 
 /// Take SIGTRAP out of the mask a context switch to `ucp` restores. In place: glibc's

@@ -184,29 +184,18 @@ fn arming_failure_prints_nothing_that_looks_like_a_trace() {
 /// the system's gcc; skipped where it has no ASan runtime.
 #[test]
 fn asan_program_is_traced() {
-    let dir = std::env::temp_dir().join(format!("ftprobe-asan-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("asan.c");
-    std::fs::write(
-        &src,
+    let Some(exe) = common::build_at_test_time(
+        "cc",
+        "asan.c",
         "#include <stdio.h>\n#include <stdlib.h>\n\
          __attribute__((noinline)) int work(int x) { return x + 1; }\n\
          int main(void) { int s = 0; for (int i = 0; i < 3; i++) s += work(i);\n\
          char *p = malloc(8); p[0] = 1; free(p); printf(\"asan s=%d\\n\", s); return 0; }\n",
-    )
-    .unwrap();
-    let exe = dir.join("asan");
-    let built = std::process::Command::new("cc")
-        .args(["-O1", "-g", "-fsanitize=address", "-pg", "-mfentry"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !built {
+        &["-O1", "-g", "-fsanitize=address", "-pg", "-mfentry"],
+    ) else {
         eprintln!("skipped: cc cannot build with -fsanitize=address here");
         return;
-    }
+    };
     let exe = exe.to_str().unwrap();
     let plain = common::untraced(&[exe]);
     if !plain.status.success() {
@@ -223,7 +212,6 @@ fn asan_program_is_traced() {
         3,
         "{text}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The agent starts from other objects' initializers: real programs with many libraries

@@ -518,30 +518,19 @@ fn offset_into_a_function_of_unknown_size_is_a_clear_error() {
 /// probe target by that full name (as `c++filt` prints it). Built here with the system's g++.
 #[test]
 fn cxx_overloads_are_listed_and_named_by_signature() {
-    let dir = std::env::temp_dir().join(format!("ftprobe-ov-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("ov.cc");
-    std::fs::write(
-        &src,
+    let Some(exe) = common::build_at_test_time(
+        "g++",
+        "ov.cc",
         "#include <cstdio>\n\
          __attribute__((noinline)) int f(int x) { return x + 1; }\n\
          __attribute__((noinline)) double f(double x) { return x * 2; }\n\
          int main() { volatile int a = f(1); volatile double b = f(2.0); volatile double c = f(3.0);\n\
          std::printf(\"%d %g %g\\n\", a, b, c); }\n",
-    )
-    .unwrap();
-    let exe = dir.join("ov");
-    let built = Command::new("g++")
-        .args(["-O1", "-pg", "-mfentry"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !built {
+        &["-O1", "-pg", "-mfentry"],
+    ) else {
         eprintln!("skipped: g++ cannot build the fixture");
         return;
-    }
+    };
     let exe = exe.to_str().unwrap();
     let (out, _) = trace(&["-e", "p:any f"], &[exe]);
     assert_eq!(out.status.code(), Some(1));
@@ -555,5 +544,4 @@ fn cxx_overloads_are_listed_and_named_by_signature() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "2 4 6\n");
     assert_eq!(kprobe_lines(&text, "fd").len(), 2, "{text}");
     assert_eq!(kprobe_lines(&text, "fi").len(), 1, "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -52,6 +52,31 @@ pub fn signal_stack_used(out: &Output) -> usize {
         .unwrap()
 }
 
+/// A one-file program built at test time (for toolchain features the fixtures crate does not
+/// assume, such as ASan): `source` written as `dir/file`, compiled by `compiler` with
+/// `flags` into `dir/` + the file's stem, in a directory of this test process; `None` when
+/// the compiler fails (the caller skips, saying why).
+pub fn build_at_test_time(
+    compiler: &str,
+    file: &str,
+    source: &str,
+    flags: &[&str],
+) -> Option<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("ftprobe-built-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    let src = dir.join(file);
+    std::fs::write(&src, source).ok()?;
+    let exe = dir.join(std::path::Path::new(file).file_stem()?);
+    Command::new(compiler)
+        .args(flags)
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .is_ok_and(|s| s.success())
+        .then_some(exe)
+}
+
 /// The kernel's uprobes through tracefs, as an independent count of hits (root only).
 pub mod kernel_uprobes {
     use std::io::Write;
