@@ -334,24 +334,29 @@ unsafe fn sigaction_impl(
     r
 }
 
-/// `signal`, `bsd_signal`, `ssignal`: glibc's (BSD semantics) calls its internal sigaction,
-/// past this interposer.
+/// The `signal` family: glibc's calls its internal sigaction, past this interposer. `next` is
+/// the C library's function, `flags` the action's (BSD semantics, `SA_RESTART`, for
+/// `signal`, `bsd_signal`, `ssignal`; one-shot and not deferred, `SA_RESETHAND |
+/// SA_NODEFER`, for `sysv_signal`); glibc installs a mask of `sig` alone, or an empty one.
 ///
 /// # Safety
 /// As `signal(3)`.
-unsafe fn signal_impl(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+unsafe fn signal_family(
+    next_fn: Next,
+    flags: libc::c_int,
+    sig: libc::c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
     if text_poke::owns(sig) {
-        return text_poke::replace_chained(sig, Some(&simple_action(handler, libc::SA_RESTART)))
-            .sa_sigaction;
+        return text_poke::replace_chained(sig, Some(&simple_action(handler, flags))).sa_sigaction;
     }
-    let f = next(Next::Signal);
+    let f = next(next_fn);
     if f == 0 {
         return libc::SIG_ERR;
     }
-    // SAFETY: libc's signal, of this type.
+    // SAFETY: the C library's function of that name, of this type.
     let r = unsafe { std::mem::transmute::<usize, SignalFn>(f)(sig, handler) };
     if r != libc::SIG_ERR {
-        // glibc's signal installs a mask of `sig` alone.
         note_installed(sig, false);
     }
     r
@@ -359,48 +364,32 @@ unsafe fn signal_impl(sig: libc::c_int, handler: libc::sighandler_t) -> libc::si
 
 interposer! {
     /// Interposed `signal(3)`.
-    fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = signal_impl(sig, handler);
+    fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t =
+        signal_family(Next::Signal, libc::SA_RESTART, sig, handler);
 }
 
 interposer! {
     /// Interposed `bsd_signal(3)`.
-    fn bsd_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = signal_impl(sig, handler);
+    fn bsd_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t =
+        signal_family(Next::Signal, libc::SA_RESTART, sig, handler);
 }
 
 interposer! {
     /// Interposed `ssignal(3)` (glibc's `signal`).
-    fn ssignal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = signal_impl(sig, handler);
-}
-
-/// `sysv_signal`: one-shot, not deferred (`SA_RESETHAND | SA_NODEFER`), an empty mask.
-///
-/// # Safety
-/// As `sysv_signal(3)`.
-unsafe fn sysv_signal_impl(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    if text_poke::owns(sig) {
-        let act = simple_action(handler, libc::SA_RESETHAND | libc::SA_NODEFER);
-        return text_poke::replace_chained(sig, Some(&act)).sa_sigaction;
-    }
-    let f = next(Next::SysvSignal);
-    if f == 0 {
-        return libc::SIG_ERR;
-    }
-    // SAFETY: libc's sysv_signal, of this type.
-    let r = unsafe { std::mem::transmute::<usize, SignalFn>(f)(sig, handler) };
-    if r != libc::SIG_ERR {
-        note_installed(sig, false);
-    }
-    r
+    fn ssignal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t =
+        signal_family(Next::Signal, libc::SA_RESTART, sig, handler);
 }
 
 interposer! {
     /// Interposed `sysv_signal(3)`.
-    fn sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = sysv_signal_impl(sig, handler);
+    fn sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t =
+        signal_family(Next::SysvSignal, libc::SA_RESETHAND | libc::SA_NODEFER, sig, handler);
 }
 
 interposer! {
     /// Interposed `__sysv_signal` (glibc's other name for `sysv_signal`).
-    fn __sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t = sysv_signal_impl(sig, handler);
+    fn __sysv_signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t =
+        signal_family(Next::SysvSignal, libc::SA_RESETHAND | libc::SA_NODEFER, sig, handler);
 }
 
 /// `SIG_HOLD` (glibc's value; the libc crate does not have it).
