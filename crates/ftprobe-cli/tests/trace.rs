@@ -1025,7 +1025,17 @@ fn regression_int3_probes_on_the_spawn_childs_path_are_refused() {
     let exe = exe.to_str().unwrap();
     let want = "system=3 popen=from-popen spawn=4\n";
     assert_eq!(String::from_utf8_lossy(&untraced(&[exe]).stdout), want);
-    for f in ["execve", "dup2", "sigprocmask", "pthread_sigmask", "_Exit"] {
+    for f in [
+        "execve",
+        "dup2",
+        "sigprocmask",
+        "pthread_sigmask",
+        "_Exit",
+        // posix_spawn's file actions (found by a user: killed the child).
+        "__close_nocancel",
+        "__open64_nocancel",
+        "closefrom",
+    ] {
         let def = format!("p libc:{f}");
         let (out, _) = trace(&["-e", &def], &[exe]);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -172,6 +172,22 @@ const SPAWN_CHILD: &[&str] = &[
     "__setpgid",
     "sched_setparam",
     "sched_setscheduler",
+    // Its file actions (posix_spawn_file_actions_addopen/addclose/addclosefrom_np/
+    // addtcsetpgrp_np): glibc's internal open and close, and the closefrom fallback (found
+    // by a user: a probe on __close_nocancel killed the child).
+    "__open_nocancel",
+    "__open64_nocancel",
+    "__close_nocancel",
+    "__close_nocancel_nostatus",
+    "close_range",
+    "__close_range",
+    "closefrom",
+    "__closefrom",
+    "__closefrom_fallback",
+    "getdents64",
+    "__getdents64",
+    "tcsetpgrp",
+    "__tcsetpgrp",
     // The child's own function (internal: named by the debug file only).
     "__spawni_child",
 ];
