@@ -373,6 +373,27 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     printer.poll(&rings);
     printer.abandoned = abandoned;
     printer.finish(&rings);
+    if let (Some(sig), true) = (status.signal(), printer.started) {
+        // If it dies, the trace says how (the exit status alone is easy to miss).
+        // SAFETY: strsignal returns a NUL-terminated string (static or per-thread); this
+        // thread copies it at once.
+        let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }
+            .to_string_lossy()
+            .into_owned();
+        let core = if status.core_dumped() {
+            ", core dumped"
+        } else {
+            ""
+        };
+        printer.write(|o| {
+            writeln!(
+                o,
+                "# pid {} was killed by signal {sig} ({name}{core})",
+                child.id()
+            )?;
+            o.flush()
+        });
+    }
     if status.signal() == Some(libc::SIGTRAP)
         && !rings.objects().is_empty()
         && rings.sigtrap_passed_pid() != child.id()

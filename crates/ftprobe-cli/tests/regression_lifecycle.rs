@@ -247,3 +247,16 @@ fn system_programs_run_traced_as_untraced() {
     }
     assert!(ran >= 2, "bash and ls at least");
 }
+
+/// Found by a user: a program that died of a signal under tracing (an int3 probe in a handler
+/// on a too small `sigaltstack`) left only its exit status; the trace now says how it ended.
+#[test]
+fn a_program_killed_by_a_signal_is_said_so_in_the_trace() {
+    let (out, text) = trace(&["-e", "p:g libc:getuid"], &["sh", "-c", "kill -SEGV $$"]);
+    assert_eq!(out.status.code(), Some(128 + 11));
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("# pid ") && last.contains(" was killed by signal 11 (Segmentation fault"),
+        "{text}"
+    );
+}
