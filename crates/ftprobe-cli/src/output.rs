@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use ftprobe::elf::ElfImage;
-use ftprobe::events::{format_string, FetchType, ProbeDef};
+use ftprobe::events::{FetchType, ProbeDef};
 use ftprobe::trace_kprobe::{ArgValue, RecordDecoder};
 
 use crate::symbols::{push_hex, push_unknown_addr, Symbols};
@@ -99,7 +99,7 @@ pub fn kprobe_event(
             out.push(b' ');
             out.extend_from_slice(a.name.as_bytes());
             out.push(b'=');
-            out.extend_from_slice(format_value(&a.ty, v, syms).as_bytes());
+            out.extend_from_slice(&format_value(&a.ty, v, syms));
         }
     }
     out.push(b'\n');
@@ -126,18 +126,44 @@ fn symbolize(addr: u64, syms: &mut Symbols) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// One value of type `ty` (an array's element type for its elements).
-fn format_scalar(ty: &FetchType, raw: u64, syms: &mut Symbols) -> String {
+/// One value of type `ty` (an array's element type for its elements), as bytes: a `char` is
+/// its byte as is, as the kernel's `%c` prints it (not a Unicode character).
+fn format_scalar(ty: &FetchType, raw: u64, syms: &mut Symbols) -> Vec<u8> {
     match ty {
-        FetchType::Symbol => symbolize(raw, syms),
+        FetchType::Symbol => symbolize(raw, syms).into_bytes(),
         // The kernel stores sprint_symbol()'s text and prints it as a string.
-        FetchType::Symstr => format!("\"{}\"", symbolize(raw, syms)),
-        _ => ty.format(ty.extract_bitfield(raw)),
+        FetchType::Symstr => format!("\"{}\"", symbolize(raw, syms)).into_bytes(),
+        FetchType::Char => vec![b'\'', raw as u8, b'\''],
+        _ => ty.format(ty.extract_bitfield(raw)).into_bytes(),
     }
 }
 
-/// One decoded argument of type `ty`.
-fn format_value(ty: &FetchType, v: &ArgValue, syms: &mut Symbols) -> String {
+/// A fetched string as the kernel's `"%s"` prints it: its bytes as they are, up to the first
+/// NUL (no UTF-8 replacement: the reader gets the program's bytes), or `(fault)`.
+fn format_string_bytes(bytes: Option<&[u8]>) -> Vec<u8> {
+    match bytes {
+        None => b"(fault)".to_vec(),
+        Some(b) => {
+            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+            let mut out = Vec::with_capacity(end + 2);
+            out.push(b'"');
+            out.extend_from_slice(&b[..end]);
+            out.push(b'"');
+            out
+        }
+    }
+}
+
+/// `{a,b,c}`.
+fn braced(parts: Vec<Vec<u8>>) -> Vec<u8> {
+    let mut out = vec![b'{'];
+    out.extend_from_slice(&parts.join(&b',')[..]);
+    out.push(b'}');
+    out
+}
+
+/// One decoded argument of type `ty`, as the bytes the kernel would print.
+fn format_value(ty: &FetchType, v: &ArgValue, syms: &mut Symbols) -> Vec<u8> {
     match v {
         // The kernel prints `(fault)` for a string it could not read, and the zero its
         // record holds for a number (checked against this kernel's uprobes: `+0(%di):u32`
@@ -145,29 +171,31 @@ fn format_value(ty: &FetchType, v: &ArgValue, syms: &mut Symbols) -> String {
         ArgValue::Fault => match ty {
             FetchType::Array { elem, len } if !elem.is_string() => {
                 let zero = format_scalar(elem, 0, syms);
-                format!("{{{}}}", vec![zero; *len as usize].join(","))
+                braced(vec![zero; *len as usize])
             }
-            FetchType::Array { .. } => "(fault)".to_owned(),
-            t if t.is_string() => "(fault)".to_owned(),
+            FetchType::Array { .. } => b"(fault)".to_vec(),
+            t if t.is_string() => b"(fault)".to_vec(),
             t => format_scalar(t, 0, syms),
         },
         ArgValue::Scalar(raw) => format_scalar(ty, *raw, syms),
-        ArgValue::Str(b) => format_string(b.as_deref()),
+        ArgValue::Str(b) => format_string_bytes(b.as_deref()),
         ArgValue::Array(elems) => {
             let elem = match ty {
                 FetchType::Array { elem, .. } => elem,
                 t => t,
             };
-            let parts: Vec<String> = elems
-                .iter()
-                .map(|&e| format_scalar(elem, e, syms))
-                .collect();
-            format!("{{{}}}", parts.join(","))
+            braced(
+                elems
+                    .iter()
+                    .map(|&e| format_scalar(elem, e, syms))
+                    .collect(),
+            )
         }
-        ArgValue::Strs(list) => {
-            let parts: Vec<String> = list.iter().map(|b| format_string(b.as_deref())).collect();
-            format!("{{{}}}", parts.join(","))
-        }
+        ArgValue::Strs(list) => braced(
+            list.iter()
+                .map(|b| format_string_bytes(b.as_deref()))
+                .collect(),
+        ),
     }
 }
 

@@ -134,3 +134,78 @@ fn faulting_numbers_print_zero_as_the_kernel() {
         .collect();
     assert_eq!(kernel, ours, "ftprobe's values against the kernel's uprobe");
 }
+
+/// Found by a user: a string or `char` with bytes of 0x80 and above was printed as Unicode
+/// (`'È'`, `"x\u{fffd}"`), where the kernel prints the program's bytes as they are. The
+/// program is built here; the kernel comparison needs root.
+#[test]
+fn strings_and_chars_print_their_bytes_as_the_kernel() {
+    let _one = TRACEFS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(exe) = common::build_at_test_time(
+        "cc",
+        "bytes.c",
+        "struct S { unsigned char a; } gs = {200};\n\
+         __attribute__((noinline)) int probe_me(struct S *s, const char *str)\n\
+         { __asm__ volatile(\"\"); return 0; }\n\
+         int main(void) { probe_me(&gs, \"x\\xff\"); return 0; }\n",
+        &["-O1", "-fno-pie", "-no-pie"],
+    ) else {
+        eprintln!("skipped: cc cannot build the program");
+        return;
+    };
+    let args = "ch=+0(%di):char str=+0(%si):string";
+    let out_file = exe.with_extension("trace");
+    let out = common::ftprobe()
+        .args(["trace", "-e", &format!("p:pm probe_me {args}"), "-o"])
+        .arg(&out_file)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read(&out_file).unwrap();
+    let line = text
+        .split(|&b| b == b'\n')
+        .find(|l| l.windows(5).any(|w| w == b" pm: "))
+        .expect("the event line");
+    let ours = line.splitn(2, |&b| b == b')').nth(1).unwrap().to_vec();
+    assert_eq!(
+        ours,
+        b" ch='\xc8' str=\"x\xff\"".to_vec(),
+        "{}",
+        String::from_utf8_lossy(line)
+    );
+    let offset = file_offset_of(&exe, "probe_me").or_else(|| {
+        // Not a dynamic symbol: from the symbol table.
+        use object::{Object, ObjectSegment, ObjectSymbol};
+        let data = std::fs::read(&exe).ok()?;
+        let file = object::File::parse(&*data).ok()?;
+        let a = file
+            .symbols()
+            .find(|s| s.name() == Ok("probe_me"))?
+            .address();
+        let seg = file
+            .segments()
+            .find(|s| a >= s.address() && a < s.address() + s.size())?;
+        Some(a - seg.address() + seg.file_range().0)
+    });
+    let probes = match KernelUprobes::with_args(&[(&exe, offset.unwrap(), args)]) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipped the comparison with the kernel: {why}");
+            return;
+        }
+    };
+    let mut child = Command::new(&exe).spawn().unwrap();
+    assert!(child.wait().unwrap().success());
+    let trace = std::fs::read(probes.trace_path()).unwrap();
+    let tag = format!("-{} ", child.id());
+    let kernel = trace
+        .split(|&b| b == b'\n')
+        .find(|l| {
+            l.windows(tag.len()).any(|w| w == tag.as_bytes()) && l.windows(5).any(|w| w == b" p0: ")
+        })
+        .expect("the kernel's event line");
+    let kernel = kernel.splitn(2, |&b| b == b')').nth(1).unwrap().to_vec();
+    assert_eq!(ours, kernel, "ftprobe's bytes against the kernel's");
+}

@@ -196,7 +196,7 @@ fn trace_with_debug_dir(debug_dir: Option<&str>, args: &[&str], cmd: &[&str]) ->
         None => c.env_remove("FTPROBE_DEBUG_DIR"),
     };
     let out = c.output().expect("run ftprobe");
-    let text = std::fs::read_to_string(&out_file).unwrap_or_default();
+    let text = String::from_utf8_lossy(&std::fs::read(&out_file).unwrap_or_default()).into_owned();
     let _ = std::fs::remove_file(&out_file);
     (out, text)
 }

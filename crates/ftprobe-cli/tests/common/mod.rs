@@ -26,7 +26,9 @@ pub fn trace(args: &[&str], cmd: &[&str]) -> (Output, String) {
         .args(cmd)
         .output()
         .expect("run ftprobe");
-    let text = std::fs::read_to_string(&out_file).unwrap_or_default();
+    // Lossy: the trace holds the program's bytes as they are (a string argument may not be
+    // UTF-8, as in the kernel's output).
+    let text = String::from_utf8_lossy(&std::fs::read(&out_file).unwrap_or_default()).into_owned();
     let _ = std::fs::remove_file(&out_file);
     (out, text)
 }
@@ -196,6 +198,11 @@ pub mod kernel_uprobes {
             let _ = std::fs::write(probes.instance.join("tracing_on"), "1\n");
             std::fs::write(events.join("enable"), "1\n").map_err(|e| format!("enable: {e}"))?;
             Ok(probes)
+        }
+
+        /// The path of the instance's `trace` file (its bytes as the kernel prints them).
+        pub fn trace_path(&self) -> PathBuf {
+            self.instance.join("trace")
         }
 
         /// The instance's `trace` file: every event recorded so far.
