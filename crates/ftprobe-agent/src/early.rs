@@ -160,6 +160,7 @@ const DT_NULL: i64 = 0;
 const DT_INIT: i64 = 12;
 const DT_INIT_ARRAY: i64 = 25;
 const DT_INIT_ARRAYSZ: i64 = 27;
+const DT_PREINIT_ARRAYSZ: i64 = 33;
 
 /// The basename of a NUL-terminated path.
 fn basename(path: &[u8]) -> &[u8] {
@@ -339,4 +340,46 @@ extern "C" {
 pub fn resolver_ran() -> bool {
     // SAFETY: an IFUNC bound to `early_ran`, which takes nothing and reads an atomic.
     unsafe { ftprobe_agent_early() }
+}
+
+/// How many functions the executable's `DT_PREINIT_ARRAY` holds: the loader runs them before
+/// any library is initialized, libc included, so before the agent can start (which needs
+/// libc initialized); the agent says that calls made there are not traced.
+pub fn executable_preinit_functions() -> u64 {
+    // SAFETY: getauxval has no preconditions.
+    let (phdr, phnum) = unsafe {
+        (
+            libc::getauxval(libc::AT_PHDR),
+            libc::getauxval(libc::AT_PHNUM),
+        )
+    };
+    if phdr == 0 {
+        return 0;
+    }
+    // SAFETY: AT_PHDR/AT_PHNUM describe the executable's program headers, mapped by the
+    // kernel for the process's whole life.
+    let phdrs =
+        unsafe { std::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, phnum as usize) };
+    // The load bias: where PT_PHDR says the headers are against where they are.
+    let Some(bias) = phdrs
+        .iter()
+        .find(|p| p.p_type == libc::PT_PHDR)
+        .map(|p| phdr.wrapping_sub(p.p_vaddr))
+    else {
+        return 0;
+    };
+    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC) else {
+        return 0;
+    };
+    let mut d = bias.wrapping_add(dynamic.p_vaddr) as *const Elf64Dyn;
+    // SAFETY: the executable's dynamic section, mapped by the kernel, ends with DT_NULL.
+    unsafe {
+        while (*d).d_tag != DT_NULL {
+            if (*d).d_tag == DT_PREINIT_ARRAYSZ {
+                return (*d).d_un / 8;
+            }
+            d = d.add(1);
+        }
+    }
+    0
 }

@@ -210,6 +210,13 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
             early::MAX_HOOKS
         );
     }
+    let preinit = early::executable_preinit_functions();
+    if preinit > 0 {
+        say!(
+            "ftprobe-agent: the executable's {preinit} .preinit_array function(s) ran before any \
+             library was initialized, so before the agent: calls made there are not traced"
+        );
+    }
     // SAFETY: we run from .init_array, before main; ftrace::init refuses if other threads run.
     // The biases are the dynamic linker's own (dl_iterate_phdr).
     let skipped = unsafe { ftrace::init_objects(&objects) }?;

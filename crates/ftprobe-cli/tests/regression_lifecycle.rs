@@ -260,3 +260,37 @@ fn a_program_killed_by_a_signal_is_said_so_in_the_trace() {
         "{text}"
     );
 }
+
+/// Found by a user: functions of the executable's `.preinit_array` run before any library is
+/// initialized (libc included), so before the agent can start; their calls went untraced
+/// without a word. The agent now says so.
+#[test]
+fn preinit_functions_are_reported_as_not_traced() {
+    let Some(exe) = common::build_at_test_time(
+        "cc",
+        "pre.c",
+        "__attribute__((noinline)) void f(const char *w) { __asm__ volatile(\"\"); }\n\
+         static void pre(int c, char **v, char **e) { f(\"preinit\"); }\n\
+         __attribute__((section(\".preinit_array\"), used))\n\
+         static void (*pp)(int, char **, char **) = pre;\n\
+         __attribute__((constructor)) static void ct(void) { f(\"ctor\"); }\n\
+         int main(void) { f(\"main\"); return 0; }\n",
+        &["-O1", "-pg", "-mfentry"],
+    ) else {
+        eprintln!("skipped: cc cannot build the program");
+        return;
+    };
+    let (out, text) = trace(&["-F", "f"], &[exe.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let parents: Vec<&str> = events(&text)
+        .map(|l| l.rsplit("<-").next().unwrap())
+        .collect();
+    assert_eq!(parents, ["ct", "main"], "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(
+            "the executable's 1 .preinit_array function(s) ran before any library was \
+             initialized, so before the agent: calls made there are not traced"
+        ),
+        "{out:?}"
+    );
+}
