@@ -5,7 +5,8 @@
 //! - `FTPROBE_CLI_PID`: the CLI's pid: only its direct child traces;
 //! - `FTPROBE_FILTER`, `FTPROBE_NOTRACE`: newline-separated `set_ftrace_filter` patterns;
 //! - `FTPROBE_FUNCTION`: `1` to run the function tracer;
-//! - `FTPROBE_EVENTS`: newline-separated kprobe event definitions (event id = line number).
+//! - `FTPROBE_EVENTS`: newline-separated kprobe probe definitions, `ID<TAB>DEF` (the probes of
+//!   one event share its id).
 //!
 //! Its constructor runs before `main` and before any thread exists, which is what
 //! `ftrace::init` requires: it converts every site to NOP, publishes the loaded objects,
@@ -224,8 +225,13 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     for e in skipped {
         say!("ftprobe-agent: skipped an object: {e}");
     }
-    for (id, cmd) in env.events.iter().enumerate() {
-        match trace_kprobe::create(id as u32, cmd) {
+    for (line, probe) in env.events.iter().enumerate() {
+        // `ID<TAB>DEF` (the probes of one event share its id), or a bare DEF: id = line.
+        let (id, cmd) = match probe.split_once('\t') {
+            Some((id, cmd)) if id.parse::<u32>().is_ok() => (id.parse::<u32>().unwrap_or(0), cmd),
+            _ => (line as u32, probe.as_str()),
+        };
+        match trace_kprobe::create(id, cmd) {
             Ok(_) => {}
             Err(e) => {
                 say(format_args!("ftprobe-agent: {}", error_log(cmd, &e.err)));

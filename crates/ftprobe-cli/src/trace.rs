@@ -176,12 +176,21 @@ fn sanitizer_runtimes(prog: &Path) -> Vec<String> {
 }
 
 /// Parse the -e definitions as the kernel would and check that ftprobe can run them, before
-/// running anything. `-:[GRP/]EVENT` removes an event defined by an earlier -e.
-fn parse_events(defs: &[String]) -> Result<Vec<(String, ProbeDef)>> {
-    let mut events: Vec<(String, ProbeDef)> = Vec::new();
+/// running anything. `-:[GRP/]EVENT` removes an event defined by an earlier -e. As in the
+/// kernel (trace_kprobe.c, `append_trace_kprobe`), a definition that names an existing
+/// event adds a probe to it when its arguments have the same names and types
+/// (DIFF_ARG_TYPE otherwise, at the first that differs) and its target is another one
+/// (SAME_PROBE otherwise). Returns each event (by id: its definitions, and the first one
+/// parsed, which gives the record layout).
+fn parse_events(defs: &[String]) -> Result<Vec<(Vec<String>, ProbeDef)>> {
+    let mut events: Vec<(Vec<String>, ProbeDef)> = Vec::new();
     if defs.len() > MAX_EVENTS {
         bail!("at most {MAX_EVENTS} kprobe events (-e) at once");
     }
+    let refuse = |d: &str, kind: ProbeErrorKind, pos: usize| -> anyhow::Error {
+        eprint!("ftprobe: {}", error_log(d, &ProbeError::new(kind, pos)));
+        anyhow::anyhow!("invalid probe definition ({})", kind.name())
+    };
     for d in defs {
         let removal = match parse_probe_command(d) {
             Ok(ProbeCommand::Remove { group, event }) => Some((group, event)),
@@ -199,17 +208,41 @@ fn parse_events(defs: &[String]) -> Result<Vec<(String, ProbeDef)>> {
         }
         match trace_kprobe::check(d) {
             Ok(def) => {
-                if events
-                    .iter()
-                    .any(|(_, e)| e.group == def.group && e.event == def.event)
-                {
-                    eprint!(
-                        "ftprobe: {}",
-                        error_log(d, &ProbeError::new(ProbeErrorKind::EventExist, 0))
-                    );
-                    bail!("event {}/{} is defined twice", def.group, def.event);
+                let Some((defs, first)) = events
+                    .iter_mut()
+                    .find(|(_, e)| e.group == def.group && e.event == def.event)
+                else {
+                    events.push((vec![d.clone()], def));
+                    continue;
+                };
+                if first.kind != def.kind {
+                    return Err(refuse(d, ProbeErrorKind::DiffProbeType, 0));
                 }
-                events.push((d.clone(), def));
+                // The first argument whose name or type differs, or the first one past the
+                // shorter list (after the end when the new one is shorter).
+                let differs = (0..def.args.len().max(first.args.len())).find(|&i| {
+                    match (def.args.get(i), first.args.get(i)) {
+                        (Some(a), Some(b)) => a.name != b.name || a.ty != b.ty,
+                        _ => true,
+                    }
+                });
+                if let Some(i) = differs {
+                    let pos = def.args.get(i).map_or(d.trim_end().len() + 1, |a| a.pos);
+                    return Err(refuse(d, ProbeErrorKind::DiffArgType, pos));
+                }
+                let same_args = |a: &ProbeDef| {
+                    a.args
+                        .iter()
+                        .zip(&def.args)
+                        .all(|(x, y)| x.fetch == y.fetch)
+                };
+                if defs.iter().any(|other| {
+                    trace_kprobe::check(other)
+                        .is_ok_and(|o| o.target == def.target && same_args(&o))
+                }) {
+                    return Err(refuse(d, ProbeErrorKind::SameProbe, 0));
+                }
+                defs.push(d.clone());
             }
             Err(e) => {
                 eprint!("ftprobe: {}", error_log(d, &e.err));
@@ -284,9 +317,11 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .env("FTPROBE_FUNCTION", if function { "1" } else { "0" })
         .env(
             "FTPROBE_EVENTS",
+            // One line per probe, `ID<TAB>DEF`: the probes of one event share its id.
             events
                 .iter()
-                .map(|(d, _)| d.as_str())
+                .enumerate()
+                .flat_map(|(id, (defs, _))| defs.iter().map(move |d| format!("{id}\t{d}")))
                 .collect::<Vec<_>>()
                 .join("\n"),
         )

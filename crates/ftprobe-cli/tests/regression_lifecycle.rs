@@ -294,3 +294,42 @@ fn preinit_functions_are_reported_as_not_traced() {
         "{out:?}"
     );
 }
+
+/// Found by a user: a second definition of an event on another function was refused
+/// (EVENT_EXIST), where the kernel adds the probe to the event (uprobe_events accepts `p:x A`
+/// then `p:x B` with the same arguments). Both probes record under the one event, and
+/// `kprobe_profile` counts its hits on both.
+#[test]
+fn an_event_can_have_several_probes() {
+    let exe = ftprobe_dev::fixture("calls", ftprobe_dev::Flavour::Patchable).unwrap();
+    let exe = exe.to_str().unwrap();
+    // calls N: caller once, work N times.
+    let (out, text) = trace(
+        &["-e", "p:ev work a=%di:s32", "-e", "p:ev caller a=%di:s32"],
+        &[exe, "3"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<&str> = events(&text).filter(|l| l.contains(" ev: (")).collect();
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("(caller+")).count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("(work+")).count(),
+        3,
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("#   {:<44} {:>15} {:>15}\n", "ev", 4, 0)),
+        "{text}"
+    );
+    // kprobes/list: both probes.
+    for f in ["work", "caller"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("#   ") && l.contains(&format!("  k  {f}+0x0  "))),
+            "{f}: {text}"
+        );
+    }
+}

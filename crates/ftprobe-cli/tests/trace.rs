@@ -1133,12 +1133,39 @@ fn engine_errors_have_the_kernels_names_and_carets() {
         );
         assert!(err.contains(&want), "{def}:\n{err}\nwanted:\n{want}");
     }
-    // Two events of one name: the kernel's EVENT_EXIST, from the CLI, before anything runs.
-    let (out, _) = trace(&["-e", "p:ev work", "-e", "p:ev caller"], &[exe, "1"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("error: Given group/event name is already used by another event"),
-        "{err}"
-    );
+    // A second probe on one event (the kernel appends it, trace_kprobe.c
+    // append_trace_kprobe): refused when it is the same probe (SAME_PROBE, at the start) or
+    // its arguments differ in name or type (DIFF_ARG_TYPE, under the first that differs), as
+    // this kernel's uprobe_events refuses them; from the CLI, before anything runs.
+    for (second, text, col) in [
+        (
+            "p:ev work a=%di",
+            "There is already the exact same probe event",
+            0,
+        ),
+        (
+            "p:ev caller b=%di",
+            "Argument type or name is different from existing probe",
+            12,
+        ),
+        (
+            "p:ev caller a=%di:u32",
+            "Argument type or name is different from existing probe",
+            12,
+        ),
+        (
+            "p:ev caller",
+            "Argument type or name is different from existing probe",
+            12,
+        ),
+    ] {
+        let (out, _) = trace(&["-e", "p:ev work a=%di", "-e", second], &[exe, "1"]);
+        assert_eq!(out.status.code(), Some(1), "{second}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let want = format!(
+            "trace_kprobe: error: {text}\n  Command: {second}\n{}^\n",
+            " ".repeat(11 + col)
+        );
+        assert!(err.contains(&want), "{second}:\n{err}\nwanted:\n{want}");
+    }
 }
