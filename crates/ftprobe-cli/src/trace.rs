@@ -104,11 +104,9 @@ fn find_program(cmd: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Refuse statically linked executables: no dynamic loader, so no preloaded agent.
-fn check_not_static(prog: &Path) -> Result<()> {
-    let Ok(data) = std::fs::read(prog) else {
-        return Ok(());
-    };
+/// Refuse statically linked executables (`data`: the program's file at `prog`): no dynamic
+/// loader, so no preloaded agent.
+fn check_not_static(prog: &Path, data: &[u8]) -> Result<()> {
     if data.starts_with(b"\x7fELF") {
         use object::read::elf::{FileHeader, ProgramHeader};
         if let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(&*data) {
@@ -133,14 +131,11 @@ fn check_not_static(prog: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The sanitizer runtimes `prog` links (`DT_NEEDED` names: ASan's, TSan's, HWASan's), which
-/// insist on being the first object in the process.
-fn sanitizer_runtimes(prog: &Path) -> Vec<String> {
+/// The sanitizer runtimes the program whose file is `data` links (`DT_NEEDED` names: ASan's,
+/// TSan's, HWASan's), which insist on being the first object in the process.
+fn sanitizer_runtimes(data: &[u8]) -> Vec<String> {
     use object::read::elf::{Dyn, FileHeader, SectionHeader};
 
-    let Ok(data) = std::fs::read(prog) else {
-        return Vec::new();
-    };
     let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(&*data) else {
         return Vec::new();
     };
@@ -267,8 +262,10 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     // The function tracer runs with -F/-N, or when no -e was given at all (-e then -:EVENT
     // leaves no event, and nothing is traced).
     let function = !args.filter.is_empty() || !args.notrace.is_empty() || args.events.is_empty();
-    if let Some(prog) = find_program(&args.cmd[0]) {
-        check_not_static(&prog)?;
+    // The program's file, read once (an unreadable one is left to exec to refuse).
+    let prog_data = find_program(&args.cmd[0]).and_then(|p| Some((std::fs::read(&p).ok()?, p)));
+    if let Some((data, prog)) = &prog_data {
+        check_not_static(prog, data)?;
     }
     let agent = agent_path(args.agent)?
         .canonicalize()
@@ -290,9 +287,11 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     // A sanitizer's runtime must be the first object loaded (ASan aborts otherwise: "ASan
     // runtime does not come first"): preload it before the agent; the agent takes both out
     // of LD_PRELOAD again.
-    let runtimes = find_program(&args.cmd[0])
-        .map(|p| sanitizer_runtimes(&p))
+    let runtimes = prog_data
+        .as_ref()
+        .map(|(data, _)| sanitizer_runtimes(data))
         .unwrap_or_default();
+    drop(prog_data);
     let mut preload: Vec<String> = runtimes.clone();
     preload.push(agent.display().to_string());
     if let Ok(old) = std::env::var("LD_PRELOAD") {
