@@ -109,12 +109,12 @@ fn find_program(cmd: &str) -> Option<PathBuf> {
 fn check_not_static(prog: &Path, data: &[u8]) -> Result<()> {
     if data.starts_with(b"\x7fELF") {
         use object::read::elf::{FileHeader, ProgramHeader};
-        if let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(&*data) {
+        if let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) {
             if let (Ok(e), true) = (
                 hdr.endian(),
                 hdr.e_type(object::Endianness::Little) != object::elf::ET_REL,
             ) {
-                if let Ok(ph) = hdr.program_headers(e, &*data) {
+                if let Ok(ph) = hdr.program_headers(e, data) {
                     if !ph.iter().any(|p| p.p_type(e) == object::elf::PT_INTERP)
                         && hdr.e_type(e) == object::elf::ET_EXEC
                     {
@@ -136,21 +136,21 @@ fn check_not_static(prog: &Path, data: &[u8]) -> Result<()> {
 fn sanitizer_runtimes(data: &[u8]) -> Vec<String> {
     use object::read::elf::{Dyn, FileHeader, SectionHeader};
 
-    let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(&*data) else {
+    let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) else {
         return Vec::new();
     };
     let Ok(e) = hdr.endian() else {
         return Vec::new();
     };
-    let Ok(sections) = hdr.sections(e, &*data) else {
+    let Ok(sections) = hdr.sections(e, data) else {
         return Vec::new();
     };
     let mut out = Vec::new();
     for s in sections.iter() {
-        let Ok(Some((dyns, link))) = s.dynamic(e, &*data) else {
+        let Ok(Some((dyns, link))) = s.dynamic(e, data) else {
             continue;
         };
-        let Ok(strings) = sections.strings(e, &*data, link) else {
+        let Ok(strings) = sections.strings(e, data, link) else {
             continue;
         };
         for d in dyns {
