@@ -17,6 +17,11 @@
 /// 2 MiB threads) can spare. libstdc++'s longest is under 1 KiB.
 pub const GNU_MAX_LEN: usize = 8192;
 
+/// Whether this build demangles C++ names with GNU libiberty (c++filt's demangler): false
+/// when `libiberty.a` was not found at build time (Debian: `libiberty-dev`), and
+/// `cpp_demangle` stands in (see the build script).
+pub const WITH_LIBIBERTY: bool = cfg!(ftprobe_libiberty);
+
 /// The demangled forms of a symbol name, none if it is not mangled: for C++ the full form
 /// (with parameters, and `[clone .cold]` for a GCC clone, as `c++filt`) then the short form;
 /// for Rust one form, without the hash.
