@@ -595,168 +595,85 @@ interposer! {
     fn __sigpause(sig_or_mask: libc::c_int, is_sig: libc::c_int) -> libc::c_int = sigpause_impl(sig_or_mask, is_sig);
 }
 
-/// Interposed `ppoll(2)`.
-///
-/// # Safety
-/// As `ppoll(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn ppoll(
-    fds: *mut libc::pollfd,
-    nfds: libc::nfds_t,
-    timeout: *const libc::timespec,
-    set: *const libc::sigset_t,
-) -> libc::c_int {
-    let f = next(Next::Ppoll);
-    if f == 0 {
-        return enosys();
-    }
-    type F = unsafe extern "C" fn(
-        *mut libc::pollfd,
-        libc::nfds_t,
-        *const libc::timespec,
-        *const libc::sigset_t,
-    ) -> libc::c_int;
-    // SAFETY: the caller passes null or a valid set.
-    let copy = unsafe { without_sigtrap(set) };
-    // SAFETY: libc's ppoll, of type F; the other arguments as the caller gave them.
-    unsafe { std::mem::transmute::<usize, F>(f)(fds, nfds, timeout, either(&copy, set)) }
+/// An interposed call that waits under a temporary signal mask, one of its arguments
+/// (`$set`, null or a mask): passed on to the C library's function (`$next`) with SIGTRAP
+/// taken out of that mask, the other arguments as they are.
+macro_rules! temporary_mask {
+    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) with $set:ident = $next:expr;) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// As the C library's function of this name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> libc::c_int {
+            let f = next($next);
+            if f == 0 {
+                return enosys();
+            }
+            type F = unsafe extern "C" fn($($t),*) -> libc::c_int;
+            // SAFETY: the caller passes null or a valid set.
+            let copy = unsafe { without_sigtrap($set) };
+            let $set = either(&copy, $set);
+            // SAFETY: the C library's function of this name, of type F.
+            unsafe { std::mem::transmute::<usize, F>(f)($($a),*) }
+        }
+    };
 }
 
-/// Interposed `__ppoll_chk` (`ppoll` under `_FORTIFY_SOURCE`).
-///
-/// # Safety
-/// As `ppoll(2)`, with `fdslen` the size of `fds` in bytes.
-#[no_mangle]
-pub unsafe extern "C" fn __ppoll_chk(
-    fds: *mut libc::pollfd,
-    nfds: libc::nfds_t,
-    timeout: *const libc::timespec,
-    set: *const libc::sigset_t,
-    fdslen: usize,
-) -> libc::c_int {
-    let f = next(Next::PpollChk);
-    if f == 0 {
-        return enosys();
-    }
-    type F = unsafe extern "C" fn(
-        *mut libc::pollfd,
-        libc::nfds_t,
-        *const libc::timespec,
-        *const libc::sigset_t,
-        usize,
-    ) -> libc::c_int;
-    // SAFETY: the caller passes null or a valid set.
-    let copy = unsafe { without_sigtrap(set) };
-    // SAFETY: glibc's __ppoll_chk, of type F; the other arguments as the caller gave them.
-    unsafe { std::mem::transmute::<usize, F>(f)(fds, nfds, timeout, either(&copy, set), fdslen) }
+temporary_mask! {
+    /// Interposed `ppoll(2)`.
+    fn ppoll(
+        fds: *mut libc::pollfd,
+        nfds: libc::nfds_t,
+        timeout: *const libc::timespec,
+        set: *const libc::sigset_t
+    ) with set = Next::Ppoll;
 }
 
-/// Interposed `pselect(2)`.
-///
-/// # Safety
-/// As `pselect(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn pselect(
-    nfds: libc::c_int,
-    readfds: *mut libc::fd_set,
-    writefds: *mut libc::fd_set,
-    exceptfds: *mut libc::fd_set,
-    timeout: *const libc::timespec,
-    set: *const libc::sigset_t,
-) -> libc::c_int {
-    let f = next(Next::Pselect);
-    if f == 0 {
-        return enosys();
-    }
-    type F = unsafe extern "C" fn(
-        libc::c_int,
-        *mut libc::fd_set,
-        *mut libc::fd_set,
-        *mut libc::fd_set,
-        *const libc::timespec,
-        *const libc::sigset_t,
-    ) -> libc::c_int;
-    // SAFETY: the caller passes null or a valid set.
-    let copy = unsafe { without_sigtrap(set) };
-    // SAFETY: libc's pselect, of type F; the other arguments as the caller gave them.
-    unsafe {
-        std::mem::transmute::<usize, F>(f)(
-            nfds,
-            readfds,
-            writefds,
-            exceptfds,
-            timeout,
-            either(&copy, set),
-        )
-    }
+temporary_mask! {
+    /// Interposed `__ppoll_chk` (`ppoll` under `_FORTIFY_SOURCE`; `fdslen`: the size of `fds`
+    /// in bytes).
+    fn __ppoll_chk(
+        fds: *mut libc::pollfd,
+        nfds: libc::nfds_t,
+        timeout: *const libc::timespec,
+        set: *const libc::sigset_t,
+        fdslen: usize
+    ) with set = Next::PpollChk;
 }
 
-type EpollWaitFn<T> = unsafe extern "C" fn(
-    libc::c_int,
-    *mut libc::epoll_event,
-    libc::c_int,
-    T,
-    *const libc::sigset_t,
-) -> libc::c_int;
-
-/// Interposed `epoll_pwait(2)`.
-///
-/// # Safety
-/// As `epoll_pwait(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait(
-    epfd: libc::c_int,
-    events: *mut libc::epoll_event,
-    maxevents: libc::c_int,
-    timeout: libc::c_int,
-    set: *const libc::sigset_t,
-) -> libc::c_int {
-    let f = next(Next::EpollPwait);
-    if f == 0 {
-        return enosys();
-    }
-    // SAFETY: the caller passes null or a valid set.
-    let copy = unsafe { without_sigtrap(set) };
-    // SAFETY: libc's epoll_pwait, of this type; the other arguments as the caller gave them.
-    unsafe {
-        std::mem::transmute::<usize, EpollWaitFn<libc::c_int>>(f)(
-            epfd,
-            events,
-            maxevents,
-            timeout,
-            either(&copy, set),
-        )
-    }
+temporary_mask! {
+    /// Interposed `pselect(2)`.
+    fn pselect(
+        nfds: libc::c_int,
+        readfds: *mut libc::fd_set,
+        writefds: *mut libc::fd_set,
+        exceptfds: *mut libc::fd_set,
+        timeout: *const libc::timespec,
+        set: *const libc::sigset_t
+    ) with set = Next::Pselect;
 }
 
-/// Interposed `epoll_pwait2(2)`.
-///
-/// # Safety
-/// As `epoll_pwait2(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait2(
-    epfd: libc::c_int,
-    events: *mut libc::epoll_event,
-    maxevents: libc::c_int,
-    timeout: *const libc::timespec,
-    set: *const libc::sigset_t,
-) -> libc::c_int {
-    let f = next(Next::EpollPwait2);
-    if f == 0 {
-        return enosys();
-    }
-    // SAFETY: the caller passes null or a valid set.
-    let copy = unsafe { without_sigtrap(set) };
-    // SAFETY: libc's epoll_pwait2, of this type; the other arguments as the caller gave them.
-    unsafe {
-        std::mem::transmute::<usize, EpollWaitFn<*const libc::timespec>>(f)(
-            epfd,
-            events,
-            maxevents,
-            timeout,
-            either(&copy, set),
-        )
-    }
+temporary_mask! {
+    /// Interposed `epoll_pwait(2)`.
+    fn epoll_pwait(
+        epfd: libc::c_int,
+        events: *mut libc::epoll_event,
+        maxevents: libc::c_int,
+        timeout: libc::c_int,
+        set: *const libc::sigset_t
+    ) with set = Next::EpollPwait;
+}
+
+temporary_mask! {
+    /// Interposed `epoll_pwait2(2)`.
+    fn epoll_pwait2(
+        epfd: libc::c_int,
+        events: *mut libc::epoll_event,
+        maxevents: libc::c_int,
+        timeout: *const libc::timespec,
+        set: *const libc::sigset_t
+    ) with set = Next::EpollPwait2;
 }
 
 /// Interposed `pthread_attr_setsigmask_np(3)`: the new thread's first mask, without SIGTRAP.
