@@ -1,6 +1,7 @@
 //! `ftprobe`: run a program with the agent and print its ftrace events, or list the functions a
 //! binary has ftrace sites in.
 
+mod graph;
 mod output;
 mod signals;
 mod symbols;

@@ -25,6 +25,12 @@ pub mod rtype {
     /// Per-event counters at exit: aux = event id; words: hits whose record was dropped,
     /// nmissed. The reader adds the event's records to the first for its hits.
     pub const PROFILE: u16 = 4;
+    /// function_graph entry: aux = CPU | depth << 16; words: tsc, func.
+    pub const FGRAPH_ENT: u16 = 5;
+    /// function_graph return: aux = CPU | how the call ended (`FgraphExit`) << 12 | depth
+    /// << 16; words: tsc (at the return, or when the call was found cut off), func,
+    /// calltime (tsc at entry), retval (rax).
+    pub const FGRAPH_RET: u16 = 6;
 }
 
 static RINGS: OnceLock<SharedRings> = OnceLock::new();
