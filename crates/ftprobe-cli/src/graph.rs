@@ -184,7 +184,7 @@ impl Graph {
         Graph {
             opts,
             proc_on: opts.proc_.unwrap_or(false),
-            cpu_width: ncpus.saturating_sub(1).max(0).to_string().len(),
+            cpu_width: ncpus.saturating_sub(1).to_string().len(),
             last_pid: HashMap::new(),
             threads: HashMap::new(),
         }
