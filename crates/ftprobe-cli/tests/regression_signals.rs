@@ -53,6 +53,9 @@ fn a_handler_without_sa_onstack_runs_on_the_interrupted_stack() {
          raise from a handler on the signal stack, SA_ONSTACK: ran=1 on_alt=1 ss_onstack=1\n\
          SIGSEGV, SA_ONSTACK: ran=1 on_alt=1 ss_onstack=1\n\
          SIGSEGV, no SA_ONSTACK: ran=1 on_alt=0 ss_onstack=0\n\
+         autodisarm, SA_ONSTACK: ran=1 on_alt=1 ss_disabled=1\n\
+         autodisarm, no SA_ONSTACK: ran=1 on_alt=0 ss_disabled=1\n\
+         autodisarm after: armed=1\n\
          mark=1\n"
     );
     // An int3 probe on `mark` (no patchable entry): ftprobe's SIGTRAP handler, and its fault

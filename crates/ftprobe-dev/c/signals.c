@@ -27,6 +27,9 @@
 #include <unistd.h>
 
 #define NOSITE __attribute__((noinline, patchable_function_entry(0, 0)))
+#ifndef SS_AUTODISARM
+#define SS_AUTODISARM (1U << 31) /* linux/signal.h */
+#endif
 
 NOSITE long mark(long x)
 {
@@ -44,7 +47,7 @@ __asm__(".text\n .globl hot_loop\n .type hot_loop,@function\n"
 
 #define ALT_SIZE (256 * 1024)
 static char *alt;
-static volatile int seen_alt, seen_onstack, runs;
+static volatile int seen_alt, seen_onstack, seen_disabled, runs;
 
 static void where(void)
 {
@@ -53,6 +56,7 @@ static void where(void)
     sigaltstack(NULL, &ss);
     seen_alt = (char *)&local >= alt && (char *)&local < alt + ALT_SIZE;
     seen_onstack = (ss.ss_flags & SS_ONSTACK) != 0;
+    seen_disabled = (ss.ss_flags & SS_DISABLE) != 0;
     runs++;
 }
 
@@ -162,6 +166,20 @@ static int altstack_mode(void)
         if (!sigsetjmp(jb, 1))
             *(volatile long *)(uintptr_t)mark(-1) = 1;
         line(onstack ? "SIGSEGV, SA_ONSTACK" : "SIGSEGV, no SA_ONSTACK");
+    }
+    /* SS_AUTODISARM: the kernel disarms the signal stack while a handler runs on it. */
+    ss.ss_flags = SS_AUTODISARM;
+    if (sigaltstack(&ss, 0) == 0) {
+        for (int onstack = 1; onstack >= 0; onstack--) {
+            install(SIGTRAP, onstack, 0);
+            raise(SIGTRAP);
+            printf("autodisarm, %s: ran=%d on_alt=%d ss_disabled=%d\n",
+                   onstack ? "SA_ONSTACK" : "no SA_ONSTACK", runs, seen_alt, seen_disabled);
+            runs = 0;
+        }
+        stack_t now;
+        sigaltstack(0, &now);
+        printf("autodisarm after: armed=%d\n", now.ss_sp == alt && !(now.ss_flags & SS_DISABLE));
     }
     printf("mark=%ld\n", mark(0));
     return 0;

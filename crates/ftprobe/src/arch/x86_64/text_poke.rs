@@ -18,6 +18,7 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::nops::{call_target, INT3, SITE_LEN};
+use super::sigframe;
 use crate::probe_state;
 use crate::sys::{self, SyscallError};
 
@@ -435,7 +436,9 @@ fn emulate(uc: &mut libc::ucontext_t, p: &Poke) {
 /// `SA_RESETHAND`. SIGTRAP itself is never blocked (int3 probes need it): a SIGTRAP that
 /// arrives while the program's own SIGTRAP handler runs without `SA_NODEFER` is held and
 /// delivered when that handler returns, as the kernel holds a blocked signal. The handler
-/// runs on the stack ftprobe's ran on (the signal stack whenever the thread has one).
+/// runs on the stack the kernel would have chosen: ftprobe's handler (`SA_ONSTACK`) runs on
+/// the thread's signal stack whenever it has one; a program's handler without `SA_ONSTACK`
+/// runs on the interrupted stack, in a copy of the frame ([`sigframe`]).
 fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // Acquire pairs with the Release store in `init`; the handler is only installed after it.
     if !INSTALLED.load(Ordering::Acquire) && sig == libc::SIGTRAP {
@@ -523,6 +526,12 @@ fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
             8,
         )
     };
+    if sigframe::needs_interrupted_stack(act.sa_flags, uc) {
+        // SAFETY: `info` and `ctx` are the kernel's frame of the handler this runs in, on the
+        // signal stack; `h` is the program's handler for `sig`. Never returns: the thread
+        // resumes from the copied frame.
+        unsafe { sigframe::run_on_interrupted_stack(sig, info, uc, h, outer, after_delivered) };
+    }
     if act.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed this handler for `sig` with SA_SIGINFO.
         let f: Handler = unsafe { std::mem::transmute(h) };
@@ -532,10 +541,23 @@ fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
     }
+    delivered(sig, info, ctx, outer);
+}
+
+/// After the program's handler returned from [`deliver`]: the program's SIGTRAP handler is no
+/// longer running (`outer`: the one it interrupted, 0 if none), and a SIGTRAP held meanwhile
+/// is delivered now.
+fn delivered(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, outer: u64) {
     if sig == libc::SIGTRAP {
+        let st = probe_state::this_thread();
         st.program_trap_sp.set(outer);
         if outer == 0 && st.program_trap_pending.replace(false) {
             deliver(sig, info, ctx);
         }
     }
+}
+
+/// [`delivered`], for a handler run on the interrupted stack (`sigframe`'s frame).
+fn after_delivered(info: *mut libc::siginfo_t, uc: *mut libc::ucontext_t, t: &sigframe::Trailer) {
+    delivered(t.sig, info, uc as *mut libc::c_void, t.word);
 }
