@@ -90,3 +90,23 @@ fn an_asynchronous_signal_never_sees_a_pc_inside_an_xol_slot() {
     let plain = stdout(&untraced(&cmd));
     assert_eq!(field(&plain, "outside"), 0, "{plain}");
 }
+
+/// While XOL slots exist ftprobe's wrapper stands in for every handler the program installs
+/// (`sigaction`, `signal`, `sigset`); the program must not see it: what `sigaction` reads
+/// back (handler, flags, mask), `SA_RESETHAND`'s reset, the previous handler `signal` and
+/// `sigset` return, and the deliveries are as untraced.
+#[test]
+fn wrapped_handlers_read_back_as_the_program_installed_them() {
+    let exe = exe();
+    let cmd = [exe.as_str(), "actions"];
+    let plain = untraced(&cmd);
+    let (out, text) = trace(&["-e", "p:m mark"], &cmd);
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert_eq!(stdout(&out), stdout(&plain), "{text}");
+    assert_eq!(hits(&text, "m"), 1, "{text}");
+    assert!(
+        stdout(&plain).contains("usr1 after delivery: DFL flags=0x94000000"),
+        "{}",
+        stdout(&plain)
+    );
+}

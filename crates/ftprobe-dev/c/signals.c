@@ -12,6 +12,9 @@
  *                 the executable segments of every loaded object (dl_iterate_phdr: the
  *                 program, libc, the vdso, ...) while the main thread runs hot_loop for MS
  *                 milliseconds; prints how many ticks interrupted a PC outside all of them
+ *   actions       installs handlers (sigaction with and without SA_SIGINFO, SA_RESETHAND,
+ *                 signal, sigset) for SIGUSR1, SIGUSR2, SIGALRM and prints what sigaction
+ *                 reads back before and after each is delivered
  */
 #define _GNU_SOURCE
 #include <link.h>
@@ -251,11 +254,77 @@ static int pcs_mode(int ms)
     return 0;
 }
 
+/* ---- actions ----------------------------------------------------------------------------- */
+
+static volatile int got[65];
+static void count_sig(int s)
+{
+    got[s]++;
+}
+static void count_info(int s, siginfo_t *si, void *uc)
+{
+    (void)si;
+    (void)uc;
+    got[s]++;
+}
+
+static void readback(const char *what, int sig)
+{
+    struct sigaction o;
+    sigaction(sig, 0, &o);
+    const char *h = o.sa_handler == SIG_DFL                   ? "DFL"
+                    : o.sa_handler == SIG_IGN                 ? "IGN"
+                    : o.sa_handler == count_sig               ? "count_sig"
+                    : (void *)o.sa_sigaction == (void *)count_info ? "count_info"
+                                                              : "other";
+    printf("%s: %s flags=%#x usr2_in_mask=%d got=%d\n", what, h, (unsigned)o.sa_flags,
+           sigismember(&o.sa_mask, SIGUSR2), got[sig]);
+}
+
+static int actions_mode(void)
+{
+    mark(1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = count_sig;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigaddset(&sa.sa_mask, SIGUSR2);
+    sigaction(SIGUSR1, &sa, 0);
+    readback("usr1 resethand", SIGUSR1);
+    raise(SIGUSR1);
+    readback("usr1 after delivery", SIGUSR1);
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = count_info;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    struct sigaction prev;
+    sigaction(SIGUSR1, &sa, &prev);
+    printf("prev was %s\n", prev.sa_handler == SIG_DFL ? "DFL" : "other");
+    raise(SIGUSR1);
+    readback("usr1 siginfo", SIGUSR1);
+    void (*p)(int) = signal(SIGUSR2, count_sig);
+    printf("signal usr2 prev %s\n", p == SIG_DFL ? "DFL" : "other");
+    p = signal(SIGUSR2, SIG_IGN);
+    printf("signal usr2 prev %s\n", p == count_sig ? "count_sig" : "other");
+    raise(SIGUSR2);
+    p = signal(SIGUSR2, count_sig);
+    printf("signal usr2 prev %s\n", p == SIG_IGN ? "IGN" : "other");
+    raise(SIGUSR2);
+    readback("usr2 signal", SIGUSR2);
+    p = sigset(SIGALRM, count_sig);
+    raise(SIGALRM);
+    readback("alrm sigset", SIGALRM);
+    p = sigset(SIGALRM, SIG_DFL);
+    printf("sigset alrm prev %s\n", p == count_sig ? "count_sig" : "other");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "altstack";
     if (!strcmp(mode, "altstack"))
         return altstack_mode();
+    if (!strcmp(mode, "actions"))
+        return actions_mode();
     if (!strcmp(mode, "pcs"))
         return pcs_mode(argc > 2 ? atoi(argv[2]) : 1500);
     fprintf(stderr, "unknown mode %s\n", mode);
