@@ -319,9 +319,7 @@ unsafe fn sigaction_impl(
     let had_before = had_sigtrap(sig);
     // SAFETY: forwarded with our copy of the action (wrapped while XOL slots exist).
     let r = unsafe {
-        text_poke::sigaction_wrapped(sig, new.as_ref().map(|(c, _)| c), old, |a, o| {
-            f(sig, a, o)
-        })
+        text_poke::sigaction_wrapped(sig, new.as_ref().map(|(c, _)| c), old, |a, o| f(sig, a, o))
     };
     if r == 0 {
         if !old.is_null() && had_before {

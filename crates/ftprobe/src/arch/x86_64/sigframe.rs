@@ -174,7 +174,10 @@ pub unsafe fn run_on_interrupted_stack(
     // SAFETY: [frame, frame + frame_len) is free stack below the FP copy (as above); the
     // sources are the kernel's frame; `fpregs` lies within the kernel's ucontext prefix.
     unsafe {
-        std::ptr::write(frame as *mut u64, ftprobe_sigframe_return as *const () as u64);
+        std::ptr::write(
+            frame as *mut u64,
+            ftprobe_sigframe_return as *const () as u64,
+        );
         std::ptr::copy_nonoverlapping(uc as *const u8, new_uc as *mut u8, KERNEL_UC);
         std::ptr::copy_nonoverlapping(info as *const u8, new_info as *mut u8, SIGINFO);
         let nu = new_uc as *mut libc::ucontext_t;

@@ -309,7 +309,10 @@ pub unsafe fn sigaction_wrapped(
     // Relaxed: see `wrap_action`.
     let prev_added = ADDED_SIGINFO[sig as usize].load(Ordering::Relaxed);
     let new = act.map(|a| wrap_action(sig, a));
-    let r = real(new.as_ref().map_or(std::ptr::null(), |a| a as *const _), old);
+    let r = real(
+        new.as_ref().map_or(std::ptr::null(), |a| a as *const _),
+        old,
+    );
     // SAFETY: the caller's contract: null or writable (and just filled in).
     if let (0, Some(o)) = (r, unsafe { old.as_mut() }) {
         if o.sa_sigaction == wrapper as *const () as usize {
