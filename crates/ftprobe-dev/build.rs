@@ -57,6 +57,7 @@ fn main() {
         "c/sigearly.c",
         "c/slowctor.c",
         "c/probepath.c",
+        "c/signals.c",
         "c/cxx.cc",
         "c/cxx_stl.cc",
         "c/noreturn.c",
@@ -203,6 +204,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("execs", patchable.cflags(), patchable.ldflags()),
         ("libc_calls", &[], &[]),
         ("probepath", patchable.cflags(), &["-pthread"]),
+        ("signals", patchable.cflags(), &[]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -317,11 +317,10 @@ unsafe fn sigaction_impl(
         (copy, has_sigtrap(&a.sa_mask))
     });
     let had_before = had_sigtrap(sig);
-    let act = new
-        .as_ref()
-        .map_or(std::ptr::null(), |(c, _)| c as *const _);
-    // SAFETY: forwarded with our copy of the action.
-    let r = unsafe { f(sig, act, old) };
+    // SAFETY: forwarded with our copy of the action (wrapped while XOL slots exist).
+    let r = unsafe {
+        text_poke::sigaction_wrapped(sig, new.as_ref().map(|(c, _)| c), old, |a, o| f(sig, a, o))
+    };
     if r == 0 {
         if !old.is_null() && had_before {
             // SAFETY: the caller passes a writable sigaction, just filled in.
@@ -349,6 +348,22 @@ unsafe fn signal_family(
 ) -> libc::sighandler_t {
     if text_poke::owns(sig) {
         return text_poke::replace_chained(sig, Some(&simple_action(handler, flags))).sa_sigaction;
+    }
+    if text_poke::wraps(sig) {
+        // The C library's would install the handler past the interposed `sigaction`: the
+        // same action through it (glibc's: a mask of `sig` alone, none for sysv_signal).
+        let mut act = simple_action(handler, flags);
+        if flags & libc::SA_NODEFER == 0 {
+            // SAFETY: a valid set of our own and a signal number wraps() accepted.
+            unsafe { libc::sigaddset(&mut act.sa_mask, sig) };
+        }
+        // SAFETY: a zeroed sigaction is valid.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: our own action and result.
+        return match unsafe { sigaction_impl(sig, &act, &mut old) } {
+            0 => old.sa_sigaction,
+            _ => libc::SIG_ERR,
+        };
     }
     let f = next(next_fn);
     if f == 0 {
@@ -417,7 +432,39 @@ pub unsafe extern "C" fn sigset(sig: libc::c_int, disp: libc::sighandler_t) -> l
     if r != libc::SIG_ERR && disp != SIG_HOLD {
         note_installed(sig, false);
     }
+    if r != libc::SIG_ERR && text_poke::wraps(sig) {
+        let r = text_poke::program_handler(sig, r);
+        if disp != SIG_HOLD && disp != libc::SIG_DFL && disp != libc::SIG_IGN {
+            // The C library's installed the handler past the interposed `sigaction`: wrap
+            // it now, as installed.
+            // SAFETY: a zeroed sigaction is valid.
+            let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: reading the action just installed, then installing it through ours.
+            unsafe {
+                if sys_sigaction(sig, std::ptr::null(), &mut cur) == 0 {
+                    sigaction_impl(sig, &cur, std::ptr::null_mut());
+                }
+            }
+        }
+        return r;
+    }
     r
+}
+
+/// The C library's `sigaction`.
+///
+/// # Safety
+/// As `sigaction(2)`.
+unsafe fn sys_sigaction(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    match next(Next::Sigaction) {
+        0 => enosys(),
+        // SAFETY: libc's sigaction, of this type; the caller's contract.
+        f => unsafe { std::mem::transmute::<usize, SigactionFn>(f)(sig, act, old) },
+    }
 }
 
 /// Interposed `sigignore(3)`.

@@ -187,6 +187,13 @@ pub fn probepath_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("probepath")
 }
 
+/// Path of `signals MODE [ARGS]` (`-fpatchable-function-entry=5`, see `c/signals.c`): how
+/// the program's own signal handlers see it (the stack a handler runs on, the interrupted PC
+/// an asynchronous signal's handler sees).
+pub fn signals_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("signals")
+}
+
 /// Path of `libslowctor.so`, whose constructor sleeps 1 s (`probepath dlopen LIB`).
 pub fn slowctor_lib() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("libslowctor.so")

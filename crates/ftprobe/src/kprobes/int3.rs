@@ -282,6 +282,8 @@ pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
     if slot_step != 0 {
         // A fault in a slot is shown at the probed instruction, and resets the slot state.
         text_poke::install_fault_handlers(abort_xol).map_err(|e| KprobeError::Ftrace(e.into()))?;
+        // An asynchronous signal in a slot is shown at the probed instruction too.
+        text_poke::wrap_program_handlers(shown_pc).map_err(|e| KprobeError::Ftrace(e.into()))?;
     }
     let orig = code[(addr - func.addr) as usize];
     c.armed.insert(
@@ -635,4 +637,15 @@ pub(crate) fn abort_xol(uc: &mut libc::ucontext_t) -> bool {
     let shown = if pc == s.start { s.addr } else { s.next };
     uc.uc_mcontext.gregs[libc::REG_RIP as usize] = shown as i64;
     true
+}
+
+/// Probe path, an asynchronous signal's handler: the address the program is shown for `pc`
+/// when it is inside an XOL slot (the probed instruction's before the slot ran it, the next
+/// one's at the slot's `jmp` back or final `int3`), 0 otherwise.
+pub(crate) fn shown_pc(pc: u64) -> u64 {
+    match slots().and_then(|s| s.containing(pc)) {
+        Some(s) if pc == s.start => s.addr,
+        Some(s) => s.next,
+        None => 0,
+    }
 }

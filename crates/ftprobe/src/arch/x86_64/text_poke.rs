@@ -18,6 +18,7 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::nops::{call_target, INT3, SITE_LEN};
+use super::sigframe;
 use crate::probe_state;
 use crate::sys::{self, SyscallError};
 
@@ -50,8 +51,8 @@ static OWNED: AtomicU64 = AtomicU64::new(0);
 /// cause to: the one in place before ours, then whatever the program installs later (the
 /// agent interposes `sigaction`/`signal`, see [`replace_chained`]). Leaked boxes: a handler
 /// may be reading the previous one.
-static CHAINED: [AtomicPtr<libc::sigaction>; 32] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; 32];
+static CHAINED: [AtomicPtr<libc::sigaction>; 65] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; 65];
 
 /// `SIG_DFL`, for a reset on delivery (`SA_RESETHAND`) without allocating.
 // SAFETY: a zeroed sigaction is a valid value: SIG_DFL, no flags, an empty mask.
@@ -202,6 +203,185 @@ pub fn install_fault_handlers(hook: FaultHook) -> Result<(), TextPokeError> {
         }
     }
     Ok(())
+}
+
+// ---- the program's other handlers while XOL slots exist ----------------------------------
+//
+// A boosted slot runs with every signal deliverable: an asynchronous signal (a timer's, one
+// held while ftprobe's SIGTRAP handler ran and delivered as it returns into the slot) can
+// interrupt a thread at a slot's instruction or at its `jmp` back. While slots exist, every
+// handler the program installs for a signal other than SIGTRAP and the fault signals is
+// installed with ftprobe's [`wrapper`] in its place, with the program's own flags and mask
+// (the kernel still chooses the stack, blocks the mask, resets with `SA_RESETHAND`, restarts
+// with `SA_RESTART` exactly as for the program's action), plus `SA_SIGINFO` for the
+// context. The wrapper shows the program the probed instruction's address instead of the
+// slot's ([`PcHook`]) and puts the slot's back if the handler left it. `SIG_DFL` and
+// `SIG_IGN` are installed as they are. What `sigaction` reports is the program's action.
+
+/// Maps a PC inside an XOL slot to the address the program must see (0: not in a slot).
+/// Probe path.
+pub type PcHook = fn(u64) -> u64;
+
+static PC_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+/// Per signal: the kernel's action is (or was, before an `SA_RESETHAND` reset) ftprobe's
+/// wrapper with `SA_SIGINFO` the program's action did not have.
+static ADDED_SIGINFO: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
+
+/// Whether the program's handlers for `sig` are wrapped ([`wrap_program_handlers`] ran):
+/// catchable signals but SIGTRAP, the fault signals and the C library's own two (32, 33).
+pub fn wraps(sig: libc::c_int) -> bool {
+    !PC_HOOK.load(Ordering::Acquire).is_null()
+        && (1..=64).contains(&sig)
+        && !matches!(sig, libc::SIGKILL | libc::SIGSTOP | libc::SIGTRAP | 32 | 33)
+        && !FAULT_SIGNALS.contains(&sig)
+}
+
+/// Wrap the handlers the program has installed, and those it installs from now on
+/// (through the agent's `sigaction`, [`sigaction_wrapped`]). Idempotent.
+pub fn wrap_program_handlers(hook: PcHook) -> Result<(), TextPokeError> {
+    // Release pairs with the Acquire loads in `wraps` and `wrapper`.
+    if !PC_HOOK.swap(hook as *mut (), Ordering::AcqRel).is_null() {
+        return Ok(());
+    }
+    for sig in 1..=64 {
+        if !wraps(sig) {
+            continue;
+        }
+        // SAFETY: a zeroed sigaction is valid; sigaction only writes it.
+        let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: reading the action of a catchable signal into our own struct.
+        if unsafe { sys::real_sigaction(sig, std::ptr::null(), &mut cur) } != 0 {
+            continue;
+        }
+        if cur.sa_sigaction == libc::SIG_DFL || cur.sa_sigaction == libc::SIG_IGN {
+            continue;
+        }
+        *probe_state::mask_word(&mut cur.sa_mask) &= !probe_state::bit(libc::SIGTRAP);
+        let act = wrap_action(sig, &cur);
+        // SAFETY: the program's action with ftprobe's wrapper in its place.
+        if unsafe { sys::real_sigaction(sig, &act, std::ptr::null_mut()) } != 0 {
+            return Err(SyscallError {
+                call: "sigaction",
+                source: std::io::Error::last_os_error(),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The action to give the kernel for the program's `act` on a wrapped signal: its handler
+/// kept as the one ftprobe's wrapper calls, the wrapper in its place.
+fn wrap_action(sig: libc::c_int, act: &libc::sigaction) -> libc::sigaction {
+    let Some(added) = usize::try_from(sig).ok().and_then(|s| ADDED_SIGINFO.get(s)) else {
+        return *act;
+    };
+    if act.sa_sigaction == libc::SIG_DFL || act.sa_sigaction == libc::SIG_IGN {
+        // Relaxed: per-signal bookkeeping of the calling thread's sigaction.
+        added.store(false, Ordering::Relaxed);
+        return *act;
+    }
+    replace_chained(sig, Some(act));
+    added.store(act.sa_flags & libc::SA_SIGINFO == 0, Ordering::Relaxed);
+    let mut w = *act;
+    w.sa_sigaction = wrapper as *const () as usize;
+    w.sa_flags |= libc::SA_SIGINFO;
+    w
+}
+
+/// `sigaction(sig, act, old)` for the program, through `real` (the C library's): on a
+/// wrapped signal ([`wraps`]) the kernel gets the wrapped action and `old` reports the
+/// program's (its handler, its flags: an `SA_RESETHAND` reset reads back as the kernel
+/// reports it for the program's action).
+///
+/// # Safety
+/// `old` is null or writable; `real` is a `sigaction`.
+pub unsafe fn sigaction_wrapped(
+    sig: libc::c_int,
+    act: Option<&libc::sigaction>,
+    old: *mut libc::sigaction,
+    real: impl FnOnce(*const libc::sigaction, *mut libc::sigaction) -> libc::c_int,
+) -> libc::c_int {
+    if !wraps(sig) {
+        return real(act.map_or(std::ptr::null(), |a| a as *const _), old);
+    }
+    let prev = chained(sig).sa_sigaction;
+    // Relaxed: see `wrap_action`.
+    let prev_added = ADDED_SIGINFO[sig as usize].load(Ordering::Relaxed);
+    let new = act.map(|a| wrap_action(sig, a));
+    let r = real(
+        new.as_ref().map_or(std::ptr::null(), |a| a as *const _),
+        old,
+    );
+    // SAFETY: the caller's contract: null or writable (and just filled in).
+    if let (0, Some(o)) = (r, unsafe { old.as_mut() }) {
+        if o.sa_sigaction == wrapper as *const () as usize {
+            o.sa_sigaction = prev;
+        }
+        if prev_added {
+            o.sa_flags &= !libc::SA_SIGINFO;
+        }
+    }
+    r
+}
+
+/// The program's handler as `sigaction` must report it: `h` itself, or the program's
+/// handler for `sig` when `h` is ftprobe's wrapper (for interposers of calls that return a
+/// handler, such as `sigset`).
+pub fn program_handler(sig: libc::c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    if h == wrapper as *const () as usize {
+        chained(sig).sa_sigaction
+    } else {
+        h
+    }
+}
+
+/// Probe path: the kernel's handler for a wrapped signal (module section above). The kernel
+/// has already applied the program's action (stack, mask, reset); only the PC is shown as
+/// the program's own when the thread was in an XOL slot.
+extern "C" fn wrapper(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let act = chained(sig);
+    let h = act.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        // Only when the program's action changed under a signal in flight: as that action.
+        if h == libc::SIG_DFL {
+            // SAFETY: sigaction and raise are async-signal-safe; the signal is held (blocked
+            // in this handler unless SA_NODEFER) until the kernel's default action takes it.
+            unsafe {
+                sys::real_sigaction(sig, &DFL_ACTION, std::ptr::null_mut());
+                libc::raise(sig);
+            }
+        }
+        return;
+    }
+    // SAFETY: the kernel passes a valid ucontext_t to an SA_SIGINFO handler; this thread's.
+    let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
+    let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize];
+    let hook = PC_HOOK.load(Ordering::Acquire);
+    let shown = if hook.is_null() {
+        0
+    } else {
+        // SAFETY: PC_HOOK only ever holds a `PcHook`.
+        let hook: PcHook = unsafe { std::mem::transmute::<*mut (), PcHook>(hook) };
+        hook(pc as u64) as i64
+    };
+    if shown != 0 {
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = shown;
+    }
+    if act.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program installed this handler for `sig` with SA_SIGINFO.
+        let f: Handler = unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed this plain handler for `sig`.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
+    }
+    // The handler left the PC as shown: resume in the slot (the probe must not fire again).
+    // A PC the handler changed is the handler's.
+    if shown != 0 && uc.uc_mcontext.gregs[libc::REG_RIP as usize] == shown {
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = pc;
+    }
 }
 
 /// Make the pages of `[start, start+len)` readable, writable and executable.
@@ -435,7 +615,9 @@ fn emulate(uc: &mut libc::ucontext_t, p: &Poke) {
 /// `SA_RESETHAND`. SIGTRAP itself is never blocked (int3 probes need it): a SIGTRAP that
 /// arrives while the program's own SIGTRAP handler runs without `SA_NODEFER` is held and
 /// delivered when that handler returns, as the kernel holds a blocked signal. The handler
-/// runs on the stack ftprobe's ran on (the signal stack whenever the thread has one).
+/// runs on the stack the kernel would have chosen: ftprobe's handler (`SA_ONSTACK`) runs on
+/// the thread's signal stack whenever it has one; a program's handler without `SA_ONSTACK`
+/// runs on the interrupted stack, in a copy of the frame ([`sigframe`]).
 fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // Acquire pairs with the Release store in `init`; the handler is only installed after it.
     if !INSTALLED.load(Ordering::Acquire) && sig == libc::SIGTRAP {
@@ -523,6 +705,12 @@ fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
             8,
         )
     };
+    if sigframe::needs_interrupted_stack(act.sa_flags, uc) {
+        // SAFETY: `info` and `ctx` are the kernel's frame of the handler this runs in, on the
+        // signal stack; `h` is the program's handler for `sig`. Never returns: the thread
+        // resumes from the copied frame.
+        unsafe { sigframe::run_on_interrupted_stack(sig, info, uc, h, outer, after_delivered) };
+    }
     if act.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed this handler for `sig` with SA_SIGINFO.
         let f: Handler = unsafe { std::mem::transmute(h) };
@@ -532,10 +720,23 @@ fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
     }
+    delivered(sig, info, ctx, outer);
+}
+
+/// After the program's handler returned from [`deliver`]: the program's SIGTRAP handler is no
+/// longer running (`outer`: the one it interrupted, 0 if none), and a SIGTRAP held meanwhile
+/// is delivered now.
+fn delivered(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, outer: u64) {
     if sig == libc::SIGTRAP {
+        let st = probe_state::this_thread();
         st.program_trap_sp.set(outer);
         if outer == 0 && st.program_trap_pending.replace(false) {
             deliver(sig, info, ctx);
         }
     }
+}
+
+/// [`delivered`], for a handler run on the interrupted stack (`sigframe`'s frame).
+fn after_delivered(info: *mut libc::siginfo_t, uc: *mut libc::ucontext_t, t: &sigframe::Trailer) {
+    delivered(t.sig, info, uc as *mut libc::c_void, t.word);
 }

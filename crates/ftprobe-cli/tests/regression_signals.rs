@@ -1,0 +1,112 @@
+//! The program's own signal handlers see the program as without ftprobe (issue 10): the stack
+//! a handler runs on, the PC an asynchronous signal interrupted, and the stress test's exact
+//! accounting. Each test runs a fixture traced and untraced (`crates/ftprobe-dev/c/signals.c`,
+//! `probepath.c`); the program's own output is the truth.
+
+use std::process::Output;
+
+use ftprobe_dev::signals_fixture;
+
+mod common;
+use common::{events, trace, untraced};
+
+fn exe() -> String {
+    signals_fixture().to_str().unwrap().to_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `key=VALUE` from the program's output.
+fn field(out: &str, key: &str) -> u64 {
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key} in {out:?}"))
+        .parse()
+        .unwrap()
+}
+
+/// Hits of kprobe event `event` in the trace.
+fn hits(text: &str, event: &str) -> usize {
+    let tag = format!(": {event}: (");
+    events(text).filter(|l| l.contains(&tag)).count()
+}
+
+/// The program's SIGTRAP handler (and SIGSEGV handler) ran on the signal stack whenever the
+/// thread had one, because ftprobe's handler (`SA_ONSTACK`) ran there and called it: a
+/// handler installed without `SA_ONSTACK` saw its locals on the signal stack and
+/// `sigaltstack` said `SS_ONSTACK`, where the kernel runs it on the interrupted stack.
+#[test]
+fn a_handler_without_sa_onstack_runs_on_the_interrupted_stack() {
+    let exe = exe();
+    let cmd = [exe.as_str(), "altstack"];
+    let plain = untraced(&cmd);
+    // What the kernel does, as the fixture sees it.
+    assert_eq!(
+        stdout(&plain),
+        "raise, SA_ONSTACK: ran=1 on_alt=1 ss_onstack=1\n\
+         raise, no SA_ONSTACK: ran=1 on_alt=0 ss_onstack=0\n\
+         int3, SA_ONSTACK: ran=1 on_alt=1 ss_onstack=1\n  rax=42 xmm0=4242\n\
+         int3, no SA_ONSTACK: ran=1 on_alt=0 ss_onstack=0\n  rax=42 xmm0=4242\n\
+         raise from a handler on the signal stack, no SA_ONSTACK: ran=1 on_alt=1 ss_onstack=1\n\
+         raise from a handler on the signal stack, SA_ONSTACK: ran=1 on_alt=1 ss_onstack=1\n\
+         SIGSEGV, SA_ONSTACK: ran=1 on_alt=1 ss_onstack=1\n\
+         SIGSEGV, no SA_ONSTACK: ran=1 on_alt=0 ss_onstack=0\n\
+         autodisarm, SA_ONSTACK: ran=1 on_alt=1 ss_disabled=1\n\
+         autodisarm, no SA_ONSTACK: ran=1 on_alt=0 ss_disabled=1\n\
+         autodisarm after: armed=1\n\
+         mark=1\n"
+    );
+    // An int3 probe on `mark` (no patchable entry): ftprobe's SIGTRAP handler, and its fault
+    // handlers (the probe has an XOL slot), are installed.
+    let (out, text) = trace(&["-e", "p:m mark"], &cmd);
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert_eq!(stdout(&out), stdout(&plain), "{text}");
+    assert_eq!(hits(&text, "m"), 4, "{text}");
+}
+
+/// A 1 ms timer's handler looked at the PC its signal interrupted while the program ran a
+/// loop with an int3 probe on a boosted instruction: the signal, held while ftprobe's SIGTRAP
+/// handler ran, was delivered when it returned into the XOL slot, and 1386 of 1388 ticks saw
+/// a PC in no loaded object (the slot), where the program never runs.
+#[test]
+fn an_asynchronous_signal_never_sees_a_pc_inside_an_xol_slot() {
+    let exe = exe();
+    let cmd = [exe.as_str(), "pcs", "1500"];
+    let (out, text) = trace(&["-e", "p:h hot_loop+2"], &cmd);
+    assert!(out.status.success(), "{out:?}\n{text}");
+    let o = stdout(&out);
+    let tail = &text[text.len().saturating_sub(1500)..];
+    assert!(field(&o, "ticks") > 300, "the timer ran: {o}");
+    assert_eq!(field(&o, "sum_ok"), 1, "{o}");
+    assert!(hits(&text, "h") > 1000, "the probe was hit: {tail}");
+    assert_eq!(
+        field(&o, "outside"),
+        0,
+        "no tick saw a PC outside the program's objects: {o}"
+    );
+    // The same program untraced: the handler's lookup is right (0 outside).
+    let plain = stdout(&untraced(&cmd));
+    assert_eq!(field(&plain, "outside"), 0, "{plain}");
+}
+
+/// While XOL slots exist ftprobe's wrapper stands in for every handler the program installs
+/// (`sigaction`, `signal`, `sigset`); the program must not see it: what `sigaction` reads
+/// back (handler, flags, mask), `SA_RESETHAND`'s reset, the previous handler `signal` and
+/// `sigset` return, and the deliveries are as untraced.
+#[test]
+fn wrapped_handlers_read_back_as_the_program_installed_them() {
+    let exe = exe();
+    let cmd = [exe.as_str(), "actions"];
+    let plain = untraced(&cmd);
+    let (out, text) = trace(&["-e", "p:m mark"], &cmd);
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert_eq!(stdout(&out), stdout(&plain), "{text}");
+    assert_eq!(hits(&text, "m"), 1, "{text}");
+    assert!(
+        stdout(&plain).contains("usr1 after delivery: DFL flags=0x94000000"),
+        "{}",
+        stdout(&plain)
+    );
+}
