@@ -25,6 +25,11 @@ pub mod rtype {
     /// Per-event counters at exit: aux = event id; words: hits whose record was dropped,
     /// nmissed. The reader adds the event's records to the first for its hits.
     pub const PROFILE: u16 = 4;
+    /// function_graph entry: aux = CPU (low 12 bits) | depth << 16; words: tsc (entry), func.
+    pub const FGRAPH_ENT: u16 = 5;
+    /// function_graph exit: aux = CPU (low 12 bits) | exit (`FgraphExit`) << 12 | depth << 16;
+    /// words: tsc (return, or when the unwind was seen), func, calltime (tsc at entry), retval.
+    pub const FGRAPH_RET: u16 = 6;
 }
 
 static RINGS: OnceLock<SharedRings> = OnceLock::new();
