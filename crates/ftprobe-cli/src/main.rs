@@ -1,6 +1,7 @@
 //! `ftprobe`: run a program with the agent and print its ftrace events, or list the functions a
 //! binary has ftrace sites in.
 
+mod graph;
 mod output;
 mod signals;
 mod symbols;
@@ -25,7 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run CMD with the function tracer and print its events in ftrace's `trace` format.
-    Trace(trace::TraceArgs),
+    Trace(Box<trace::TraceArgs>),
     /// List things in a binary.
     List {
         #[command(subcommand)]
@@ -57,7 +58,7 @@ fn main() {
 
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
-        Cmd::Trace(args) => trace::run(args),
+        Cmd::Trace(args) => trace::run(*args),
         Cmd::List {
             what: ListWhat::Functions { bin },
         } => {

@@ -51,6 +51,26 @@ pub struct TraceArgs {
         allow_hyphen_values = true
     )]
     events: Vec<String>,
+    /// The tracer: `function` (entries, `func <-parent`), `function_graph` (entries and
+    /// returns as a call graph with durations) or `nop` (only the -e events). Default:
+    /// `function`, or `nop` when only -e is given.
+    #[arg(short = 't', long = "tracer", value_name = "TRACER")]
+    tracer: Option<String>,
+    /// function_graph: record only calls made inside functions matching GLOB, the graph
+    /// starting at them (`set_graph_function`). Repeatable.
+    #[arg(short = 'G', long = "graph-function", value_name = "GLOB")]
+    graph_function: Vec<String>,
+    /// function_graph: do not record functions matching GLOB nor anything they call
+    /// (`set_graph_notrace`). Repeatable.
+    #[arg(long = "graph-notrace", value_name = "GLOB")]
+    graph_notrace: Vec<String>,
+    /// function_graph: record calls only down to this depth (`max_graph_depth`; 0: no limit).
+    #[arg(long = "max-depth", value_name = "N", default_value_t = 0)]
+    max_depth: u32,
+    /// A tracer option (`trace_options`), e.g. `funcgraph-retval`, `funcgraph-proc`,
+    /// `nofuncgraph-cpu`. Repeatable.
+    #[arg(short = 'O', long = "option", value_name = "OPT")]
+    options: Vec<String>,
     /// Write the trace to FILE instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
@@ -258,10 +278,37 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     for p in args.filter.iter().chain(&args.notrace) {
         ftprobe::ftrace::glob::FilterEntry::parse(p)?;
     }
+    for p in args.graph_function.iter().chain(&args.graph_notrace) {
+        ftprobe::ftrace::glob::FilterEntry::parse(p)?;
+    }
     let events = parse_events(&args.events)?;
     // The function tracer runs with -F/-N, or when no -e was given at all (-e then -:EVENT
     // leaves no event, and nothing is traced).
-    let function = !args.filter.is_empty() || !args.notrace.is_empty() || args.events.is_empty();
+    let tracer: &'static str = match args.tracer.as_deref() {
+        None if !args.filter.is_empty() || !args.notrace.is_empty() || args.events.is_empty() => {
+            "function"
+        }
+        None => "nop",
+        Some("function") => "function",
+        Some("function_graph") => "function_graph",
+        Some("nop") => "nop",
+        Some(t) => bail!("no tracer {t:?} (available: function function_graph nop)"),
+    };
+    let graph = tracer == "function_graph";
+    if !graph
+        && (!args.graph_function.is_empty()
+            || !args.graph_notrace.is_empty()
+            || args.max_depth != 0)
+    {
+        bail!("-G, --graph-notrace and --max-depth are options of the function_graph tracer (-t function_graph)");
+    }
+    let mut graph_opts = crate::graph::Options::default();
+    for o in &args.options {
+        if let Err(e) = graph_opts.set(o) {
+            bail!("{e}");
+        }
+    }
+    let function = tracer == "function";
     // The program's file, read once (an unreadable one is left to exec to refuse).
     let prog_data = find_program(&args.cmd[0]).and_then(|p| Some((std::fs::read(&p).ok()?, p)));
     if let Some((data, prog)) = &prog_data {
@@ -314,6 +361,10 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .env("FTPROBE_FILTER", args.filter.join("\n"))
         .env("FTPROBE_NOTRACE", args.notrace.join("\n"))
         .env("FTPROBE_FUNCTION", if function { "1" } else { "0" })
+        .env("FTPROBE_TRACER", tracer)
+        .env("FTPROBE_GRAPH_FUNCTION", args.graph_function.join("\n"))
+        .env("FTPROBE_GRAPH_NOTRACE", args.graph_notrace.join("\n"))
+        .env("FTPROBE_MAX_DEPTH", args.max_depth.to_string())
         .env(
             "FTPROBE_EVENTS",
             // One line per probe, `ID<TAB>DEF`: the probes of one event share its id.
@@ -361,8 +412,16 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         write_failed: false,
         abandoned: Vec::new(),
         execs: Vec::new(),
-        tracer: if function { "function" } else { "nop" },
+        tracer,
         started: false,
+        graph: graph.then(|| {
+            // SAFETY: sysconf has no memory effects.
+            let ncpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u32;
+            crate::graph::Graph::new(graph_opts, ncpus)
+        }),
+        carry: Vec::new(),
+        final_poll: false,
+        task_ids: Vec::new(),
     };
     let status = loop {
         if let Some(status) = child.try_wait()? {
@@ -404,6 +463,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         std::thread::sleep(Duration::from_millis(10));
     }
     // What the last of them wrote between the poll above and its exit.
+    printer.final_poll = true;
     printer.poll(&rings);
     printer.abandoned = abandoned;
     printer.finish(&rings);
@@ -650,6 +710,16 @@ struct Printer {
     /// The agent armed everything and the header is out. Until then nothing is printed: a
     /// program stopped because something could not be armed leaves no trace-like output.
     started: bool,
+    /// The function_graph tracer's layout and state, when it is the tracer.
+    graph: Option<crate::graph::Graph>,
+    /// function_graph: per ring, an entry that was the ring's last record at the end of a
+    /// poll (rtype, aux, words), kept for the next poll, where the thread's next record
+    /// tells whether it is a leaf.
+    carry: Vec<Option<(u16, u32, Vec<u64>)>>,
+    /// The last poll: nothing is kept for later.
+    final_poll: bool,
+    /// comm and tid per ring.
+    task_ids: Vec<Option<(Vec<u8>, u32)>>,
 }
 
 impl Printer {
@@ -679,7 +749,17 @@ impl Printer {
             }
             self.started = true;
             let tracer = self.tracer;
-            self.write(|o| output::header(o, tracer));
+            if let Some(g) = &self.graph {
+                let mut h = Vec::new();
+                g.header(&mut h);
+                self.write(|o| {
+                    writeln!(o, "# tracer: {tracer}")?;
+                    writeln!(o, "#")?;
+                    o.write_all(&h)
+                });
+            } else {
+                self.write(|o| output::header(o, tracer));
+            }
         }
         self.prefaulter.step(rings);
         self.batch.clear();
@@ -693,8 +773,25 @@ impl Printer {
             let batch = &mut self.batch;
             let arena = &mut self.arena;
             let mut texts = Vec::new();
+            let first = batch.len();
+            if self.carry.len() <= i as usize {
+                self.carry.resize(i as usize + 1, None);
+            }
+            if let Some((rtype, aux, w)) = self.carry[i as usize].take() {
+                batch.push(Event {
+                    ts: w[0],
+                    ring: i,
+                    aux,
+                    rtype,
+                    start: arena.len(),
+                    len: w.len(),
+                });
+                arena.extend_from_slice(&w);
+            }
             r.drain_aux(|rtype, aux, w| match rtype {
-                rtype::FUNC | rtype::KPROBE if !w.is_empty() => {
+                rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
+                    if !w.is_empty() =>
+                {
                     batch.push(Event {
                         ts: w[0],
                         ring: i,
@@ -714,6 +811,18 @@ impl Printer {
                 )),
                 _ => {}
             });
+            // function_graph: an entry that is the thread's last record so far waits for the
+            // next poll (its return, if it is a leaf, is not written yet).
+            if self.graph.is_some()
+                && !self.final_poll
+                && batch.len() > first
+                && batch.last().is_some_and(|e| e.rtype == rtype::FGRAPH_ENT)
+            {
+                let e = batch.pop().expect("checked");
+                let w = arena[e.start..e.start + e.len].to_vec();
+                arena.truncate(e.start);
+                self.carry[i as usize] = Some((e.rtype, e.aux, w));
+            }
             for (kind, t) in texts {
                 let text = String::from_utf8_lossy(&t).into_owned();
                 match kind {
@@ -774,6 +883,10 @@ impl Printer {
         if self.tasks.len() < nr_rings {
             self.tasks.resize(nr_rings, None);
         }
+        if self.graph.is_some() {
+            self.print_graph_batch(rings, exec_notes);
+            return;
+        }
         let lines = &mut self.lines;
         lines.clear();
         let syms = self.symbols.as_mut().expect("set above");
@@ -821,6 +934,108 @@ impl Printer {
             }
         }
         let mut lines = std::mem::take(&mut self.lines);
+        for (_, n) in &exec_notes {
+            lines.extend_from_slice(n.as_bytes());
+        }
+        self.write(|o| o.write_all(&lines));
+        self.lines = lines;
+    }
+
+    /// The function_graph tracer's lines for this poll's records (see [`crate::graph`]).
+    fn print_graph_batch(&mut self, rings: &SharedRings, exec_notes: Vec<(u32, String)>) {
+        let nr_rings = rings.config().nr_rings as usize;
+        if self.task_ids.len() < nr_rings {
+            self.task_ids.resize(nr_rings, None);
+        }
+        // Per record, the index of its thread's next record in the batch.
+        let n = self.batch.len();
+        let mut next_of = vec![usize::MAX; n];
+        let mut last_seen = vec![usize::MAX; nr_rings];
+        for k in (0..n).rev() {
+            let r = self.batch[k].ring as usize;
+            next_of[k] = last_seen[r];
+            last_seen[r] = k;
+        }
+        let mut consumed = vec![false; n];
+        let mut lines = std::mem::take(&mut self.lines);
+        lines.clear();
+        let graph = self.graph.as_mut().expect("graph tracer");
+        if graph.threads_seen(rings.claimed() as usize) {
+            lines.extend_from_slice(b"#\n");
+            graph.header(&mut lines);
+        }
+        let syms = self.symbols.as_mut().expect("set by poll");
+        let clock = &self.clock;
+        for k in 0..n {
+            if consumed[k] {
+                continue;
+            }
+            if k % PREFAULT_EVERY == PREFAULT_EVERY - 1 {
+                self.prefaulter.step(rings);
+            }
+            let e = &self.batch[k];
+            let (comm, tid) = self.task_ids[e.ring as usize].get_or_insert_with(|| {
+                let r = rings.reader(e.ring).expect("claimed ring");
+                let c = r.comm();
+                let len = c.iter().position(|&b| b == 0).unwrap_or(16);
+                (c[..len].to_vec(), r.tid())
+            });
+            let ctx = crate::graph::Ctx {
+                cpu: e.aux & 0xfff,
+                pid: *tid,
+                comm,
+            };
+            let words = &self.arena[e.start..e.start + e.len];
+            let depth = crate::graph::depth_of(e.aux);
+            match e.rtype {
+                rtype::FGRAPH_ENT if words.len() >= 2 => {
+                    let func = words[1];
+                    let leaf = next_of[k];
+                    let ret = (leaf != usize::MAX).then(|| &self.batch[leaf]).filter(|r| {
+                        r.rtype == rtype::FGRAPH_RET
+                            && r.len >= 4
+                            && crate::graph::Exit::from_aux(r.aux) == crate::graph::Exit::Returned
+                            && self.arena[r.start + 1] == func
+                    });
+                    match ret {
+                        Some(r) => {
+                            let rw = &self.arena[r.start..r.start + r.len];
+                            let ns = clock
+                                .tsc_to_mono_ns(rw[0])
+                                .saturating_sub(clock.tsc_to_mono_ns(rw[2]));
+                            graph.leaf(&mut lines, ctx, func, depth, ns, rw[3], syms);
+                            consumed[leaf] = true;
+                        }
+                        None => graph.nested(&mut lines, ctx, func, depth, syms),
+                    }
+                    self.printed += 1;
+                }
+                rtype::FGRAPH_RET if words.len() >= 4 => {
+                    let ns = clock
+                        .tsc_to_mono_ns(words[0])
+                        .saturating_sub(clock.tsc_to_mono_ns(words[2]));
+                    let exit = crate::graph::Exit::from_aux(e.aux);
+                    graph.ret(&mut lines, ctx, words[1], depth, ns, words[3], exit, syms);
+                    self.printed += 1;
+                }
+                rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
+                    let id = (e.aux >> 12) as usize;
+                    let Some(def) = self.events.get(id) else {
+                        continue;
+                    };
+                    if self.seen.len() <= id {
+                        self.seen.resize(id + 1, 0);
+                    }
+                    self.seen[id] += 1;
+                    let decoder = self.decoders.get(id).and_then(Option::as_ref);
+                    let mut text = Vec::new();
+                    output::kprobe_event(&mut text, def, decoder, words, syms);
+                    graph.comment(&mut lines, ctx, &text);
+                    self.printed += 1;
+                }
+                _ => {}
+            }
+        }
         for (_, n) in &exec_notes {
             lines.extend_from_slice(n.as_bytes());
         }

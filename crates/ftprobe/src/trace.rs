@@ -25,10 +25,11 @@ pub mod rtype {
     /// Per-event counters at exit: aux = event id; words: hits whose record was dropped,
     /// nmissed. The reader adds the event's records to the first for its hits.
     pub const PROFILE: u16 = 4;
-    /// function_graph entry: aux = CPU (low 12 bits) | depth << 16; words: tsc (entry), func.
+    /// function_graph entry: aux = CPU | depth << 16; words: tsc, func.
     pub const FGRAPH_ENT: u16 = 5;
-    /// function_graph exit: aux = CPU (low 12 bits) | exit (`FgraphExit`) << 12 | depth << 16;
-    /// words: tsc (return, or when the unwind was seen), func, calltime (tsc at entry), retval.
+    /// function_graph return: aux = CPU | how the call ended (`FgraphExit`) << 12 | depth
+    /// << 16; words: tsc (at the return, or when the call was found cut off), func,
+    /// calltime (tsc at entry), retval (rax).
     pub const FGRAPH_RET: u16 = 6;
 }
 
