@@ -88,10 +88,17 @@ pub fn kprobe_event(
     let addr = words[1];
     out.extend_from_slice(def.event.as_bytes());
     out.extend_from_slice(b": (");
+    // A return event (trace_kprobe.c, `print_kretprobe_event()`): `(ret_ip <- func)`, the
+    // return address with its offset, the function by its name alone.
+    let ret_ip = decoder.and_then(|d| d.ret_ip(def, words));
     // seq_print_ip_sym() with sym-offset: `sym+0xoff/0xsize`, else `0x%08lx`.
-    match syms.lookup_sized(addr) {
-        Some(_) => push_symbolized(out, addr, syms),
-        None => push_unknown_addr(out, addr),
+    match syms.lookup_sized(ret_ip.unwrap_or(addr)) {
+        Some(_) => push_symbolized(out, ret_ip.unwrap_or(addr), syms),
+        None => push_unknown_addr(out, ret_ip.unwrap_or(addr)),
+    }
+    if ret_ip.is_some() {
+        out.extend_from_slice(b" <- ");
+        syms.push_name(addr, out);
     }
     out.push(b')');
     if let Some(values) = decoder.and_then(|d| d.decode(def, words)) {

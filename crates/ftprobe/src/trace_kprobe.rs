@@ -2,11 +2,14 @@
 //! becomes a [`Kprobe`] whose pre_handler fetches the event's arguments from the registers,
 //! the stack and memory, and writes one record into this thread's ring.
 //!
-//! Supported: `p` probes on ftrace sites; every fetch arg of a `p` probe (`%REG`, `$argN`,
-//! `$stackN`, `$stack`, `$comm`, `\IMM`, `\"STR"`, `@ADDR`, `@SYM[+|-OFFS]`,
-//! `+|-[u]OFFS(FETCHARG)`) with every type (integers, `char`, `string`, `ustring`, `symbol`,
-//! `symstr`, bitfields, `TYPE[N]`). Refused with `NOT_SUPPORTED` at their position: return
-//! probes and `PATH:OFFSET` targets (they come with the int3 work), and `\IMM:string[N]`
+//! Supported: `p` probes (on ftrace sites, and int3 probes on any instruction boundary), and
+//! return probes (`r[MAXACTIVE] SYM`, `p SYM%return`) through a [`Kretprobe`]; every fetch
+//! arg (`%REG`, `$argN`, `$stackN`, `$stack`, `$comm`, `\IMM`, `\"STR"`, `@ADDR`,
+//! `@SYM[+|-OFFS]`, `+|-[u]OFFS(FETCHARG)`, and `$retval` in return probes) with every type
+//! (integers, `char`, `string`, `ustring`, `symbol`, `symstr`, bitfields, `TYPE[N]`). In a
+//! return probe `$argN` is saved at the function's entry (up to four different N) and
+//! everything else, dereferences included, is read at the return, as the kernel does since
+//! 6.10; `$retval` is `rax`. Refused with `NOT_SUPPORTED` at their position: `\IMM:string[N]`
 //! (the kernel's array loop goes back to the instruction before the store, which is the
 //! immediate, not a dereference, and the fetch fails with -EILSEQ).
 //!
@@ -31,9 +34,10 @@
 //!
 //! ```text
 //!  0              tsc
-//!  1              probe address
+//!  1              probe address (a return event: the function's probed address)
 //!  2 .. 2+M       fault mask, M = max(1, ceil(nargs / 64)) words (record_head_words): bit
 //!                 i % 64 of word i / 64 is set when argument i could not be fetched
+//!  2+M            a return event only: the address the function returned to
 //!  fixed part     per argument, in order:
 //!    u*, s*, x*, char, bitfield, symbol, symstr   1 word, the value in its low bytes (a
 //!                                                 bitfield: its container; symstr: the address)
@@ -68,7 +72,7 @@ use crate::events::{
     ProbeErrorKind, ProbeKind, ProbeTarget, Reg, MAX_STRING_SIZE, MAX_TRACE_ARGS,
 };
 use crate::ftrace::{self as ft, PtRegs, FTRACE_FL_AFTER_PROLOGUE};
-use crate::kprobes::{self, Kprobe, KprobeError, KprobeTarget};
+use crate::kprobes::{self, Kprobe, KprobeError, KprobeTarget, Kretprobe, KretprobeInstance};
 use crate::ring::{EventCounters, MAX_RECORD_WORDS};
 use crate::sys;
 use crate::trace::{self, rtype};
@@ -93,8 +97,12 @@ pub struct TraceKprobe {
     pub id: u32,
     /// The definition.
     pub def: ProbeDef,
-    /// The probe.
+    /// The probe (for a return event, its kretprobe's entry probe).
     pub kp: &'static Kprobe,
+    /// A return event's kretprobe.
+    pub rp: Option<&'static Kretprobe>,
+    /// A return event's `$argN` saved at entry, by slot.
+    entry_args: Vec<u32>,
     args: Vec<Fetch>,
     /// [`record_head_words`] of the event.
     head_words: usize,
@@ -139,6 +147,11 @@ enum Base {
     },
     /// `$comm` and `\"STR"`: no value (their store says what is stored).
     None,
+    /// `$retval` (a return probe): `rax` at the return.
+    Retval,
+    /// `$argN` of a return probe: the value saved at the function's entry, in this slot of
+    /// the call's instance data.
+    Entry(u8),
 }
 
 /// How an argument is stored in the record (the kernel's store instruction), see the module
@@ -213,7 +226,7 @@ fn flatten(op: &FetchOp, derefs: &mut Vec<i64>) -> Result<Base, &'static str> {
             derefs.push(*offset);
             b
         }
-        FetchOp::Retval => return Err("$retval needs a return probe, not implemented yet"),
+        FetchOp::Retval => Base::Retval,
         FetchOp::FileOffset(_) => {
             return Err("@+OFFS needs a PATH:OFFSET probe, not implemented yet")
         }
@@ -290,14 +303,8 @@ fn target_pos(cmd: &str) -> usize {
 }
 
 fn compile(def: &ProbeDef) -> Result<Vec<Fetch>, EventError> {
-    let not_yet = |pos: usize, what: &str| EventError {
-        err: ProbeError::new(ProbeErrorKind::NotSupported, pos),
-        detail: Some(format!("{what} are not implemented yet")),
-    };
-    if let ProbeKind::Kretprobe { .. } = def.kind {
-        return Err(not_yet(0, "return probes (r, SYM%return)"));
-    }
-    def.args
+    let mut args: Vec<Fetch> = def
+        .args
         .iter()
         .map(|a| {
             compile_arg(a).map_err(|what| EventError {
@@ -305,7 +312,55 @@ fn compile(def: &ProbeDef) -> Result<Vec<Fetch>, EventError> {
                 detail: Some(what.to_owned()),
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    if let ProbeKind::Kretprobe { .. } = def.kind {
+        // `$argN` of a return probe is saved at the function's entry and read at its
+        // return (the kernel since 6.10, `store_trace_entry_data()`): each distinct N takes
+        // a word of the call's instance data; dereferences happen at the return.
+        let mut saved: Vec<u32> = Vec::new();
+        for (f, a) in args.iter_mut().zip(&def.args) {
+            if let Base::Arg(n) = f.base {
+                let slot = match saved.iter().position(|&m| m == n) {
+                    Some(k) => k,
+                    None if saved.len() < ENTRY_WORDS => {
+                        saved.push(n);
+                        saved.len() - 1
+                    }
+                    None => {
+                        return Err(EventError {
+                            err: ProbeError::new(ProbeErrorKind::TooManyArgs, a.pos),
+                            detail: Some(format!(
+                                "a return probe saves at most {ENTRY_WORDS} different $argN \
+                                 at the function's entry"
+                            )),
+                        })
+                    }
+                };
+                f.base = Base::Entry(slot as u8);
+            }
+        }
+    }
+    Ok(args)
+}
+
+/// Words of entry data a return event keeps per call: its `$argN` values.
+const ENTRY_WORDS: usize = crate::ftrace::fgraph::FGRAPH_DATA_WORDS;
+
+/// The `$argN` (1-based) a return event saves at entry, by slot.
+fn entry_args(args: &[Fetch], def: &ProbeDef) -> Vec<u32> {
+    let mut out: Vec<u32> = Vec::new();
+    for (f, a) in args.iter().zip(&def.args) {
+        if let Base::Entry(k) = f.base {
+            let mut d = Vec::new();
+            if let Ok(Base::Arg(n)) = flatten(&a.fetch, &mut d) {
+                if out.len() <= k as usize {
+                    out.resize(k as usize + 1, 0);
+                }
+                out[k as usize] = n;
+            }
+        }
+    }
+    out
 }
 
 /// Parse a definition and check that ftprobe can run it, without arming anything: what the
@@ -408,28 +463,66 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         }
     };
     let addr = kprobes::resolve(&target).map_err(reg_err)?.addr;
-    let after_prologue = ft::record(addr).is_some_and(|r| r.flags & FTRACE_FL_AFTER_PROLOGUE != 0);
-    let kp: &'static Kprobe =
-        Box::leak(Box::new(Kprobe::new(target, Some(kprobe_dispatcher), None)));
+    let maxactive = match def.kind {
+        ProbeKind::Kretprobe { maxactive } => Some(maxactive.unwrap_or(0)),
+        _ => None,
+    };
+    // A return probe's entry probe runs at the function's entry: its `$argN` are read there
+    // by the SysV rule for an entry (after_prologue is for `p` probes on `-pg` sites).
+    let after_prologue = maxactive.is_none()
+        && ft::record(addr).is_some_and(|r| r.flags & FTRACE_FL_AFTER_PROLOGUE != 0);
+    let entry = entry_args(&args, &def);
+    let (kp, rp): (&'static Kprobe, Option<&'static Kretprobe>) = match maxactive {
+        None => (
+            Box::leak(Box::new(Kprobe::new(target, Some(kprobe_dispatcher), None))),
+            None,
+        ),
+        Some(m) => {
+            let rp: &'static Kretprobe = Box::leak(Box::new(Kretprobe::new(
+                target,
+                Some(kretprobe_dispatcher),
+                (!entry.is_empty()).then_some(kretprobe_entry_handler as _),
+                m,
+            )));
+            (&rp.kp, Some(rp))
+        }
+    };
     let shared = trace::buffer().and_then(|b| b.event_counters(id));
     let tk: &'static TraceKprobe = Box::leak(Box::new(TraceKprobe {
         id,
-        def,
         kp,
-        head_words: record_head_words(args.len()),
+        rp,
+        entry_args: entry,
+        head_words: record_head_words(args.len()) + usize::from(rp.is_some()),
         fixed_words: args.iter().map(|a| a.store.words()).sum(),
         dynamic: args.iter().any(|a| a.store.is_dynamic()),
         args,
         after_prologue,
         dropped: AtomicU64::new(0),
         shared,
+        def,
     }));
     if let Some(c) = shared {
         kp.count_nmissed_in(&c.nmissed);
     }
-    kp.data
-        .store(tk as *const TraceKprobe as u64, Ordering::Relaxed);
-    kprobes::register_kprobe(kp).map_err(reg_err)?;
+    match rp {
+        None => {
+            kp.data
+                .store(tk as *const TraceKprobe as u64, Ordering::Relaxed);
+            kprobes::register_kprobe(kp).map_err(reg_err)?;
+        }
+        Some(rp) => {
+            rp.data
+                .store(tk as *const TraceKprobe as u64, Ordering::Relaxed);
+            kprobes::register_kretprobe(rp).map_err(|e| match e {
+                KprobeError::NotFunctionEntry(_) => EventError {
+                    err: ProbeError::new(ProbeErrorKind::BadRetprobe, at),
+                    detail: Some(e.to_string()),
+                },
+                e => reg_err(e),
+            })?;
+        }
+    }
     Ok(tk)
 }
 
@@ -539,13 +632,26 @@ fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
     })
 }
 
+/// Where a hit's values come from: the registers (at the probed instruction, or at the
+/// return for a return event), whether the site stands after the prologue, and a return
+/// event's values saved at entry.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    regs: &'a PtRegs,
+    after_prologue: bool,
+    entry: &'a [u64],
+}
+
 /// Probe path: an argument's value before its store: the base, then the dereferences.
 /// `None` when a read faulted (or for `$comm` and `\"STR"`, which have no value).
 #[inline(always)]
-fn fetch_value(f: &Fetch, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
+fn fetch_value(f: &Fetch, at: At<'_>) -> Option<u64> {
+    let regs = at.regs;
     let mut v = match f.base {
         Base::Reg(r) => reg_value(regs, r),
-        Base::Arg(k) => fetch_arg(k, regs, after_prologue)?,
+        Base::Arg(k) => fetch_arg(k, regs, at.after_prologue)?,
+        Base::Retval => regs.rax,
+        Base::Entry(k) => at.entry.get(k as usize).copied()?,
         Base::Stack(k) => sys::read_u64_nofault(regs.sp.wrapping_add(8 * u64::from(k)))?,
         Base::StackPtr => regs.sp,
         Base::Imm(v) => v,
@@ -561,7 +667,7 @@ fn fetch_value(f: &Fetch, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
 /// string's length with its NUL, at most `MAX_STRING_SIZE`; 0 for one that cannot be read).
 /// Out of line: its 128-byte buffer stays off the dispatcher's frame.
 #[inline(never)]
-fn strings_size(tk: &TraceKprobe, regs: &PtRegs) -> usize {
+fn strings_size(tk: &TraceKprobe, at_: At<'_>) -> usize {
     let mut total = 0usize;
     for f in tk.args.iter() {
         let (off, count, array) = match f.store {
@@ -569,7 +675,7 @@ fn strings_size(tk: &TraceKprobe, regs: &PtRegs) -> usize {
             Store::StrArray { off, count } => (off, count, true),
             _ => continue,
         };
-        let Some(v) = fetch_value(f, regs, tk.after_prologue) else {
+        let Some(v) = fetch_value(f, at_) else {
             continue;
         };
         let at = v.wrapping_add(off as u64);
@@ -630,8 +736,7 @@ fn store_string(data: &mut [u8], used: &mut usize, addr: u64) -> u64 {
 #[inline(always)]
 fn store_arg(
     f: &Fetch,
-    regs: &PtRegs,
-    after_prologue: bool,
+    at: At<'_>,
     slots: &[AtomicU64],
     data: &mut [u8],
     used: &mut usize,
@@ -651,7 +756,7 @@ fn store_arg(
             true
         }
         Store::Raw => {
-            let v = fetch_value(f, regs, after_prologue);
+            let v = fetch_value(f, at);
             put(0, v.unwrap_or(0));
             v.is_some()
         }
@@ -661,7 +766,7 @@ fn store_arg(
             for w in words {
                 w.store(0, Ordering::Relaxed);
             }
-            let Some(v) = fetch_value(f, regs, after_prologue) else {
+            let Some(v) = fetch_value(f, at) else {
                 return false;
             };
             let len = size as usize * count as usize;
@@ -677,13 +782,13 @@ fn store_arg(
             true
         }
         Store::Str { off } => {
-            let loc = fetch_value(f, regs, after_prologue)
+            let loc = fetch_value(f, at)
                 .map_or(0, |v| store_string(data, used, v.wrapping_add(off as u64)));
             put(0, loc);
             true
         }
         Store::StrArray { off, count } => {
-            let Some(v) = fetch_value(f, regs, after_prologue) else {
+            let Some(v) = fetch_value(f, at) else {
                 for k in 0..count as usize {
                     put(k, 0);
                 }
@@ -700,23 +805,60 @@ fn store_arg(
     }
 }
 
-/// Probe path: the pre_handler of every kprobe event.
+/// Probe path: the pre_handler of every `p` event.
 fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
     // SAFETY: `data` holds the leaked TraceKprobe set before the probe was registered.
     let tk = unsafe { &*(p.data.load(Ordering::Relaxed) as *const TraceKprobe) };
+    let at = At {
+        regs,
+        after_prologue: tk.after_prologue,
+        entry: &[],
+    };
+    write_event(tk, at, p.addr(), None);
+    0
+}
+
+/// Probe path: a return event's entry handler: saves its `$argN` in the call's instance.
+fn kretprobe_entry_handler(ri: &mut KretprobeInstance, regs: &mut PtRegs) -> i32 {
+    // SAFETY: the kretprobe's `data` holds the leaked TraceKprobe, set before registration.
+    let tk = unsafe { &*(ri.rp.data.load(Ordering::Relaxed) as *const TraceKprobe) };
+    for (slot, &n) in ri.data.iter_mut().zip(&tk.entry_args) {
+        // An argument on the stack that cannot be read is saved as 0.
+        *slot = fetch_arg(n, regs, false).unwrap_or(0);
+    }
+    0
+}
+
+/// Probe path: a return event's handler, at the function's return.
+fn kretprobe_dispatcher(ri: &KretprobeInstance, regs: &PtRegs) -> i32 {
+    // SAFETY: as in `kretprobe_entry_handler`.
+    let tk = unsafe { &*(ri.rp.data.load(Ordering::Relaxed) as *const TraceKprobe) };
+    let at = At {
+        regs,
+        after_prologue: false,
+        entry: &ri.data[..tk.entry_args.len().min(ri.data.len())],
+    };
+    write_event(tk, at, ri.func, Some(ri.ret_addr));
+    0
+}
+
+/// Probe path: one record of `tk`'s event at `addr` (a return event's: the function, and
+/// `ret_ip` where it returned to, the last word of the head).
+fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     let (w, _writing) = match trace::event_ring() {
         trace::EventRing::Ring(w, guard) => (w, guard),
         trace::EventRing::NoRing | trace::EventRing::Busy => {
             tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
-            return 0;
+            return;
         }
     };
     let (tsc, cpu) = trace::clock();
     let (head, fixed) = (tk.head_words, tk.fixed_words);
+    let mask_words = head - 2 - usize::from(ret_ip.is_some());
     // The strings' bytes, capped so that the record (its header word included) fits.
     let room = MAX_RECORD_WORDS.saturating_sub(1 + head + fixed) * 8;
     let data_bytes = if tk.dynamic {
-        strings_size(tk, regs).min(room)
+        strings_size(tk, at).min(room)
     } else {
         0
     };
@@ -728,25 +870,28 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
         head + fixed + data_bytes.div_ceil(8),
         |slots| {
             slots[0].store(tsc, Ordering::Relaxed);
-            slots[1].store(p.addr(), Ordering::Relaxed);
+            slots[1].store(addr, Ordering::Relaxed);
+            if let Some(r) = ret_ip {
+                slots[head - 1].store(r, Ordering::Relaxed);
+            }
             let (fixed_slots, data_slots) = slots.split_at(slots.len().min(head + fixed));
             with_bytes(data_slots, |data| {
                 let data = data.get_mut(..data_bytes).unwrap_or_default();
                 let mut used = 0usize;
                 let mut faults = [0u64; MAX_MASK_WORDS];
-                let mut at = head;
+                let mut pos = head;
                 for (i, f) in tk.args.iter().enumerate() {
                     let words = f.store.words();
-                    let arg_slots = fixed_slots.get(at..at + words).unwrap_or_default();
-                    let ok = store_arg(f, regs, tk.after_prologue, arg_slots, data, &mut used);
+                    let arg_slots = fixed_slots.get(pos..pos + words).unwrap_or_default();
+                    let ok = store_arg(f, at, arg_slots, data, &mut used);
                     if !ok {
                         if let Some(m) = faults.get_mut(i / 64) {
                             *m |= 1 << (i % 64);
                         }
                     }
-                    at += words;
+                    pos += words;
                 }
-                for (k, m) in faults.iter().take(head - 2).enumerate() {
+                for (k, m) in faults.iter().take(mask_words).enumerate() {
                     fixed_slots[2 + k].store(*m, Ordering::Relaxed);
                 }
             });
@@ -755,7 +900,6 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
     if !written {
         tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
     }
-    0
 }
 
 /// One argument of a record, decoded (see the module docs for the layout).
@@ -799,10 +943,19 @@ impl RecordDecoder {
             .map(|a| compile_arg(a).map(|f| f.store).ok())
             .collect::<Option<_>>()?;
         Some(RecordDecoder {
-            head: record_head_words(def.args.len()),
+            head: record_head_words(def.args.len())
+                + usize::from(matches!(def.kind, ProbeKind::Kretprobe { .. })),
             fixed: stores.iter().map(|s| s.words()).sum(),
             stores,
         })
+    }
+
+    /// A return event's record: where the function returned to (the last word of the
+    /// head). `None` for other events, or a record too short.
+    pub fn ret_ip(&self, def: &ProbeDef, words: &[u64]) -> Option<u64> {
+        matches!(def.kind, ProbeKind::Kretprobe { .. })
+            .then(|| words.get(self.head - 1).copied())
+            .flatten()
     }
 
     /// [`decode_args`] of `words`, a record of `def` (the definition this decoder was made

@@ -12,6 +12,12 @@
 
 mod ftrace;
 mod int3;
+mod kretprobe;
+
+pub use kretprobe::{
+    register_kretprobe, unregister_kretprobe, Kretprobe, KretprobeEntryHandler, KretprobeHandler,
+    KretprobeInstance,
+};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -201,6 +207,10 @@ pub enum KprobeError {
     /// The instruction cannot be probed with int3 (refused, undecodable, out of reach).
     #[error(transparent)]
     Insn(#[from] crate::arch::x86_64::insn::InsnError),
+    /// A return probe on something that is not a function's entry (-EINVAL; the kernel's
+    /// `BAD_RETPROBE`, "Retprobe address must be an function entry").
+    #[error("a return probe goes on a function's entry, not on {0}")]
+    NotFunctionEntry(String),
     /// The same `Kprobe` is registered already (-EINVAL).
     #[error("kprobe is already registered")]
     AlreadyRegistered,
