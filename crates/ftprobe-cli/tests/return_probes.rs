@@ -45,8 +45,14 @@ int main(void)
 }
 "#;
 
-/// The program with patchable entries (sites), and without.
+/// The program with patchable entries (sites), and without; built once per test process (the
+/// tests run in parallel and would rebuild the same files under each other).
 fn programs() -> Vec<(&'static str, String)> {
+    static BUILT: std::sync::OnceLock<Vec<(&'static str, String)>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build).clone()
+}
+
+fn build() -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     for (name, flags) in [
         (
