@@ -144,6 +144,10 @@ pub struct Graph {
     cpu_width: usize,
     last_pid: HashMap<u32, u32>,
     threads: HashMap<u32, Thread>,
+    /// Each thread's comm, for the context-switch banner.
+    comms: HashMap<u32, Vec<u8>>,
+    /// The column header is out.
+    header_done: bool,
 }
 
 /// `trace_find_mark()`: the mark for a duration in ns.
@@ -187,17 +191,26 @@ impl Graph {
             cpu_width: ncpus.saturating_sub(1).to_string().len(),
             last_pid: HashMap::new(),
             threads: HashMap::new(),
+            comms: HashMap::new(),
+            header_done: false,
         }
     }
 
-    /// A second thread records: the TASK/PID column turns on (unless set by an option).
-    /// Returns true when it just did, and the header should be printed again.
-    pub fn threads_seen(&mut self, n: usize) -> bool {
-        if self.opts.proc_.is_none() && !self.proc_on && n > 1 {
+    /// Before a poll's lines: `n` threads have recorded so far. A second thread turns the
+    /// TASK/PID column on (unless an option set it); the column header is printed before the
+    /// first lines, and again (after a `#` line) when the column turns on later.
+    pub fn threads_seen(&mut self, n: usize, out: &mut Vec<u8>) {
+        let turn_on = self.opts.proc_.is_none() && !self.proc_on && n > 1;
+        if turn_on {
             self.proc_on = true;
-            return true;
         }
-        false
+        if !self.header_done || turn_on {
+            if self.header_done {
+                out.extend_from_slice(b"#\n");
+            }
+            self.header(out);
+            self.header_done = true;
+        }
     }
 
     /// The column header (`__print_graph_headers_flags()`).
@@ -254,12 +267,19 @@ impl Graph {
     /// then CPU and TASK/PID.
     fn prologue(&mut self, out: &mut Vec<u8>, ctx: Ctx<'_>) {
         let prev = self.last_pid.insert(ctx.cpu, ctx.pid);
+        if !self.comms.contains_key(&ctx.pid) {
+            self.comms.insert(ctx.pid, ctx.comm.to_vec());
+        }
         if let Some(prev) = prev.filter(|&p| p != ctx.pid) {
             out.extend_from_slice(b" ------------------------------------------\n");
             self.push_cpu(out, ctx.cpu);
-            // The previous task's comm is not at hand per CPU: its pid is what the banner
-            // identifies it by (`<...>` as the kernel prints an unknown comm).
-            Self::push_proc(out, b"<...>", prev);
+            // `<...>` as the kernel prints a comm it does not know.
+            let comm = self
+                .comms
+                .get(&prev)
+                .cloned()
+                .unwrap_or_else(|| b"<...>".to_vec());
+            Self::push_proc(out, &comm, prev);
             out.extend_from_slice(b" => ");
             Self::push_proc(out, ctx.comm, ctx.pid);
             out.extend_from_slice(b"\n ------------------------------------------\n\n");

@@ -749,13 +749,12 @@ impl Printer {
             }
             self.started = true;
             let tracer = self.tracer;
-            if let Some(g) = &self.graph {
-                let mut h = Vec::new();
-                g.header(&mut h);
+            if self.graph.is_some() {
+                // The column header comes with the first lines (it depends on how many
+                // threads record).
                 self.write(|o| {
                     writeln!(o, "# tracer: {tracer}")?;
-                    writeln!(o, "#")?;
-                    o.write_all(&h)
+                    writeln!(o, "#")
                 });
             } else {
                 self.write(|o| output::header(o, tracer));
@@ -960,10 +959,7 @@ impl Printer {
         let mut lines = std::mem::take(&mut self.lines);
         lines.clear();
         let graph = self.graph.as_mut().expect("graph tracer");
-        if graph.threads_seen(rings.claimed() as usize) {
-            lines.extend_from_slice(b"#\n");
-            graph.header(&mut lines);
-        }
+        graph.threads_seen(rings.claimed() as usize, &mut lines);
         let syms = self.symbols.as_mut().expect("set by poll");
         let clock = &self.clock;
         for k in 0..n {
@@ -1046,6 +1042,12 @@ impl Printer {
     fn finish(&mut self, rings: &SharedRings) {
         if !self.started {
             return;
+        }
+        if let Some(g) = self.graph.as_mut() {
+            // Nothing recorded: the column header still.
+            let mut h = Vec::new();
+            g.threads_seen(rings.claimed() as usize, &mut h);
+            self.write(|o| o.write_all(&h));
         }
         let mut per_ring = Vec::new();
         let mut total = rings.lost_no_ring() + rings.lost_recursion();
