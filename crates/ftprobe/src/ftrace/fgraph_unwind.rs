@@ -540,7 +540,61 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
             Err(e) => errors.push(e),
         }
     }
+    // A backtrace removes no frame: at each `ret` of `_Unwind_Backtrace` every restored call
+    // is still live and is hijacked again at once (else a call that returns before the
+    // thread's next graph event would be closed late).
+    for ret in backtrace_returns() {
+        let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
+            KprobeTarget::Addr(ret),
+            Some(backtrace_done_handler),
+            None,
+        )));
+        match register_kprobe(p) {
+            Ok(()) => armed += 1,
+            Err(e) => errors.push(e),
+        }
+    }
     (armed, errors)
+}
+
+/// The addresses of the `ret` instructions of libgcc_s's `_Unwind_Backtrace`.
+fn backtrace_returns() -> Vec<u64> {
+    let Ok(syms) = super::find_symbol(Some("libgcc_s.so.1"), "_Unwind_Backtrace") else {
+        return Vec::new();
+    };
+    let Some(f) = syms.first().filter(|f| f.size > 0 && f.size < 4096) else {
+        return Vec::new();
+    };
+    let mut code = vec![0u8; f.size as usize];
+    if crate::sys::read_nofault(f.addr, &mut code) != code.len() {
+        return Vec::new();
+    }
+    let mut dec = iced_x86::Decoder::with_ip(64, &code, f.addr, 0);
+    let mut rets = Vec::new();
+    for insn in &mut dec {
+        if insn.is_invalid() {
+            return Vec::new();
+        }
+        if insn.mnemonic() == iced_x86::Mnemonic::Ret {
+            rets.push(insn.ip());
+        }
+    }
+    rets
+}
+
+/// At a `ret` of `_Unwind_Backtrace` (`regs.sp`: its return-address slot).
+fn backtrace_done_handler(_p: &crate::kprobes::Kprobe, regs: &mut PtRegs) -> i32 {
+    let t = probe_state::this_thread();
+    if t.fgraph.get().is_null() {
+        return 0;
+    }
+    if let Some(ss) = shadow_stack(t) {
+        if ss.restored && !ss.unwinding {
+            // As an event in its caller: just above its return-address slot.
+            after_unwinder(ss, regs.sp + 8, false);
+        }
+    }
+    0
 }
 
 // ---------------------------------------------------------------------------------------
