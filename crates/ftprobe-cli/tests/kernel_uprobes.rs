@@ -209,3 +209,85 @@ fn strings_and_chars_print_their_bytes_as_the_kernel() {
     let kernel = kernel.splitn(2, |&b| b == b')').nth(1).unwrap().to_vec();
     assert_eq!(ours, kernel, "ftprobe's bytes against the kernel's");
 }
+
+/// Return events: `$retval` of a function's returns, in order, as the kernel's uretprobe on
+/// the same function records them (an int returned negative, a long, a pointer into the
+/// program's data: the program is not PIE, so addresses are the same in both runs).
+#[test]
+fn return_values_equal_the_kernels_uretprobe() {
+    let _one = TRACEFS.lock().unwrap_or_else(|e| e.into_inner());
+    let src = r#"
+#include <stdio.h>
+__attribute__((noinline)) int neg(int x) { return -x; }
+__attribute__((noinline)) long twice(long x) { return 2 * x; }
+static const char *names[] = {"a", "bb", "ccc"};
+__attribute__((noinline)) const char *name(int i) { return names[i % 3]; }
+int main(void)
+{
+    long s = 0;
+    for (int i = 0; i < 5; i++)
+        s += neg(i * 7) + twice(i - 2) + (long)name(i)[0];
+    printf("%ld\n", s);
+    return 0;
+}
+"#;
+    let Some(exe) = common::build_at_test_time(
+        "gcc",
+        "uretvals.c",
+        src,
+        &["-O1", "-fno-pie", "-no-pie", "-fpatchable-function-entry=5"],
+    ) else {
+        panic!("gcc failed");
+    };
+    let e = exe.to_str().unwrap();
+    let funcs = [
+        ("neg", "r=$retval:s32"),
+        ("twice", "r=$retval:s64"),
+        ("name", "r=$retval s=+0($retval):string"),
+    ];
+    let defs: Vec<String> = funcs
+        .iter()
+        .enumerate()
+        .map(|(i, (f, a))| format!("r:p{i} {f} {a}"))
+        .collect();
+    let mut args = Vec::new();
+    for d in &defs {
+        args.push("-e");
+        args.push(d.as_str());
+    }
+    let (out, text) = common::trace(&args, &[e]);
+    assert!(out.status.success(), "{out:?}");
+    let values = |text: &str, i: usize, tag: &str| -> Vec<String> {
+        common::events(text)
+            .filter(|l| l.contains(&format!(" p{i}: (")) && l.contains(tag))
+            .map(|l| l.split_once(") ").unwrap().1.to_owned())
+            .collect()
+    };
+    let places: Vec<(&Path, u64, &str)> = funcs
+        .iter()
+        .map(|(f, a)| (exe.as_path(), file_offset_of(&exe, f).unwrap(), *a))
+        .collect();
+    let probes = match KernelUprobes::returns(&places) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipped the comparison with the kernel: {why}");
+            return;
+        }
+    };
+    let mut child = Command::new(&exe)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let kernel = probes.trace();
+    let tag = format!("-{} ", child.id());
+    for i in 0..funcs.len() {
+        let ours = values(&text, i, "");
+        assert_eq!(ours.len(), 5, "{text}");
+        assert_eq!(
+            values(&kernel, i, &tag),
+            ours,
+            "p{i}: ftprobe against the kernel's uretprobe"
+        );
+    }
+}

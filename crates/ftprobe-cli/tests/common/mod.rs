@@ -123,13 +123,14 @@ pub mod kernel_uprobes {
         f.write_all(cmd.as_bytes())
     }
 
-    /// The file offset of the dynamic symbol `sym` of the ELF file `path`.
+    /// The file offset of the symbol `sym` of the ELF file `path` (`.dynsym`, else `.symtab`).
     pub fn file_offset_of(path: &Path, sym: &str) -> Option<u64> {
         use object::{Object, ObjectSegment, ObjectSymbol};
         let data = std::fs::read(path).ok()?;
         let file = object::File::parse(&*data).ok()?;
         let addr = file
             .dynamic_symbols()
+            .chain(file.symbols())
             .find(|s| s.name() == Ok(sym) && s.size() > 0)?
             .address();
         file.segments().find_map(|seg| {
@@ -162,7 +163,20 @@ pub mod kernel_uprobes {
             Self::make(places, None)
         }
 
+        /// As [`KernelUprobes::with_args`], return probes (uretprobes, `r:`).
+        pub fn returns(places: &[(&Path, u64, &str)]) -> Result<KernelUprobes, String> {
+            Self::make_kind('r', places, None)
+        }
+
         fn make(
+            places: &[(&Path, u64, &str)],
+            filter: Option<&str>,
+        ) -> Result<KernelUprobes, String> {
+            Self::make_kind('p', places, filter)
+        }
+
+        fn make_kind(
+            kind: char,
             places: &[(&Path, u64, &str)],
             filter: Option<&str>,
         ) -> Result<KernelUprobes, String> {
@@ -178,7 +192,7 @@ pub mod kernel_uprobes {
             let mut probes = probes;
             for (i, (path, off, args)) in places.iter().enumerate() {
                 let def = format!(
-                    "p:{}/p{i} {}:{off:#x} {args}\n",
+                    "{kind}:{}/p{i} {}:{off:#x} {args}\n",
                     probes.group,
                     path.display()
                 );
