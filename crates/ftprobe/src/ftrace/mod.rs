@@ -396,6 +396,11 @@ struct RecMeta {
     kind: SiteKind,
     place: SitePlace,
     source: SiteSource,
+    /// What the site holds while no ops wants it: [`NOP5`], or for an XRay sled its own first
+    /// 5 bytes (`jmp .+11` and the start of its NOP), so a disabled sled is what clang wrote.
+    nop: [u8; 5],
+    /// Bytes the site covers: 5, or an XRay sled's 11 (its call returns to the sled's end).
+    len: u64,
 }
 
 struct State {
@@ -488,13 +493,20 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             let ip = s.svma + lo.bias;
             // The bytes in memory must be what the file says (else: not this file's code).
             // Read without faulting: an address from the file is checked before it is trusted.
-            let mut mem = [0u8; 8];
+            let mut mem = [0u8; 16];
             let len = s.kind.byte_len() as usize;
             if crate::sys::read_nofault(ip, &mut mem[..len]) != len
                 || crate::arch::x86_64::sites::classify(&mem[..len]) != Some(s.kind)
             {
                 continue;
             }
+            let (nop, len) = match s.kind {
+                SiteKind::XraySled => (
+                    mem[..5].try_into().expect("5 bytes"),
+                    crate::arch::x86_64::sites::XRAY_SLED_LEN,
+                ),
+                _ => (NOP5, SITE_LEN),
+            };
             sites.push((
                 ip,
                 RecMeta {
@@ -503,6 +515,8 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
                     kind: s.kind,
                     place: s.place,
                     source: s.source,
+                    nop,
+                    len,
                 },
             ));
         }
@@ -529,9 +543,10 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     let mut meta = Vec::with_capacity(sites.len());
     for (ip, m) in sites {
         // SAFETY: the site is in code made writable above and, by this function's contract,
-        // no other thread runs; a CallGot site is 6 bytes, all of its own instruction.
+        // no other thread runs; a CallGot site is 6 bytes, all of its own instruction. An
+        // XRay sled is left as it is (its `nop` is its own bytes).
         unsafe {
-            text_poke::text_poke_early(ip, &NOP5);
+            text_poke::text_poke_early(ip, &m.nop);
             if m.kind == SiteKind::CallGot {
                 text_poke::text_poke_early(ip + SITE_LEN, &[NOP1]);
             }
@@ -544,7 +559,7 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         records.push(DynFtrace { ip, flags });
         meta.push(m);
     }
-    let current = vec![NOP5; records.len()];
+    let current = meta.iter().map(|m| m.nop).collect();
     let display = meta
         .iter()
         .map(|m: &RecMeta| crate::elf::display_name(&objects[m.obj].image.funcs[m.func].name))
@@ -596,7 +611,8 @@ pub fn record(ip: u64) -> Option<DynFtrace> {
     st.index_of(ip).map(|i| st.records[i])
 }
 
-/// The site whose 5 bytes cover `addr` (`ip <= addr < ip + 5`), if any.
+/// The site whose bytes cover `addr` (`ip <= addr < ip + 5`, or `ip + 11` for an XRay
+/// sled), if any.
 pub fn site_covering(addr: u64) -> Option<u64> {
     let g = lock();
     let st = g.as_ref()?;
@@ -605,7 +621,7 @@ pub fn site_covering(addr: u64) -> Option<u64> {
         .partition_point(|r| r.ip <= addr)
         .checked_sub(1)?;
     let ip = st.records[i].ip;
-    (addr - ip < SITE_LEN).then_some(ip)
+    (addr - ip < st.meta[i].len).then_some(ip)
 }
 
 /// The site inside the function `func` (at or after its start, before its end), if any.
@@ -941,11 +957,12 @@ impl State {
             }
             let mut flags = (self.records[i].flags & FTRACE_FL_AFTER_PROLOGUE) | count;
             let want = if count == 0 {
-                NOP5
+                self.meta[i].nop
             } else {
                 let variant = Variant {
                     save_regs,
                     parent: ParentAt::of(self.meta[i].place),
+                    xray: self.meta[i].kind == SiteKind::XraySled,
                 };
                 let (ops_ptr, func): (*const (), TrampolineFunc) = match (count, only) {
                     (1, Some(op)) if op.flags & FTRACE_OPS_FL_RECURSION != 0 => {

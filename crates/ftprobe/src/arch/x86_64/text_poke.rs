@@ -10,7 +10,7 @@
 //!
 //! A thread that reaches a site while it is in flight executes the `int3`; the handler finds
 //! the site in the batch and emulates the *new* instruction (a NOP: skip it; a call: push the
-//! return address and jump), exactly as the kernel's `poke_int3_handler()` does. A trap that is
+//! return address and jump; the `jmp rel8` of an XRay sled: jump), exactly as the kernel's `poke_int3_handler()` does. A trap that is
 //! not ours is passed on to the handler that was installed before ours.
 //!
 //! Text is made writable once per executable segment ([`make_writable`]), never per site.
@@ -408,6 +408,9 @@ fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
     }
 }
 
+/// `jmp rel8`.
+const JMP_REL8: u8 = 0xeb;
+
 /// Emulate the new instruction of a site hit while in flight (the kernel's
 /// `int3_emulate_call()` / `int3_emulate_jmp()`).
 fn emulate(uc: &mut libc::ucontext_t, p: &Poke) {
@@ -420,6 +423,11 @@ fn emulate(uc: &mut libc::ucontext_t, p: &Poke) {
             // exactly as the call would have.
             unsafe { std::ptr::write(sp as *mut u64, p.addr + SITE_LEN) };
             g[libc::REG_RSP as usize] = sp as i64;
+            g[libc::REG_RIP as usize] = target as i64;
+        }
+        // `jmp rel8`: an XRay sled put back (`eb 09`, over the rest of the sled).
+        None if p.new[0] == JMP_REL8 => {
+            let target = (p.addr + 2).wrapping_add(p.new[1] as i8 as u64);
             g[libc::REG_RIP as usize] = target as i64;
         }
         None => g[libc::REG_RIP as usize] = (p.addr + SITE_LEN) as i64,
