@@ -13,11 +13,12 @@
 # markers "<!-- BEGIN bench/peers.sh -->" and "<!-- END bench/peers.sh -->" (replacing what
 # was there; appended at the end when the markers are missing).
 # Rows: ftprobe through its CLI on bench/hit.c (function tracer, site kprobe event, 2-arg
-# event, int3 event) and through its Rust API (crates/ftprobe/examples/hit_api.rs: ftrace_ops,
-# site kprobe, boosted int3 kprobe, int3 kprobe with a post_handler, each counting its hits);
+# event, int3 event, function_graph tracer, return event with $retval) and through its Rust
+# API (crates/ftprobe/examples/hit_api.rs: ftrace_ops, site kprobe, boosted int3 kprobe, int3 kprobe with a post_handler, each counting its hits);
 # the kernel's uprobes and uretprobe (tracefs, root); bpftrace; uftrace; LLVM XRay; Frida.
 # Also: whole-program slowdown of Lua 5.4 (lua-patchable build) running fib.lua LUA_N (env,
-# default 32) under ftprobe and uftrace --patch, and record throughput (events/s, bytes/event).
+# default 32) under ftprobe (function tracer and function_graph) and uftrace --patch, and
+# record throughput (events/s, bytes/event).
 # --quick (CI smoke test): tiny N, 1 run each, installs and builds nothing (uses the release
 # builds if there are any, else the debug ones `cargo test` made), writes nothing into the
 # tree. A peer that cannot run prints "skipped: REASON" in its row; the script never fails
@@ -347,7 +348,9 @@ else
 	fi
 fi
 FT_ROWS=("ftprobe function tracer (-F target)" "ftprobe kprobe on the ftrace site (p target)"
-	"ftprobe kprobe on the site, 2 args (x=%di y=\$arg1)" "ftprobe int3 kprobe (p target+$INT3_OFF, $INT3_INSN)")
+	"ftprobe kprobe on the site, 2 args (x=%di y=\$arg1)" "ftprobe int3 kprobe (p target+$INT3_OFF, $INT3_INSN)"
+	"ftprobe function_graph (-t function_graph -F target), per call = entry + exit record"
+	"ftprobe return event on the site (r target ret=\$retval)")
 # A 2M-hit run records up to 96 MB; a ring that size keeps events from being dropped.
 FT="$FTPROBE trace --buffer-size-kb 262144 -o /dev/null"
 if ((FT_OK)); then
@@ -355,6 +358,8 @@ if ((FT_OK)); then
 	row "${FT_ROWS[1]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target' -- "$W/hit-fentry" @N@
 	row "${FT_ROWS[2]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di y=$arg1' -- "$W/hit-fentry" @N@
 	row "${FT_ROWS[3]}" "$W/hit-plain" "$NSLOW" $FT -e "p target+$INT3_OFF" -- "$W/hit-plain" @N@
+	row "${FT_ROWS[4]}" "$W/hit-fentry" "$NFAST" $FT -t function_graph -F target -- "$W/hit-fentry" @N@
+	row "${FT_ROWS[5]}" "$W/hit-fentry" "$NFAST" $FT -e 'r target ret=$retval' -- "$W/hit-fentry" @N@
 else
 	for r in "${FT_ROWS[@]}"; do skip "$r" "$FT_REASON"; done
 fi
@@ -522,7 +527,13 @@ uft_events() { # DIR
 	du -cb "$1"/[0-9]*.dat 2>/dev/null | awk 'END {printf "%d", $1/32}'
 }
 LROWS=("untraced" "ftprobe function tracer, all functions" "ftprobe function tracer, -F 'luaH_*'"
-	"uftrace record -P . (all functions, dynamic patching)" "uftrace record -P '^luaH_' (dynamic patching)")
+	"uftrace record -P . (all functions, dynamic patching)" "uftrace record -P '^luaH_' (dynamic patching)"
+	"ftprobe function_graph, all functions (entry + exit)")
+# ftprobe's function_graph calls: one line per call opened (`f() {`) or leaf (`f();`).
+ft_graph_calls() { # FTPROBE-ARGS... (before --)
+	"$FTPROBE" trace --buffer-size-kb 262144 -o /dev/stdout "$@" -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N" 2>/dev/null |
+		awk '/^# lost events:/ {lost += $4} /\(\);$|\(\) \{$/ {n++} END {printf "%d (lost %d)", n, lost}'
+}
 FIXTURE_PATH=$(dirname "$FTPROBE")/fixture-path
 [[ -x $FIXTURE_PATH ]] || FIXTURE_PATH=$ROOT/target/debug/fixture-path
 LUA_BIN=$( [[ -x $FIXTURE_PATH ]] && "$FIXTURE_PATH" lua-patchable 2>/dev/null)
@@ -536,9 +547,11 @@ else
 	if ((FT_OK)); then
 		lua_add "${LROWS[1]}" "$(ft_events)" "" $FTL -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
 		lua_add "${LROWS[2]}" "$(ft_events -F 'luaH_*')" "" $FTL -F 'luaH_*' -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+		lua_add "${LROWS[5]}" "$(ft_graph_calls -t function_graph)" "" $FTL -t function_graph -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
 	else
 		lua_skip "${LROWS[1]}" "$FT_REASON"
 		lua_skip "${LROWS[2]}" "$FT_REASON"
+		lua_skip "${LROWS[5]}" "$FT_REASON"
 	fi
 	UFT_ROWS=()
 	if have uftrace; then
@@ -584,6 +597,7 @@ throughput() {
 		case ${ROW_NAME[$i]} in
 		"${FT_ROWS[0]}") n="ftprobe function tracer" b=32 ;;
 		"${FT_ROWS[2]}") n="ftprobe kprobe event, 2 args" b=48 ;;
+		"${FT_ROWS[4]}") n="ftprobe function_graph, per call = entry (24 B) + exit (40 B) record" b=64 ;;
 		"$UROW") n="uftrace record (-pg), per call = entry + exit record" b=32 ;;
 		*) continue ;;
 		esac

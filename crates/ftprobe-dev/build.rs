@@ -41,6 +41,7 @@ fn main() {
         "c/threads.c",
         "c/fxsites.c",
         "c/fxsites_more.c",
+        "c/fxgraph.c",
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
@@ -355,6 +356,14 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
         ]],
         &[],
     );
+    // The fgraph tests' functions: sites by attribute only, so that IPA-RA stays on.
+    let graph = objs.join("fxgraph.o");
+    compile(
+        &c_dir.join("fxgraph.c"),
+        &graph,
+        &[&["-O2", "-g", "-fPIC", "-fipa-ra", "-fno-omit-frame-pointer"]],
+        &[],
+    );
     let zoo = objs.join("insn_zoo.o");
     compile(&c_dir.join("insn_zoo.c"), &zoo, &[&["-O2", "-fPIC"]], &[]);
     let lib = out_dir.join("libfxsites.a");
@@ -365,6 +374,7 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
         .arg(&obj)
         .arg(&cet)
         .arg(&pg)
+        .arg(&graph)
         .arg(&zoo));
     println!("cargo:rustc-link-search=native={}", out_dir.display());
     println!("cargo:rustc-link-lib=static=fxsites");

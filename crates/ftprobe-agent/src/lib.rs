@@ -5,6 +5,10 @@
 //! - `FTPROBE_CLI_PID`: the CLI's pid: only its direct child traces;
 //! - `FTPROBE_FILTER`, `FTPROBE_NOTRACE`: newline-separated `set_ftrace_filter` patterns;
 //! - `FTPROBE_FUNCTION`: `1` to run the function tracer;
+//! - `FTPROBE_TRACER`: `function_graph` to run the function_graph tracer (with
+//!   `FTPROBE_GRAPH_FUNCTION`, `FTPROBE_GRAPH_NOTRACE`: newline-separated
+//!   `set_graph_function` / `set_graph_notrace` patterns, and `FTPROBE_MAX_DEPTH`:
+//!   `max_graph_depth`);
 //! - `FTPROBE_EVENTS`: newline-separated kprobe probe definitions, `ID<TAB>DEF` (the probes of
 //!   one event share its id).
 //!
@@ -19,6 +23,7 @@
 
 mod alloc;
 mod environ;
+mod returns;
 mod sigtrap;
 
 use std::os::fd::BorrowedFd;
@@ -27,7 +32,7 @@ use ftprobe::events::error_log;
 use ftprobe::ring::SharedRings;
 use ftprobe::trace;
 use ftprobe::trace_kprobe;
-use ftprobe::{ftrace, function_tracer, kprobes};
+use ftprobe::{ftrace, function_graph, function_tracer, kprobes};
 
 /// TEXT record kind: the armed-probes listing (`kprobes/list`).
 pub const TEXT_KPROBES_LIST: u32 = 1;
@@ -120,6 +125,11 @@ struct Env {
     notrace: Vec<String>,
     function: bool,
     events: Vec<String>,
+    /// `FTPROBE_TRACER=function_graph`.
+    graph: bool,
+    graph_function: Vec<String>,
+    graph_notrace: Vec<String>,
+    max_depth: Option<String>,
 }
 
 impl Env {
@@ -137,6 +147,10 @@ impl Env {
             notrace: lines("FTPROBE_NOTRACE"),
             function: std::env::var("FTPROBE_FUNCTION").is_ok_and(|v| v == "1"),
             events: lines("FTPROBE_EVENTS"),
+            graph: std::env::var("FTPROBE_TRACER").is_ok_and(|v| v == "function_graph"),
+            graph_function: lines("FTPROBE_GRAPH_FUNCTION"),
+            graph_notrace: lines("FTPROBE_GRAPH_NOTRACE"),
+            max_depth: std::env::var("FTPROBE_MAX_DEPTH").ok(),
         };
         // SAFETY (set_var/remove_var): we run from .init_array before main; no other thread
         // reads the environment concurrently (ftrace::init checks that we are alone).
@@ -152,6 +166,10 @@ impl Env {
             "FTPROBE_NOTRACE",
             "FTPROBE_FUNCTION",
             "FTPROBE_EVENTS",
+            "FTPROBE_TRACER",
+            "FTPROBE_GRAPH_FUNCTION",
+            "FTPROBE_GRAPH_NOTRACE",
+            "FTPROBE_MAX_DEPTH",
         ] {
             // SAFETY: see above: constructor, single thread.
             unsafe { std::env::remove_var(var) };
@@ -267,6 +285,31 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
         }
     }
+    if env.graph {
+        let max_depth = match env.max_depth.as_deref().map(str::trim) {
+            None | Some("") => 0,
+            Some(v) => v
+                .parse::<u32>()
+                .map_err(|_| format!("FTPROBE_MAX_DEPTH={v:?} is not a number"))?,
+        };
+        let cfg = function_graph::GraphConfig {
+            filter: env.filter.clone(),
+            notrace: env.notrace.clone(),
+            graph_function: env.graph_function.clone(),
+            graph_notrace: env.graph_notrace.clone(),
+            max_depth,
+        };
+        let unmatched = function_graph::start(None, &cfg).map_err(|e| match e {
+            ftrace::FtraceError::NoMatch(_) => {
+                format!("{e} (EINVAL, as the kernel's set_graph_function)")
+            }
+            e => e.to_string(),
+        })?;
+        if let Some(w) = unmatched.first() {
+            return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
+        }
+        returns::start();
+    }
     if let Some(rings) = trace::buffer() {
         rings.set_armed();
     }
@@ -294,4 +337,5 @@ extern "C" fn agent_fini() {
     }
     let Some(buf) = trace::buffer() else { return };
     buf.note_lost_recursion(function_tracer::FUNCTION_OPS.missed());
+    buf.note_lost_recursion(function_graph::GRAPH_OPS.missed());
 }

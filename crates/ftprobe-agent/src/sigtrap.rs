@@ -716,6 +716,8 @@ type LongjmpFn = unsafe extern "C" fn(*mut JmpBufTag, libc::c_int) -> !;
 unsafe fn longjmp_impl(which: Next, env: *mut JmpBufTag, val: libc::c_int) -> ! {
     // SAFETY: the caller's contract: a valid jmp_buf, the program's own, writable.
     let e = unsafe { &mut *env };
+    // The hooked calls this jump leaves (JB_RSP, word 6, mangled by glibc).
+    crate::returns::before_longjmp(e.regs[6] as u64);
     if e.mask_was_saved != 0 && text_poke::installed() {
         set_sigtrap(&mut e.saved_mask, false);
     }
@@ -769,6 +771,8 @@ unsafe fn context_without_sigtrap(ucp: *mut libc::ucontext_t) {
 pub unsafe extern "C" fn setcontext(ucp: *mut libc::ucontext_t) -> libc::c_int {
     // SAFETY: the caller's contract.
     unsafe { context_without_sigtrap(ucp) };
+    // SAFETY: the caller's contract.
+    unsafe { crate::returns::before_context_switch(ucp) };
     let f = next(Next::Setcontext);
     if f == 0 {
         return enosys();
@@ -790,6 +794,8 @@ pub unsafe extern "C" fn swapcontext(
 ) -> libc::c_int {
     // SAFETY: the caller's contract.
     unsafe { context_without_sigtrap(ucp) };
+    // SAFETY: the caller's contract.
+    unsafe { crate::returns::before_context_switch(ucp) };
     let f = next(Next::Swapcontext);
     if f == 0 {
         return enosys();

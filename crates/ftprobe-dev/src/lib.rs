@@ -325,6 +325,57 @@ pub mod fxsites {
     }
 }
 
+/// The fgraph (return hook) tests' functions (`c/fxgraph.c`, in `libfxsites.a`): compiled
+/// with `-O2 -fipa-ra`, sites (`patchable_function_entry(5, 0)`) only on the functions that
+/// are hooked, so their callers keep values in caller-saved registers across them.
+pub mod fxgraph {
+    /// `struct fxg_pair`: two return words (rax, rdx).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct FxgPair {
+        /// `3x`.
+        pub a: i64,
+        /// `5x`.
+        pub b: i64,
+    }
+
+    extern "C" {
+        /// `x + 1` (site).
+        pub fn fxg_leaf(x: i64) -> i64;
+        /// `fxg_leaf(x) + fxg_leaf(2x)` (site).
+        pub fn fxg_mid(x: i64) -> i64;
+        /// The sum of `fxg_mid(i)` for `i` in `0..n` (site).
+        pub fn fxg_top(n: i64) -> i64;
+        /// `1 + 2 + ... + n`, by recursion `n` deep (site).
+        pub fn fxg_recurse(n: i64) -> i64;
+        /// `{3x, 5x}` in rax:rdx (site).
+        pub fn fxg_pair(x: i64) -> FxgPair;
+        /// `fxg_leaf(2x)` by a tail call (`jmp`; site).
+        pub fn fxg_tail(x: i64) -> i64;
+        /// No site; keeps eight integers in caller-saved registers across calls of
+        /// `fxg_ipa_leaf` (site, touches rdi and rax only).
+        pub fn fxg_ipa_int(a: i64, b: i64, c: i64, d: i64, e: i64, f: i64) -> i64;
+        /// No site; keeps doubles in xmm registers across calls of `fxg_ipa_fleaf` (site).
+        #[allow(clippy::too_many_arguments)]
+        pub fn fxg_ipa_float(a: f64, b: f64, c: f64, d: f64, e: f64, f: f64, g: f64, h: f64)
+            -> f64;
+        /// A site and a `ret`: touches no register.
+        pub fn fxg_nop();
+        /// Loads patterns into every register, calls `fxg_nop`, stores them into `out` (80
+        /// words: 15 GPRs rax rbx rcx rdx rsi rdi rbp r8..r15 at 0..15, xmm0-15 at 16..48,
+        /// with `avx != 0` the upper halves of ymm0-15 at 48..80).
+        pub fn fxg_regs_harness(out: *mut u64, avx: i32);
+        /// AVX2 only: 1 when a `__m256` returned in ymm0 by a hooked function, and one kept in
+        /// a ymm register across a hooked call, are intact.
+        pub fn fxg_m256_check() -> i32;
+        /// `fork()` inside a hooked function: -7 in the child, the child's pid in the parent.
+        pub fn fxg_fork() -> i64;
+        /// Calls `cb` with its own return-address slot while it runs; returns what `cb` does
+        /// (site).
+        pub fn fxg_with_slot(cb: unsafe extern "C" fn(*mut *mut core::ffi::c_void) -> i64) -> i64;
+    }
+}
+
 /// A spawned child that is killed (SIGKILL) and reaped when dropped, so a failing test leaves
 /// no process behind.
 #[derive(Debug)]

@@ -9,6 +9,7 @@ pub mod demangle;
 pub mod elf;
 pub mod events;
 pub mod ftrace;
+pub mod function_graph;
 pub mod function_tracer;
 pub mod kprobes;
 mod probe_state;

@@ -80,6 +80,8 @@ pub(crate) struct ThreadState {
     pub program_trap_sp: Cell<u64>,
     /// A SIGTRAP for the program arrived while its handler ran without `SA_NODEFER`.
     pub program_trap_pending: Cell<bool>,
+    /// This thread's fgraph shadow stack (`ftrace::fgraph`): mapped on its first hooked call.
+    pub fgraph: Cell<*mut crate::ftrace::fgraph::ShadowStack>,
 }
 
 thread_local! {
@@ -94,6 +96,7 @@ thread_local! {
             xol: Cell::new(Xol::NONE),
             program_trap_sp: Cell::new(0),
             program_trap_pending: Cell::new(false),
+            fgraph: Cell::new(std::ptr::null_mut()),
         }
     };
 }

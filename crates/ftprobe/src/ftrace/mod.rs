@@ -11,6 +11,8 @@
 //! - Changed sites are rewritten in one batch by `text_poke_batch` (int3 protocol), so threads
 //!   may run meanwhile. A registration that fails at any step leaves every site as it was.
 
+pub mod fgraph;
+pub mod fgraph_unwind;
 pub mod glob;
 mod objects;
 
@@ -210,6 +212,14 @@ pub enum FtraceError {
     /// since it was loaded, e.g. by a package upgrade): its addresses cannot be trusted.
     #[error("{0}: the file on disk is not the one loaded (changed since): not traced")]
     ObjectChanged(std::path::PathBuf),
+    /// Return hooks in a process with a CET shadow stack enabled: a hijacked return address
+    /// would fault (`#CP`).
+    #[error(
+        "this process runs with a CET shadow stack (x86_Thread_features: shstk): return \
+         hooks (function_graph, return probes) would crash it, so they are refused; entry \
+         tracing still works"
+    )]
+    CetShadowStack,
 }
 
 impl FtraceError {
@@ -222,6 +232,7 @@ impl FtraceError {
             FtraceError::NotRegistered => libc::ENODEV,
             FtraceError::NoSite(_) => libc::ENOENT,
             FtraceError::TooManyOps => libc::ENOSPC,
+            FtraceError::CetShadowStack => libc::EOPNOTSUPP,
             FtraceError::Syscall(e) => e.errno().unwrap_or(libc::EIO),
             _ => libc::EINVAL,
         }
@@ -564,6 +575,7 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         .iter()
         .map(|m: &RecMeta| crate::elf::display_name(&objects[m.obj].image.funcs[m.func].name))
         .collect();
+    publish_site_table(&records, &meta, &objects);
     *g = Some(State {
         objects,
         records,
@@ -576,6 +588,115 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         ifunc_impls: Vec::new(),
     });
     Ok(skipped)
+}
+
+/// One site in the probe path's lookup table ([`site_info`]).
+#[derive(Clone, Copy)]
+struct SiteInfo {
+    /// The site (0: an empty slot).
+    ip: u64,
+    /// The start of the function holding it.
+    func: u64,
+    place: SitePlace,
+}
+
+/// Sites by address, for the probe path (no lock): an open-addressing table, power-of-two
+/// sized, at most half full, built once by [`init_objects`] and never freed (sites do not
+/// change after init).
+static SITE_TABLE: AtomicPtr<Vec<SiteInfo>> = AtomicPtr::new(std::ptr::null_mut());
+
+fn site_hash(ip: u64, mask: usize) -> usize {
+    (ip.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & mask
+}
+
+fn publish_site_table(records: &[DynFtrace], meta: &[RecMeta], objects: &[Object]) {
+    let size = (records.len() * 2).next_power_of_two().max(16);
+    let mut table = vec![
+        SiteInfo {
+            ip: 0,
+            func: 0,
+            place: SitePlace::Entry,
+        };
+        size
+    ];
+    for (r, m) in records.iter().zip(meta) {
+        let o = &objects[m.obj];
+        let func = o.image.funcs[m.func].svma + o.bias;
+        let mut i = site_hash(r.ip, size - 1);
+        while table[i].ip != 0 {
+            i = (i + 1) & (size - 1);
+        }
+        table[i] = SiteInfo {
+            ip: r.ip,
+            func,
+            place: m.place,
+        };
+    }
+    // Release pairs with the Acquire load in `site_info`.
+    SITE_TABLE.store(Box::into_raw(Box::new(table)), Ordering::Release);
+}
+
+/// Probe path: the function holding the site at `ip` and where the site stands in it.
+#[inline]
+pub(crate) fn site_info(ip: u64) -> Option<(u64, SitePlace)> {
+    // Acquire pairs with the Release store in `publish_site_table`.
+    let t = SITE_TABLE.load(Ordering::Acquire);
+    if t.is_null() {
+        return None;
+    }
+    // SAFETY: published once, never freed.
+    let t = unsafe { &*t };
+    let mask = t.len() - 1;
+    let mut i = site_hash(ip, mask);
+    loop {
+        let s = t[i];
+        if s.ip == ip {
+            return Some((s.func, s.place));
+        }
+        if s.ip == 0 {
+            return None;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+/// The start addresses of the functions with a site that `patterns` select (`set_ftrace_filter`
+/// syntax, applied in order, matching the symbol or its demangled name), sorted. A pattern
+/// that matches nothing is `NoMatch` (as a write to `set_graph_function`: -EINVAL).
+pub fn select_functions(patterns: &[String]) -> Result<Vec<u64>, FtraceError> {
+    let g = lock();
+    let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
+    let entries = patterns
+        .iter()
+        .map(|p| FilterEntry::parse(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut set = vec![false; st.meta.len()];
+    for (e, p) in entries.iter().zip(patterns) {
+        let mut any = false;
+        for (i, (m, d)) in st.meta.iter().zip(&st.display).enumerate() {
+            let o = &st.objects[m.obj];
+            if e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module) {
+                set[i] = !e.negate;
+                any = true;
+            }
+        }
+        if !any && !e.negate {
+            return Err(FtraceError::NoMatch(p.clone()));
+        }
+    }
+    let mut out: Vec<u64> = st
+        .meta
+        .iter()
+        .zip(&set)
+        .filter(|(_, s)| **s)
+        .map(|(m, _)| {
+            let o = &st.objects[m.obj];
+            o.image.funcs[m.func].svma + o.bias
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// Every function with a site, in address order (the kernel's `available_filter_functions`).

@@ -3,6 +3,7 @@
 
 pub mod insn;
 pub mod nops;
+pub mod return_trampoline;
 pub mod sites;
 pub mod text_poke;
 pub mod tramp_area;

@@ -1,0 +1,186 @@
+//! The function_graph tracer (kernel/trace/trace_functions_graph.c), engine side: a graph
+//! user ([`FgraphOps`]) that writes one [`rtype::FGRAPH_ENT`](trace::rtype::FGRAPH_ENT)
+//! record at each traced call's entry and one
+//! [`rtype::FGRAPH_RET`](trace::rtype::FGRAPH_RET) at its end (return, or the unwind,
+//! longjmp or loss that ended it), into the thread's ring. The CLI prints ftrace's
+//! function_graph layout from them.
+//!
+//! Records (see `trace::rtype`): ENT: aux = CPU | depth << 16; words: tsc, func. RET: aux =
+//! CPU | exit << 12 | depth << 16; words: tsc, func, calltime, retval. `depth` is the
+//! tracer's own: 0 for the outermost recorded call of the thread (the graph function with
+//! [`GraphConfig::graph_function`]).
+//!
+//! Semantics of the kernel's controls:
+//! - `set_ftrace_filter` / `set_ftrace_notrace`: which functions are hooked at all (the
+//!   user's ftrace ops filter);
+//! - `set_graph_function`: only calls made while one of these functions is on the thread's
+//!   call chain are recorded; outside, calls are not even hooked;
+//! - `set_graph_notrace`: these functions and everything they call are not recorded (the
+//!   function itself is hooked, unrecorded, so that its callees see it);
+//! - `max_graph_depth`: calls at depth >= N are not recorded (0: no limit).
+//!
+//! Per-call data words: `[flags, depth, 0, 0]`, flags bit 0: recorded, bit 1: under a
+//! `set_graph_notrace` function.
+
+use std::sync::OnceLock;
+
+use crate::ftrace::fgraph::{self, FgraphEnt, FgraphOps, FgraphRet, FGRAPH_DATA_WORDS};
+use crate::ftrace::{self, FtraceError, PtRegs};
+use crate::ring::SharedRings;
+use crate::trace::{self, rtype};
+
+const RECORDED: u64 = 1;
+const NOTRACE: u64 = 2;
+
+/// The tracer's controls (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct GraphConfig {
+    /// `set_ftrace_filter` patterns (none: every function with a site).
+    pub filter: Vec<String>,
+    /// `set_ftrace_notrace` patterns.
+    pub notrace: Vec<String>,
+    /// `set_graph_function` patterns.
+    pub graph_function: Vec<String>,
+    /// `set_graph_notrace` patterns.
+    pub graph_notrace: Vec<String>,
+    /// `max_graph_depth` (0: no limit).
+    pub max_depth: u32,
+}
+
+/// The controls as the probe path reads them.
+struct Active {
+    /// Sorted function starts of `set_graph_function` (empty: no restriction).
+    graph_function: Vec<u64>,
+    /// Sorted function starts of `set_graph_notrace`.
+    graph_notrace: Vec<u64>,
+    max_depth: u32,
+}
+
+static ACTIVE: OnceLock<Active> = OnceLock::new();
+
+/// The graph user; its filter is set by [`start`].
+pub static GRAPH_OPS: FgraphOps = FgraphOps::new(graph_entry, graph_return);
+
+/// Probe path: at a hooked call's entry.
+unsafe fn graph_entry(
+    ent: &FgraphEnt,
+    gops: &FgraphOps,
+    regs: &mut PtRegs,
+    data: &mut [u64; FGRAPH_DATA_WORDS],
+) -> bool {
+    let Some(a) = ACTIVE.get() else { return false };
+    let parent = fgraph::parent_data(gops, regs_retp_hint(regs));
+    let depth = match parent {
+        Some(p) if p[0] & NOTRACE != 0 => return false,
+        Some(p) => p[1] + 1,
+        None => {
+            if !a.graph_function.is_empty() && a.graph_function.binary_search(&ent.func).is_err() {
+                return false;
+            }
+            0
+        }
+    };
+    if a.max_depth != 0 && depth >= a.max_depth as u64 {
+        return false;
+    }
+    if !a.graph_notrace.is_empty() && a.graph_notrace.binary_search(&ent.func).is_ok() {
+        data[0] = NOTRACE;
+        data[1] = depth;
+        return true;
+    }
+    data[1] = depth;
+    let mut recorded = false;
+    trace::with_ring_guarded(|w| {
+        let (_, cpu) = trace::clock();
+        recorded = w.write_with(rtype::FGRAPH_ENT, cpu | (depth as u32) << 16, 2, |b| {
+            b[0].store(ent.calltime, std::sync::atomic::Ordering::Relaxed);
+            b[1].store(ent.func, std::sync::atomic::Ordering::Relaxed);
+        });
+    });
+    // A call whose entry was not recorded (ring full, a write in progress) is still hooked,
+    // so that its callees see their depth, but records no exit either.
+    data[0] = if recorded { RECORDED } else { 0 };
+    true
+}
+
+/// The slot of the call being entered is not in `PtRegs`; any address at or below the
+/// current stack pointer serves as "below every live caller" for [`fgraph::parent_data`].
+#[inline(always)]
+fn regs_retp_hint(_regs: &PtRegs) -> u64 {
+    crate::probe_state::stack_pointer()
+}
+
+/// Probe path: at a hooked call's end.
+unsafe fn graph_return(
+    ret: &FgraphRet,
+    _gops: &FgraphOps,
+    _regs: &PtRegs,
+    data: &[u64; FGRAPH_DATA_WORDS],
+) {
+    if data[0] & RECORDED == 0 {
+        return;
+    }
+    let depth = data[1] as u32;
+    trace::with_ring_guarded(|w| {
+        let (_, cpu) = trace::clock();
+        let aux = cpu | (ret.exit as u32) << 12 | depth << 16;
+        w.write_with(rtype::FGRAPH_RET, aux, 4, |b| {
+            use std::sync::atomic::Ordering::Relaxed;
+            b[0].store(ret.rettime, Relaxed);
+            b[1].store(ret.func, Relaxed);
+            b[2].store(ret.calltime, Relaxed);
+            b[3].store(ret.retval, Relaxed);
+        });
+    });
+}
+
+/// Start the function_graph tracer. `rings` becomes the trace buffer if none is set yet.
+/// As for [`crate::function_tracer::start`], filter and notrace patterns that match nothing
+/// are returned as warnings (every filter pattern failing is an error); a
+/// `set_graph_function` or `set_graph_notrace` pattern that matches nothing is an error.
+/// Call once, after [`ftrace::init`].
+pub fn start(
+    rings: Option<SharedRings>,
+    cfg: &GraphConfig,
+) -> Result<Vec<FtraceError>, FtraceError> {
+    if let Some(r) = rings {
+        trace::set_buffer(r);
+    }
+    let ops = GRAPH_OPS.ops();
+    let mut warnings = Vec::new();
+    let mut set = 0;
+    for f in &cfg.filter {
+        match ftrace::ftrace_set_filter(ops, f, set == 0) {
+            Ok(()) => set += 1,
+            Err(e @ FtraceError::NoMatch(_)) => warnings.push(e),
+            Err(e) => return Err(e),
+        }
+    }
+    if !cfg.filter.is_empty() && set == 0 {
+        return Err(warnings.pop().expect("every filter pattern failed"));
+    }
+    let mut set = 0;
+    for n in &cfg.notrace {
+        match ftrace::ftrace_set_notrace(ops, n, set == 0) {
+            Ok(()) => set += 1,
+            Err(e @ FtraceError::NoMatch(_)) => warnings.push(e),
+            Err(e) => return Err(e),
+        }
+    }
+    let active = Active {
+        graph_function: if cfg.graph_function.is_empty() {
+            Vec::new()
+        } else {
+            ftrace::select_functions(&cfg.graph_function)?
+        },
+        graph_notrace: if cfg.graph_notrace.is_empty() {
+            Vec::new()
+        } else {
+            ftrace::select_functions(&cfg.graph_notrace)?
+        },
+        max_depth: cfg.max_depth,
+    };
+    let _ = ACTIVE.set(active);
+    fgraph::register_ftrace_graph(&GRAPH_OPS)?;
+    Ok(warnings)
+}
