@@ -208,3 +208,69 @@ fn kprobe_event_on_an_xray_function() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("p:inside leaf+2"), "{err}");
 }
+
+/// The function_graph tracer on an XRay program enters at the entry sleds and closes each
+/// call at its exit or tail sled, without touching a return address: every call is closed,
+/// once per call the program counted, nested as the program calls (`tailer` is closed at its
+/// tail sled, before the `leaf` it jumps to), and the program's own view of its stack is the
+/// untraced one: `where` names the function it returns into (`__builtin_return_address`) and
+/// the symbols of its `backtrace()`, which a hijacked return address (the return
+/// trampoline, in no symbol of the program) would change.
+#[test]
+fn function_graph_on_xray_sleds_leaves_return_addresses_alone() {
+    let Some(exe) = program() else { return };
+    let plain = untraced(&[exe, "4"]);
+    let shown = String::from_utf8_lossy(&plain.stdout);
+    assert!(
+        shown.contains("where returns into outer\n  bt where\n  bt outer\n  bt main\n"),
+        "{shown}"
+    );
+    let (out, text) = trace(&["-t", "function_graph"], &[exe, "4"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        shown,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), plain.status.code());
+    let counts = printed_counts(&plain.stdout);
+    // ` 1)   0.932 us    |        leaf();` / `|      pair() {` / `|      }`
+    let mut depth = 0usize;
+    let mut calls: HashMap<String, usize> = HashMap::new();
+    let mut order = Vec::new();
+    for l in events(&text) {
+        let body = l.split_once('|').unwrap_or_else(|| panic!("{l}")).1.trim();
+        assert!(
+            !body.contains("/*"),
+            "a call cut off or unmatched: {l}\n{text}"
+        );
+        if body == "}" {
+            depth = depth.checked_sub(1).unwrap_or_else(|| panic!("{text}"));
+            continue;
+        }
+        let (name, open) = match (body.strip_suffix("() {"), body.strip_suffix("();")) {
+            (Some(n), _) => (n, true),
+            (_, Some(n)) => (n, false),
+            _ => panic!("{l}"),
+        };
+        *calls.entry(name.to_owned()).or_default() += 1;
+        order.push((depth, name.to_owned()));
+        depth += open as usize;
+    }
+    assert_eq!(depth, 0, "every call closed:\n{text}");
+    for f in COUNTED {
+        assert_eq!(
+            calls.get(f).copied().unwrap_or(0),
+            counts[f],
+            "{f}:\n{text}"
+        );
+    }
+    assert_eq!((calls["main"], calls["outer"]), (1, 1), "{text}");
+    // In outer (depth 2 under main): pair, then tailer closed before the leaf it jumps to,
+    // a sibling.
+    let at = order
+        .iter()
+        .position(|(d, f)| *d == 2 && f == "tailer")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(order[at + 1], (2, "leaf".to_owned()), "{text}");
+}

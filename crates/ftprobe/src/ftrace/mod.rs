@@ -15,6 +15,7 @@ pub mod fgraph;
 pub mod fgraph_unwind;
 pub mod glob;
 mod objects;
+mod xray;
 
 pub use objects::{
     addr_of_file_offset, alloc_code_near, find_symbol, has_module, is_ftprobe_code,
@@ -61,6 +62,11 @@ pub const FTRACE_FL_DIRECT: u64 = 1 << 27;
 pub const FTRACE_FL_AFTER_PROLOGUE: u64 = 1 << 28;
 
 const _: () = assert!(std::mem::size_of::<DynFtrace>() == 16);
+
+/// A graph user's ops (`fgraph`): while one holds a function whose site is an XRay entry
+/// sled, its exit and tail sleds are patched too and the graph entry leaves the return
+/// address alone (see `xray`).
+pub const FTRACE_OPS_FL_GRAPH: u32 = 1 << 3;
 
 /// Save the full register set (the kernel's `FTRACE_OPS_FL_SAVE_REGS`).
 pub const FTRACE_OPS_FL_SAVE_REGS: u32 = 1 << 0;
@@ -434,6 +440,11 @@ struct State {
     /// their object (or of its debug file) names: known by the IFUNC's name, with the size of
     /// their `.eh_frame` FDE (0 when there is none: then only their start is known).
     ifunc_impls: Vec<SymbolAddr>,
+    /// The XRay exit and tail sleds of functions whose site is their XRay entry sled,
+    /// sorted by address.
+    xray_exits: Vec<xray::XrayExit>,
+    /// What each of them holds now (its first 5 bytes).
+    xray_current: Vec<[u8; 5]>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -473,6 +484,7 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     let mut skipped = Vec::new();
     let mut objects = Vec::new();
     let mut sites: Vec<(u64, RecMeta)> = Vec::new();
+    let mut xray_exits = Vec::new();
     for lo in objs {
         let image = match ElfImage::open(&lo.path) {
             Ok(i) => i,
@@ -531,6 +543,14 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
                 },
             ));
         }
+        // (function start, entry site) of this object's XRay entry sleds that are sites.
+        let mut entry_ips: Vec<(u64, u64)> = sites
+            .iter()
+            .filter(|(_, m)| m.obj == oi && m.kind == SiteKind::XraySled)
+            .map(|(ip, m)| (image.funcs[m.func].svma + lo.bias, *ip))
+            .collect();
+        entry_ips.sort_unstable();
+        xray_exits.extend(xray::exits_of(&image, lo.bias, oi, &entry_ips));
         let writable = !image.sites.is_empty();
         objects.push(Object {
             image,
@@ -575,7 +595,12 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         .iter()
         .map(|m: &RecMeta| crate::elf::display_name(&objects[m.obj].image.funcs[m.func].name))
         .collect();
-    publish_site_table(&records, &meta, &objects);
+    xray_exits.sort_by_key(|e: &xray::XrayExit| e.addr);
+    let xray_current = xray_exits.iter().map(|e| e.orig).collect();
+    let mut nohijack: Vec<u64> = xray_exits.iter().map(|e| e.entry_ip).collect();
+    nohijack.sort_unstable();
+    nohijack.dedup();
+    publish_site_table(&records, &meta, &objects, &nohijack);
     *g = Some(State {
         objects,
         records,
@@ -586,6 +611,8 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         tramps: HashMap::new(),
         retired: Vec::new(),
         ifunc_impls: Vec::new(),
+        xray_exits,
+        xray_current,
     });
     Ok(skipped)
 }
@@ -598,6 +625,9 @@ struct SiteInfo {
     /// The start of the function holding it.
     func: u64,
     place: SitePlace,
+    /// An XRay entry sled whose function's exit sleds ftrace patches for graph users: the
+    /// graph enters without hijacking the return address.
+    nohijack: bool,
 }
 
 /// Sites by address, for the probe path (no lock): an open-addressing table, power-of-two
@@ -609,13 +639,19 @@ fn site_hash(ip: u64, mask: usize) -> usize {
     (ip.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & mask
 }
 
-fn publish_site_table(records: &[DynFtrace], meta: &[RecMeta], objects: &[Object]) {
+fn publish_site_table(
+    records: &[DynFtrace],
+    meta: &[RecMeta],
+    objects: &[Object],
+    nohijack: &[u64],
+) {
     let size = (records.len() * 2).next_power_of_two().max(16);
     let mut table = vec![
         SiteInfo {
             ip: 0,
             func: 0,
             place: SitePlace::Entry,
+            nohijack: false,
         };
         size
     ];
@@ -630,6 +666,7 @@ fn publish_site_table(records: &[DynFtrace], meta: &[RecMeta], objects: &[Object
             ip: r.ip,
             func,
             place: m.place,
+            nohijack: nohijack.binary_search(&r.ip).is_ok(),
         };
     }
     // Release pairs with the Acquire load in `site_info`.
@@ -655,6 +692,31 @@ pub(crate) fn site_info(ip: u64) -> Option<(u64, SitePlace)> {
         }
         if s.ip == 0 {
             return None;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+/// Probe path: whether the site at `ip` is an XRay entry sled whose exits ftrace patches for
+/// graph users (enter the graph without touching the return address).
+#[inline]
+pub(crate) fn site_nohijack(ip: u64) -> bool {
+    // Acquire pairs with the Release store in `publish_site_table`.
+    let t = SITE_TABLE.load(Ordering::Acquire);
+    if t.is_null() {
+        return false;
+    }
+    // SAFETY: published once, never freed.
+    let t = unsafe { &*t };
+    let mask = t.len() - 1;
+    let mut i = site_hash(ip, mask);
+    loop {
+        let s = t[i];
+        if s.ip == ip {
+            return s.nohijack;
+        }
+        if s.ip == 0 {
+            return false;
         }
         i = (i + 1) & mask;
     }
@@ -1055,16 +1117,56 @@ impl State {
         Ok(addr)
     }
 
+    /// The stub of XRay exit sled `j` (made on first use, with its function's exit
+    /// trampoline), near the sled.
+    fn xray_stub(&mut self, j: usize) -> Result<u64, FtraceError> {
+        let e = &self.xray_exits[j];
+        if e.stub != 0 {
+            return Ok(e.stub);
+        }
+        let (obj, addr, tail, func) = (e.obj, e.addr, e.tail, e.func);
+        let variant = Variant {
+            save_regs: false,
+            parent: ParentAt::Top,
+            xray: false,
+        };
+        let tramp = self.trampoline(obj, addr, variant, func as *const (), xray::xray_exit_func)?;
+        let make = |at: u64| {
+            xray::stub_code(at, addr, tail, tramp).expect("trampoline areas are within rel32 reach")
+        };
+        let len = xray::stub_len(tail);
+        let o = &mut self.objects[obj];
+        let stub = match o
+            .areas
+            .iter_mut()
+            .filter(|a| a.reachable_from(addr))
+            .find_map(|a| a.alloc_with(len, make))
+        {
+            Some(s) => s,
+            None => {
+                let mut area = TrampArea::near(o.text.0, o.text.1)?;
+                let s = area.alloc_with(len, make).expect("a new area holds a stub");
+                o.areas.push(area);
+                s
+            }
+        };
+        self.xray_exits[j].stub = stub;
+        Ok(stub)
+    }
+
     /// Recompute every site's wanted bytes and patch those that differ, in one batch.
     /// On error no site has changed.
     fn update_sites(&mut self) -> Result<(), FtraceError> {
         let mut pokes = Vec::new();
         let mut new_flags = Vec::new();
+        // Sites a graph user holds (sorted): their XRay exit sleds are patched too.
+        let mut graph_ips = Vec::new();
         for i in 0..self.records.len() {
             let ip = self.records[i].ip;
             let mut count = 0u64;
             let mut save_regs = false;
             let mut ipmodify = false;
+            let mut graph = false;
             let mut only: Option<&'static FtraceOps> = None;
             for &op in &self.registered {
                 // SAFETY: registered ops have a live hash.
@@ -1073,8 +1175,12 @@ impl State {
                     count += 1;
                     save_regs |= op.flags & FTRACE_OPS_FL_SAVE_REGS != 0;
                     ipmodify |= op.flags & FTRACE_OPS_FL_IPMODIFY != 0;
+                    graph |= op.flags & FTRACE_OPS_FL_GRAPH != 0;
                     only = Some(op);
                 }
+            }
+            if graph {
+                graph_ips.push(ip);
             }
             let mut flags = (self.records[i].flags & FTRACE_FL_AFTER_PROLOGUE) | count;
             let want = if count == 0 {
@@ -1122,12 +1228,43 @@ impl State {
                 ));
             }
         }
-        let batch: Vec<Poke> = pokes.iter().map(|p| p.1).collect();
-        // SAFETY: every address is a canonicalized 5-byte site in code made writable by init;
-        // the state lock we hold excludes concurrent patching.
+        let mut exit_pokes = Vec::new();
+        for j in 0..self.xray_exits.len() {
+            let e = &self.xray_exits[j];
+            let want = if graph_ips.binary_search(&e.entry_ip).is_ok() {
+                let stub = self.xray_stub(j)?;
+                xray::jmp_to(self.xray_exits[j].addr, stub)
+                    .expect("trampoline areas are within rel32 reach")
+            } else {
+                e.orig
+            };
+            let (addr, now) = (self.xray_exits[j].addr, self.xray_current[j]);
+            if want != now {
+                // SAFETY: an exit sled checked at init: 11 readable bytes of code.
+                let found = unsafe { std::ptr::read_unaligned(addr as *const [u8; 5]) };
+                if found != now {
+                    return Err(FtraceError::SiteCorrupt { ip: addr, found });
+                }
+                exit_pokes.push((
+                    j,
+                    Poke {
+                        addr,
+                        old: now,
+                        new: want,
+                    },
+                ));
+            }
+        }
+        let batch: Vec<Poke> = pokes.iter().chain(&exit_pokes).map(|p| p.1).collect();
+        // SAFETY: every address is a canonicalized 5-byte site, or an XRay exit sled whose
+        // first byte is a whole instruction (`ret`, `jmp`) that nothing falls through from,
+        // in code made writable by init; the state lock we hold excludes concurrent patching.
         unsafe { text_poke::text_poke_batch(&batch)? };
         for (i, p) in pokes {
             self.current[i] = p.new;
+        }
+        for (j, p) in exit_pokes {
+            self.xray_current[j] = p.new;
         }
         for (r, f) in self.records.iter_mut().zip(new_flags) {
             r.flags = f;
