@@ -63,6 +63,47 @@ fn entries_by_function(text: &str) -> HashMap<String, usize> {
     n
 }
 
+/// One sled as `llvm-xray extract --symbolize` prints it: `- { id: 1, address: 0x..,
+/// function: 0x.., kind: function-enter, always-instrument: false, function-name: leaf,
+/// version: 2 }`.
+struct Sled {
+    kind: String,
+    name: String,
+    address: u64,
+    function: u64,
+}
+
+/// The program's sled map by `llvm-xray extract`, or `None` (saying so) without llvm-xray.
+fn llvm_xray_extract(exe: &str) -> Option<Vec<Sled>> {
+    let Ok(extract) = Command::new("llvm-xray")
+        .args(["extract", "--symbolize", exe])
+        .output()
+    else {
+        eprintln!("skipped: llvm-xray is not installed");
+        return None;
+    };
+    assert!(extract.status.success(), "{extract:?}");
+    let text = String::from_utf8_lossy(&extract.stdout);
+    let sleds = text
+        .lines()
+        .filter_map(|l| {
+            let field = |k: &str| {
+                l.split(", ")
+                    .find_map(|f| f.trim_start_matches("- { ").strip_prefix(k))
+                    .map(str::to_owned)
+            };
+            let hex = |k: &str| u64::from_str_radix(field(k)?.trim_start_matches("0x"), 16).ok();
+            Some(Sled {
+                kind: field("kind: ")?,
+                name: field("function-name: ")?,
+                address: hex("address: ")?,
+                function: hex("function: ")?,
+            })
+        })
+        .collect();
+    Some(sleds)
+}
+
 const COUNTED: [&str; 5] = ["leaf", "pair", "fib", "tailer", "where"];
 
 /// `ftprobe list functions` gives every function with an entry sled an `xray-sled` site at
@@ -71,27 +112,13 @@ const COUNTED: [&str; 5] = ["leaf", "pair", "fib", "tailer", "where"];
 #[test]
 fn list_functions_shows_the_sleds_llvm_xray_extract_shows() {
     let Some(exe) = program() else { return };
-    let Ok(extract) = Command::new("llvm-xray")
-        .args(["extract", "--symbolize", exe])
-        .output()
-    else {
-        eprintln!("skipped: llvm-xray is not installed");
+    let Some(sleds) = llvm_xray_extract(exe) else {
         return;
     };
-    assert!(extract.status.success(), "{extract:?}");
-    // `- { id: 1, address: 0x.., function: 0x.., kind: function-enter, ..., function-name: leaf, ... }`
     let mut want: HashMap<String, (usize, usize)> = HashMap::new();
-    for l in String::from_utf8_lossy(&extract.stdout).lines() {
-        let field = |k: &str| {
-            l.split(", ")
-                .find_map(|f| f.trim_start_matches("- { ").strip_prefix(k))
-                .map(str::to_owned)
-        };
-        let (Some(kind), Some(name)) = (field("kind: "), field("function-name: ")) else {
-            continue;
-        };
-        let e = want.entry(name).or_default();
-        match kind.as_str() {
+    for sled in &sleds {
+        let e = want.entry(sled.name.clone()).or_default();
+        match sled.kind.as_str() {
             "function-enter" => e.0 += 1,
             "function-exit" | "tail-exit" => e.1 += 1,
             k => panic!("unexpected sled kind {k}"),
@@ -101,7 +128,9 @@ fn list_functions_shows_the_sleds_llvm_xray_extract_shows() {
         assert!(want.contains_key(*f), "llvm-xray lists {f}: {want:?}");
     }
     // tailer's exit is its tail call.
-    assert!(String::from_utf8_lossy(&extract.stdout).contains("tail-exit"));
+    assert!(sleds
+        .iter()
+        .any(|s| s.name == "tailer" && s.kind == "tail-exit"));
 
     let out = ftprobe().args(["list", "functions", exe]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -207,6 +236,22 @@ fn kprobe_event_on_an_xray_function() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("p:inside leaf+2"), "{err}");
+    assert!(err.contains("not an instruction boundary"), "{err}");
+
+    // leaf's exit sled (its `ret`), which ftprobe patches for the function_graph tracer:
+    // refused, not armed under the graph's jump.
+    let Some(sleds) = llvm_xray_extract(exe) else {
+        return;
+    };
+    let exit = sleds
+        .iter()
+        .find(|s| s.name == "leaf" && s.kind == "function-exit")
+        .expect("leaf has an exit sled");
+    let def = format!("p:atexit leaf+{:#x}", exit.address - exit.function);
+    let (out, _) = trace(&["-e", &def], &[exe, "5"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("XRay exit sled"), "{err}");
 }
 
 /// The function_graph tracer on an XRay program enters at the entry sleds and closes each

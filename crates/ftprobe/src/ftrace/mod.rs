@@ -807,6 +807,19 @@ pub fn site_covering(addr: u64) -> Option<u64> {
     (addr - ip < st.meta[i].len).then_some(ip)
 }
 
+/// The XRay exit or tail sled whose 11 bytes cover `addr`, if ftrace may patch it (its
+/// function's site is its XRay entry sled).
+pub fn xray_exit_covering(addr: u64) -> Option<u64> {
+    let g = lock();
+    let st = g.as_ref()?;
+    let i = st
+        .xray_exits
+        .partition_point(|e| e.addr <= addr)
+        .checked_sub(1)?;
+    let sled = st.xray_exits[i].addr;
+    (addr - sled < crate::arch::x86_64::sites::XRAY_SLED_LEN).then_some(sled)
+}
+
 /// The site inside the function `func` (at or after its start, before its end), if any.
 pub fn site_covering_func(func: &SymbolAddr) -> Option<u64> {
     let g = lock();
