@@ -42,6 +42,8 @@ fn main() {
         "c/fxsites.c",
         "c/fxsites_more.c",
         "c/fxgraph.c",
+        "c/fgraph_exc.cc",
+        "c/fgraph_jmp.c",
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
@@ -122,6 +124,27 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &[BASE_CFLAGS],
         &[],
     );
+
+    // fgraph (return hooks) fixtures: fgraph_exc, C++ exceptions through hooked frames
+    // (-rdynamic: its backtrace() names its frames with dladdr); fgraph_jmp, longjmp,
+    // _longjmp, siglongjmp from a handler and (_FORTIFY_SOURCE) __longjmp_chk.
+    run(Command::new("g++")
+        .args(BASE_CFLAGS)
+        .args(["-pg", "-mfentry", "-mrecord-mcount", "-rdynamic"])
+        .arg(c_dir.join("fgraph_exc.cc"))
+        .arg("-o")
+        .arg(fixtures.join("fgraph_exc")));
+    let jmp = objs.join("fgraph_jmp.o");
+    compile(
+        &c_dir.join("fgraph_jmp.c"),
+        &jmp,
+        &[
+            BASE_CFLAGS,
+            &["-D_FORTIFY_SOURCE=2", "-fpatchable-function-entry=5"],
+        ],
+        &[],
+    );
+    link(&[&jmp], &fixtures.join("fgraph_jmp"), &[&[]]);
 
     // C++ with -mfentry sites: cxx, for demangled names; cxx_stl, libstdc++ templates kept
     // out of line (-O0), for names that are hard to demangle.

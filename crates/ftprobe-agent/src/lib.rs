@@ -309,6 +309,14 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
         }
         returns::start();
+        // Unwinders (C++ exceptions, Rust panics, pthread_exit, backtrace) must see real
+        // return addresses: probes on libgcc_s's entry points (ftprobe::ftrace::fgraph_unwind).
+        let (_, errors) = ftprobe::ftrace::fgraph_unwind::arm_unwinder_probes();
+        if ftprobe::ftrace::has_module("libgcc_s.so.1") {
+            for e in errors {
+                say!("ftprobe-agent: return hooks: an unwinder probe failed: {e}");
+            }
+        }
     }
     if let Some(rings) = trace::buffer() {
         rings.set_armed();

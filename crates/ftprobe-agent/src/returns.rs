@@ -2,16 +2,93 @@
 //! `ftprobe::ftrace::fgraph_unwind`): it sees longjmp targets and context switches through
 //! the interposers of `sigtrap`, and tells the engine.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ftprobe::ftrace::fgraph_unwind;
 
 /// Return hooks are on (the function_graph tracer runs).
 static ON: AtomicBool = AtomicBool::new(false);
 
+/// The next `__cxa_begin_catch` and `_Unwind_DeleteException` (libstdc++'s, libgcc_s's), 0
+/// when absent.
+static NEXT_BEGIN_CATCH: AtomicUsize = AtomicUsize::new(0);
+static NEXT_DELETE_EXCEPTION: AtomicUsize = AtomicUsize::new(0);
+
 /// Called once return hooks are registered.
 pub fn start() {
+    // Looked up now, in the constructor, so that the interposers do not call into the
+    // dynamic linker later.
+    next(&NEXT_BEGIN_CATCH, c"__cxa_begin_catch");
+    next(&NEXT_DELETE_EXCEPTION, c"_Unwind_DeleteException");
     ON.store(true, Ordering::Release);
+}
+
+// The landing points after an unwind: a C++ `catch` calls `__cxa_begin_catch`, Rust's
+// `catch_unwind` frees the exception with `_Unwind_DeleteException`. Each stub passes its
+// caller's stack pointer (the catching frame's, `rsp + 8` at entry) to the engine, which
+// hijacks again the calls that are still live and closes the ones the unwind removed
+// (`fgraph_unwind::unwinder_landed`), then goes on to the real function.
+/// Interposed `__cxa_begin_catch` (see above).
+///
+/// # Safety
+/// As libstdc++'s.
+#[no_mangle]
+#[unsafe(naked)]
+pub unsafe extern "C" fn __cxa_begin_catch() {
+    core::arch::naked_asm!("lea rsi, [rsp + 8]", "jmp {f}", f = sym begin_catch);
+}
+
+/// Interposed `_Unwind_DeleteException` (see above).
+///
+/// # Safety
+/// As libgcc_s's.
+#[no_mangle]
+#[unsafe(naked)]
+pub unsafe extern "C" fn _Unwind_DeleteException() {
+    core::arch::naked_asm!("lea rsi, [rsp + 8]", "jmp {f}", f = sym delete_exception);
+}
+
+/// The next definition of `name`, cached in `cache` (resolved in [`start`] when return hooks
+/// are on, else on first use: these interposers exist whether or not they are).
+fn next(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+    let f = cache.load(Ordering::Relaxed);
+    if f != 0 {
+        return f;
+    }
+    // SAFETY: dlsym(RTLD_NEXT, name) with a NUL-terminated name.
+    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    cache.store(f, Ordering::Relaxed);
+    f
+}
+
+/// `__cxa_begin_catch(exc)` called from a frame whose stack pointer is `caller_sp`.
+unsafe extern "C" fn begin_catch(exc: *mut libc::c_void, caller_sp: u64) -> *mut libc::c_void {
+    if on() {
+        fgraph_unwind::unwinder_landed(caller_sp - 8);
+    }
+    let f = next(&NEXT_BEGIN_CATCH, c"__cxa_begin_catch");
+    if f == 0 {
+        // SAFETY: abort has no preconditions; only C++ code calls this, and it brings the
+        // C++ runtime that defines it.
+        unsafe { libc::abort() };
+    }
+    type F = unsafe extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
+    // SAFETY: libstdc++'s __cxa_begin_catch, of type F.
+    unsafe { std::mem::transmute::<usize, F>(f)(exc) }
+}
+
+/// `_Unwind_DeleteException(exc)` called from a frame whose stack pointer is `caller_sp`.
+unsafe extern "C" fn delete_exception(exc: *mut libc::c_void, caller_sp: u64) {
+    if on() {
+        fgraph_unwind::unwinder_landed(caller_sp - 8);
+    }
+    let f = next(&NEXT_DELETE_EXCEPTION, c"_Unwind_DeleteException");
+    if f == 0 {
+        return;
+    }
+    type F = unsafe extern "C" fn(*mut libc::c_void);
+    // SAFETY: libgcc_s's _Unwind_DeleteException, of type F.
+    unsafe { std::mem::transmute::<usize, F>(f)(exc) }
 }
 
 /// Whether return hooks are on.

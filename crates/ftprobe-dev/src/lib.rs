@@ -100,6 +100,24 @@ pub fn sigcalls_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sigcalls")
 }
 
+/// Path of `fgraph_exc N` (C++, `-pg -mfentry -mrecord-mcount`, `-rdynamic`): N rounds of
+/// exceptions through traced frames (caught higher up, rethrown, a destructor calling a
+/// traced function during the unwind, a catch that returns without another traced call),
+/// then `backtrace()` under three traced frames. Prints `bt: bt bt_mid bt_top main (deep)`,
+/// `sum=S`, then its own call tree: `E depth name` per traced entry in order, `U name` per
+/// call an exception cut off.
+pub fn fgraph_exc_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_exc")
+}
+
+/// Path of `fgraph_jmp N` (`-fpatchable-function-entry=5`, `_FORTIFY_SOURCE`): N rounds of
+/// `longjmp` (`__longjmp_chk`) and `_longjmp` out of a recursion, and `siglongjmp` out of a
+/// SIGUSR1 handler raised under traced frames. Prints `sum=S`, then `E depth name` per entry
+/// of `down`, `leaf`, `handler`, `spin` in order and `J n` per jump (n calls cut off).
+pub fn fgraph_jmp_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_jmp")
+}
+
 /// Path of `cxx N` (C++, `-pg -mfentry -mrecord-mcount` sites): `main` calls
 /// `ns::K::get(i)` and `ns::twice<long>(...)` N times (default 3); prints `cxx=<sum>`
 /// (`sum` of `2 * (100 + i)`).

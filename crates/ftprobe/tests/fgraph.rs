@@ -12,7 +12,7 @@ use ftprobe::ftrace::fgraph::{
 };
 use ftprobe::ftrace::{self, PtRegs};
 use ftprobe_dev::fxgraph::*;
-use ftprobe_dev::fxsites::{fx_cet_add, fx_pg_add};
+use ftprobe_dev::fxsites::{fx_add, fx_cet_add, fx_pg_add};
 
 fn addr<T>(f: T) -> u64
 where
@@ -499,4 +499,39 @@ fn main() {
     fork_inside_a_hooked_function_returns_in_both();
     threads_each_have_their_own_shadow_stack();
     unregistered_users_stop_hooking();
+    cost_per_hooked_call();
+}
+
+/// Not a check: the cost of entry + exit through the shadow stack with one user whose
+/// callbacks count (printed for the record; BENCHMARKS.md has the real benchmark).
+fn cost_per_hooked_call() {
+    let n = 1_000_000;
+    let time = |f: &dyn Fn()| {
+        let t = std::time::Instant::now();
+        f();
+        t.elapsed().as_nanos() as f64 / n as f64
+    };
+    let leaf = |i: i64| {
+        // SAFETY: plain C function.
+        std::hint::black_box(unsafe { fxg_leaf(i) })
+    };
+    let add = |i: i64| {
+        // SAFETY: plain C function.
+        std::hint::black_box(unsafe { fx_add(i, 1) })
+    };
+    let hooked = time(&|| {
+        (0..n).for_each(|i| {
+            leaf(i);
+        })
+    });
+    let plain = time(&|| {
+        (0..n).for_each(|i| {
+            add(i);
+        })
+    });
+    println!(
+        "cost: {:.1} ns per hooked call (entry + return, one counting user; {:.1} ns unhooked)",
+        hooked - plain,
+        plain
+    );
 }

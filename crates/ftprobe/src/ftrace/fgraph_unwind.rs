@@ -430,9 +430,11 @@ pub fn unwinder_entered(sp: u64, unwinding: bool) {
     }
 }
 
-/// A landing point after an unwind (the agent's `__cxa_begin_catch` interposer, whose
-/// caller's stack pointer is `sp`): the same work as the next graph event's.
-pub fn unwinder_landed(sp: u64) {
+/// A landing point after an unwind (the agent's `__cxa_begin_catch` and
+/// `_Unwind_DeleteException` interposers): `slot` is the return-address slot of that call,
+/// made from the catching frame. The same work as a graph event's at that slot.
+pub fn unwinder_landed(slot: u64) {
+    let sp = slot;
     let t = probe_state::this_thread();
     if t.fgraph.get().is_null() {
         return;
@@ -494,6 +496,105 @@ fn after_unwinder(ss: &mut ShadowStack, retp: u64, is_return: bool) {
         ss.unwinder_sp = 0;
     }
     ss.shrink();
+}
+
+/// The unwinder entry points of libgcc_s probed by [`arm_unwinder_probes`], and whether each
+/// removes frames (else it only reads them: a backtrace).
+pub const UNWINDER_ENTRIES: [(&str, bool); 5] = [
+    ("_Unwind_RaiseException", true),
+    ("_Unwind_Resume", true),
+    ("_Unwind_Resume_or_Rethrow", true),
+    ("_Unwind_ForcedUnwind", true),
+    ("_Unwind_Backtrace", false),
+];
+
+/// The probes' pre_handler: `regs.sp` is the unwinder's return-address slot.
+fn unwinder_pre_handler(p: &crate::kprobes::Kprobe, regs: &mut PtRegs) -> i32 {
+    unwinder_entered(regs.sp, p.data.load(Ordering::Relaxed) != 0);
+    0
+}
+
+/// Put a probe on each of libgcc_s's unwinder entry points ([`UNWINDER_ENTRIES`]) whose
+/// pre_handler puts back the real return addresses of the thread ([`unwinder_entered`]).
+/// int3 probes (libgcc_s has no sites), so they catch glibc's calls through `dlsym`'d
+/// pointers too. Returns how many were armed; the ones that failed (libgcc_s not loaded:
+/// a C program that never throws loads it only on its first `pthread_exit`, cancellation
+/// or `backtrace`) are returned as errors.
+pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
+    use crate::kprobes::{register_kprobe, Kprobe, KprobeTarget};
+    let mut armed = 0;
+    let mut errors = Vec::new();
+    for (name, unwinding) in UNWINDER_ENTRIES {
+        let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
+            KprobeTarget::Symbol {
+                module: Some("libgcc_s.so.1".to_owned()),
+                name: name.to_owned(),
+                offset: 0,
+            },
+            Some(unwinder_pre_handler),
+            None,
+        )));
+        p.data.store(unwinding as u64, Ordering::Relaxed);
+        match register_kprobe(p) {
+            Ok(()) => armed += 1,
+            Err(e) => errors.push(e),
+        }
+    }
+    // A backtrace removes no frame: at each `ret` of `_Unwind_Backtrace` every restored call
+    // is still live and is hijacked again at once (else a call that returns before the
+    // thread's next graph event would be closed late).
+    for ret in backtrace_returns() {
+        let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
+            KprobeTarget::Addr(ret),
+            Some(backtrace_done_handler),
+            None,
+        )));
+        match register_kprobe(p) {
+            Ok(()) => armed += 1,
+            Err(e) => errors.push(e),
+        }
+    }
+    (armed, errors)
+}
+
+/// The addresses of the `ret` instructions of libgcc_s's `_Unwind_Backtrace`.
+fn backtrace_returns() -> Vec<u64> {
+    let Ok(syms) = super::find_symbol(Some("libgcc_s.so.1"), "_Unwind_Backtrace") else {
+        return Vec::new();
+    };
+    let Some(f) = syms.first().filter(|f| f.size > 0 && f.size < 4096) else {
+        return Vec::new();
+    };
+    let mut code = vec![0u8; f.size as usize];
+    if crate::sys::read_nofault(f.addr, &mut code) != code.len() {
+        return Vec::new();
+    }
+    let mut dec = iced_x86::Decoder::with_ip(64, &code, f.addr, 0);
+    let mut rets = Vec::new();
+    for insn in &mut dec {
+        if insn.is_invalid() {
+            return Vec::new();
+        }
+        if insn.mnemonic() == iced_x86::Mnemonic::Ret {
+            rets.push(insn.ip());
+        }
+    }
+    rets
+}
+
+/// At a `ret` of `_Unwind_Backtrace` (`regs.sp`: its return-address slot).
+fn backtrace_done_handler(_p: &crate::kprobes::Kprobe, regs: &mut PtRegs) -> i32 {
+    let t = probe_state::this_thread();
+    if t.fgraph.get().is_null() {
+        return 0;
+    }
+    if let Some(ss) = shadow_stack(t) {
+        if ss.restored && !ss.unwinding {
+            // As an event in its caller: just above its return-address slot.
+            after_unwinder(ss, regs.sp + 8, false);
+        }
+    }
+    0
 }
 
 // ---------------------------------------------------------------------------------------
