@@ -212,32 +212,45 @@ fn format_value(ty: &FetchType, v: &ArgValue, syms: &mut Symbols) -> Vec<u8> {
 /// ftrace. A reader that stops early (`| head`) ends the listing quietly, with status 0.
 pub fn list_functions(bin: &Path) -> Result<()> {
     let img = ElfImage::open(bin).with_context(|| format!("reading {}", bin.display()))?;
-    let rows: Vec<[String; 5]> = img
+    // With XRay sleds (clang -fxray-instrument), two more columns: the function's entry and
+    // exit (return and tail-call) sleds in xray_instr_map.
+    let xray = !img.xray.is_empty();
+    let rows: Vec<Vec<String>> = img
         .sites
         .iter()
         .map(|s| {
             let f = &img.funcs[s.func];
-            [
+            let mut row = vec![
                 format!("+{:#x}", s.svma - f.svma),
                 s.kind.name().to_owned(),
                 s.place.name().to_owned(),
                 s.source.name().to_owned(),
-                ftprobe::elf::display_name(&f.name),
-            ]
+            ];
+            if xray {
+                let (entry, exit) = img.xray_counts(f.svma);
+                row.extend([entry.to_string(), exit.to_string()]);
+            }
+            row.push(ftprobe::elf::display_name(&f.name));
+            row
         })
         .collect();
-    let titles = ["# SITE", "KIND", "PLACE", "FOUND IN", "FUNCTION"];
-    let mut widths = titles.map(str::len);
+    let mut titles = vec!["# SITE", "KIND", "PLACE", "FOUND IN"];
+    if xray {
+        titles.extend(["XRAY-ENTRY", "XRAY-EXIT"]);
+    }
+    titles.push("FUNCTION");
+    let mut widths: Vec<usize> = titles.iter().map(|t| t.len()).collect();
     for r in &rows {
         for (w, v) in widths.iter_mut().zip(r) {
             *w = (*w).max(v.len());
         }
     }
-    let line = |out: &mut dyn Write, cols: [&str; 5]| -> std::io::Result<()> {
-        for (c, w) in cols[..4].iter().zip(widths) {
+    let line = |out: &mut dyn Write, cols: &[&str]| -> std::io::Result<()> {
+        let (last, rest) = cols.split_last().expect("a FUNCTION column");
+        for (c, w) in rest.iter().zip(&widths) {
             write!(out, "{c:<w$}  ")?;
         }
-        writeln!(out, "{}", cols[4])
+        writeln!(out, "{last}")
     };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let written = (|| -> std::io::Result<()> {
@@ -247,9 +260,10 @@ pub fn list_functions(bin: &Path) -> Result<()> {
             img.sites.len(),
             bin.display()
         )?;
-        line(&mut out, titles)?;
+        line(&mut out, &titles)?;
         for r in &rows {
-            line(&mut out, [&r[0], &r[1], &r[2], &r[3], &r[4]])?;
+            let cols: Vec<&str> = r.iter().map(String::as_str).collect();
+            line(&mut out, &cols)?;
         }
         if !img.rejected.is_empty() {
             writeln!(

@@ -71,6 +71,9 @@ pub enum SiteSource {
     PatchableEntries,
     /// Found by decoding the start of the function (a call to `__fentry__`/`mcount`).
     Decoded,
+    /// An LLVM XRay entry sled listed in `xray_instr_map` (`clang -fxray-instrument`); a
+    /// function gets one only when it has no other site.
+    Xray,
 }
 
 impl SiteSource {
@@ -80,8 +83,61 @@ impl SiteSource {
             SiteSource::McountLoc => "__mcount_loc",
             SiteSource::PatchableEntries => "__patchable_function_entries",
             SiteSource::Decoded => "decoded",
+            SiteSource::Xray => "xray_instr_map",
         }
     }
+}
+
+/// What an XRay sled is for (`xray_instr_map`'s kind byte, LLVM's `SledKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum XrayKind {
+    /// Function entry (0): `jmp .+11` and a 9-byte NOP at the function's start.
+    Entry,
+    /// Function exit (1): `ret` and a 10-byte NOP, one per return.
+    Exit,
+    /// Tail call (2): `jmp .+11` and a 9-byte NOP just before a tail jump.
+    Tail,
+    /// Function entry that logs its first argument (3, `[[clang::xray_log_args(1)]]`): the
+    /// same sled as [`XrayKind::Entry`].
+    LogArgsEntry,
+    /// `__xray_customevent` (4) or `__xray_typedevent` (5) call sites, or a kind this
+    /// version does not know: listed, never patched.
+    Other(u8),
+}
+
+impl XrayKind {
+    fn from_byte(b: u8) -> XrayKind {
+        match b {
+            0 => XrayKind::Entry,
+            1 => XrayKind::Exit,
+            2 => XrayKind::Tail,
+            3 => XrayKind::LogArgsEntry,
+            b => XrayKind::Other(b),
+        }
+    }
+
+    /// An entry sled (plain or logging its arguments).
+    pub fn is_entry(self) -> bool {
+        matches!(self, XrayKind::Entry | XrayKind::LogArgsEntry)
+    }
+
+    /// An exit sled (a return or a tail call).
+    pub fn is_exit(self) -> bool {
+        matches!(self, XrayKind::Exit | XrayKind::Tail)
+    }
+}
+
+/// One entry of `xray_instr_map`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XraySled {
+    /// Address of the sled's first byte in the file.
+    pub svma: u64,
+    /// Address of its function in the file (as the map gives it).
+    pub func_svma: u64,
+    /// What it is for.
+    pub kind: XrayKind,
+    /// The map entry's version (0 and 1: absolute addresses; 2: relative to the entry).
+    pub version: u8,
 }
 
 /// An ftrace site in a file.
@@ -150,6 +206,9 @@ pub struct ElfImage {
     pub build_id_svma: Option<u64>,
     /// The `.gnu_debuglink` section: the debug file's name and the CRC-32 of its contents.
     pub debuglink: Option<(String, u32)>,
+    /// The LLVM XRay sleds of `xray_instr_map` (`clang -fxray-instrument`), sorted by
+    /// address; empty when the object has none (or for [`ElfImage::open_symbols`]).
+    pub xray: Vec<XraySled>,
 }
 
 impl ElfImage {
@@ -261,6 +320,7 @@ impl ElfImage {
             build_id,
             build_id_svma,
             debuglink,
+            xray: Vec::new(),
         };
         if sites {
             img.find_sites(&file);
@@ -344,6 +404,9 @@ impl ElfImage {
         // Functions no record section lists may still have a site (an object linked from
         // files built with and without -mrecord-mcount): decode those.
         self.find_sites_by_decoding(file);
+        // Functions that still have none get their XRay entry sled.
+        self.xray = xray_sleds(file, &relative);
+        self.find_xray_sites(file);
         self.sites.sort_by_key(|s| s.svma);
         self.sites.dedup_by_key(|s| s.svma);
     }
@@ -361,6 +424,64 @@ impl ElfImage {
             source,
             func,
         })
+    }
+
+    /// An XRay entry sled becomes the ftrace site of a function that has no other site.
+    /// Sleds the XRay runtime has already patched (bytes not a sled) are left out.
+    fn find_xray_sites(&mut self, file: &object::File<'_>) {
+        let mut covered: Vec<usize> = self.sites.iter().map(|s| s.func).collect();
+        covered.sort_unstable();
+        let mut found = Vec::new();
+        for sled in self.xray.iter().filter(|s| s.kind.is_entry()) {
+            let Some((func, off)) = self.func_at(sled.svma) else {
+                continue;
+            };
+            if covered.binary_search(&func).is_ok() {
+                continue;
+            }
+            let f = &self.funcs[func];
+            let Some(code) = bytes_at(file, f.svma, off + sites::XRAY_SLED_LEN) else {
+                continue;
+            };
+            if sites::classify(code.get(off as usize..).unwrap_or(&[])) != Some(SiteKind::XraySled)
+            {
+                self.rejected.push(sled.svma);
+                continue;
+            }
+            // At the function's start, or after its endbr64 (-fcf-protection): the caller's
+            // return address is at the top of the stack.
+            let Some(place @ (SitePlace::Entry | SitePlace::AfterEndbr)) =
+                sites::place_of(code, off)
+            else {
+                self.rejected.push(sled.svma);
+                continue;
+            };
+            found.push(SiteInfo {
+                svma: sled.svma,
+                kind: SiteKind::XraySled,
+                place,
+                source: SiteSource::Xray,
+                func,
+            });
+        }
+        // One site per function, the first entry sled.
+        found.sort_by_key(|s| (s.func, s.svma));
+        found.dedup_by_key(|s| s.func);
+        self.sites.extend(found);
+    }
+
+    /// The number of XRay entry and exit (return and tail) sleds of the function that starts
+    /// at `func_svma`.
+    pub fn xray_counts(&self, func_svma: u64) -> (usize, usize) {
+        self.xray
+            .iter()
+            .filter(|s| s.func_svma == func_svma)
+            .fold((0, 0), |(e, x), s| {
+                (
+                    e + s.kind.is_entry() as usize,
+                    x + s.kind.is_exit() as usize,
+                )
+            })
     }
 
     fn find_sites_by_decoding(&mut self, file: &object::File<'_>) {
@@ -426,6 +547,45 @@ fn bytes_at<'d>(file: &object::File<'d>, svma: u64, len: u64) -> Option<&'d [u8]
         let end = (off + len).min(data.len() as u64);
         data.get(off as usize..end as usize)
     })
+}
+
+/// Size of one `xray_instr_map` entry on 64-bit targets (LLVM's `XRaySledEntry`).
+const XRAY_ENTRY_LEN: usize = 32;
+
+/// The sleds of every `xray_instr_map` section of `file`, sorted by address. An entry is
+/// `{address: u64, function: u64, kind: u8, always_instrument: u8, version: u8, pad[13]}`.
+/// Version 2 (clang >= 12) stores each address relative to the field that holds it, so a PIE
+/// map needs no relocation; versions 0 and 1 store absolute addresses, which in an `ET_DYN`
+/// file are `R_X86_64_RELATIVE` addends (`relative`: place -> addend; GNU ld also writes them
+/// in place, lld leaves 0).
+fn xray_sleds(file: &object::File<'_>, relative: &HashMap<u64, u64>) -> Vec<XraySled> {
+    let mut out = Vec::new();
+    for sec in file.sections().filter(|s| s.name() == Ok("xray_instr_map")) {
+        let Ok(bytes) = sec.data() else { continue };
+        let base = sec.address();
+        for (i, e) in bytes.chunks_exact(XRAY_ENTRY_LEN).enumerate() {
+            let at = base + (i * XRAY_ENTRY_LEN) as u64;
+            let word = |o: usize| u64::from_le_bytes(e[o..o + 8].try_into().expect("8 bytes"));
+            let version = e[18];
+            let (svma, func_svma) = if version >= 2 {
+                (at.wrapping_add(word(0)), (at + 8).wrapping_add(word(8)))
+            } else {
+                let abs = |o: usize| relative.get(&(at + o as u64)).copied().unwrap_or(word(o));
+                (abs(0), abs(8))
+            };
+            if svma == 0 {
+                continue;
+            }
+            out.push(XraySled {
+                svma,
+                func_svma,
+                kind: XrayKind::from_byte(e[16]),
+                version,
+            });
+        }
+    }
+    out.sort_by_key(|s| s.svma);
+    out
 }
 
 /// Every function symbol of `file`, `.symtab` first, then `.dynsym`.

@@ -38,7 +38,7 @@
 use std::sync::atomic::{compiler_fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::fgraph_unwind as unwind;
-use super::{FtraceError, FtraceOps, PtRegs, FTRACE_OPS_FL_RECURSION};
+use super::{FtraceError, FtraceOps, PtRegs, FTRACE_OPS_FL_GRAPH, FTRACE_OPS_FL_RECURSION};
 use crate::arch::x86_64::return_trampoline;
 use crate::arch::x86_64::sites::SitePlace;
 use crate::probe_state::{self, stack_pointer, Entry};
@@ -139,7 +139,10 @@ impl FgraphOps {
             entryfunc,
             retfunc,
             private: AtomicU64::new(0),
-            ops: FtraceOps::new(fgraph_ftrace_entry, FTRACE_OPS_FL_RECURSION),
+            ops: FtraceOps::new(
+                fgraph_ftrace_entry,
+                FTRACE_OPS_FL_RECURSION | FTRACE_OPS_FL_GRAPH,
+            ),
             index: AtomicU32::new(0),
             overrun: AtomicU64::new(0),
         }
@@ -398,8 +401,11 @@ unsafe extern "C" fn fgraph_ftrace_entry(
     if now != parent_ip && now != return_trampoline() {
         return;
     }
+    // An XRay entry sled whose exit sleds ftrace patched with it (`super::xray`): the exits
+    // close the call, the return address stays the program's.
+    let nohijack = super::site_nohijack(ip);
     // SAFETY: as above.
-    unsafe { enter(gops, func, retp as *mut u64, regs, false) };
+    unsafe { enter(gops, func, retp as *mut u64, regs, nohijack) };
 }
 
 /// Probe path: enter function `func` whose return address is in `*retp` (from a kprobe

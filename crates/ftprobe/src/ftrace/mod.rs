@@ -15,6 +15,7 @@ pub mod fgraph;
 pub mod fgraph_unwind;
 pub mod glob;
 mod objects;
+mod xray;
 
 pub use objects::{
     addr_of_file_offset, alloc_code_near, find_symbol, has_module, is_ftprobe_code,
@@ -61,6 +62,11 @@ pub const FTRACE_FL_DIRECT: u64 = 1 << 27;
 pub const FTRACE_FL_AFTER_PROLOGUE: u64 = 1 << 28;
 
 const _: () = assert!(std::mem::size_of::<DynFtrace>() == 16);
+
+/// A graph user's ops (`fgraph`): while one holds a function whose site is an XRay entry
+/// sled, its exit and tail sleds are patched too and the graph entry leaves the return
+/// address alone (see `xray`).
+pub const FTRACE_OPS_FL_GRAPH: u32 = 1 << 3;
 
 /// Save the full register set (the kernel's `FTRACE_OPS_FL_SAVE_REGS`).
 pub const FTRACE_OPS_FL_SAVE_REGS: u32 = 1 << 0;
@@ -407,6 +413,11 @@ struct RecMeta {
     kind: SiteKind,
     place: SitePlace,
     source: SiteSource,
+    /// What the site holds while no ops wants it: [`NOP5`], or for an XRay sled its own first
+    /// 5 bytes (`jmp .+11` and the start of its NOP), so a disabled sled is what clang wrote.
+    nop: [u8; 5],
+    /// Bytes the site covers: 5, or an XRay sled's 11 (its call returns to the sled's end).
+    len: u64,
 }
 
 struct State {
@@ -429,6 +440,11 @@ struct State {
     /// their object (or of its debug file) names: known by the IFUNC's name, with the size of
     /// their `.eh_frame` FDE (0 when there is none: then only their start is known).
     ifunc_impls: Vec<SymbolAddr>,
+    /// The XRay exit and tail sleds of functions whose site is their XRay entry sled,
+    /// sorted by address.
+    xray_exits: Vec<xray::XrayExit>,
+    /// What each of them holds now (its first 5 bytes).
+    xray_current: Vec<[u8; 5]>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -468,6 +484,7 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     let mut skipped = Vec::new();
     let mut objects = Vec::new();
     let mut sites: Vec<(u64, RecMeta)> = Vec::new();
+    let mut xray_exits = Vec::new();
     for lo in objs {
         let image = match ElfImage::open(&lo.path) {
             Ok(i) => i,
@@ -499,13 +516,20 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             let ip = s.svma + lo.bias;
             // The bytes in memory must be what the file says (else: not this file's code).
             // Read without faulting: an address from the file is checked before it is trusted.
-            let mut mem = [0u8; 8];
+            let mut mem = [0u8; 16];
             let len = s.kind.byte_len() as usize;
             if crate::sys::read_nofault(ip, &mut mem[..len]) != len
                 || crate::arch::x86_64::sites::classify(&mem[..len]) != Some(s.kind)
             {
                 continue;
             }
+            let (nop, len) = match s.kind {
+                SiteKind::XraySled => (
+                    mem[..5].try_into().expect("5 bytes"),
+                    crate::arch::x86_64::sites::XRAY_SLED_LEN,
+                ),
+                _ => (NOP5, SITE_LEN),
+            };
             sites.push((
                 ip,
                 RecMeta {
@@ -514,9 +538,19 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
                     kind: s.kind,
                     place: s.place,
                     source: s.source,
+                    nop,
+                    len,
                 },
             ));
         }
+        // (function start, entry site) of this object's XRay entry sleds that are sites.
+        let mut entry_ips: Vec<(u64, u64)> = sites
+            .iter()
+            .filter(|(_, m)| m.obj == oi && m.kind == SiteKind::XraySled)
+            .map(|(ip, m)| (image.funcs[m.func].svma + lo.bias, *ip))
+            .collect();
+        entry_ips.sort_unstable();
+        xray_exits.extend(xray::exits_of(&image, lo.bias, oi, &entry_ips));
         let writable = !image.sites.is_empty();
         objects.push(Object {
             image,
@@ -540,9 +574,10 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     let mut meta = Vec::with_capacity(sites.len());
     for (ip, m) in sites {
         // SAFETY: the site is in code made writable above and, by this function's contract,
-        // no other thread runs; a CallGot site is 6 bytes, all of its own instruction.
+        // no other thread runs; a CallGot site is 6 bytes, all of its own instruction. An
+        // XRay sled is left as it is (its `nop` is its own bytes).
         unsafe {
-            text_poke::text_poke_early(ip, &NOP5);
+            text_poke::text_poke_early(ip, &m.nop);
             if m.kind == SiteKind::CallGot {
                 text_poke::text_poke_early(ip + SITE_LEN, &[NOP1]);
             }
@@ -555,12 +590,17 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         records.push(DynFtrace { ip, flags });
         meta.push(m);
     }
-    let current = vec![NOP5; records.len()];
+    let current = meta.iter().map(|m| m.nop).collect();
     let display = meta
         .iter()
         .map(|m: &RecMeta| crate::elf::display_name(&objects[m.obj].image.funcs[m.func].name))
         .collect();
-    publish_site_table(&records, &meta, &objects);
+    xray_exits.sort_by_key(|e: &xray::XrayExit| e.addr);
+    let xray_current = xray_exits.iter().map(|e| e.orig).collect();
+    let mut nohijack: Vec<u64> = xray_exits.iter().map(|e| e.entry_ip).collect();
+    nohijack.sort_unstable();
+    nohijack.dedup();
+    publish_site_table(&records, &meta, &objects, &nohijack);
     *g = Some(State {
         objects,
         records,
@@ -571,6 +611,8 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         tramps: HashMap::new(),
         retired: Vec::new(),
         ifunc_impls: Vec::new(),
+        xray_exits,
+        xray_current,
     });
     Ok(skipped)
 }
@@ -583,6 +625,9 @@ struct SiteInfo {
     /// The start of the function holding it.
     func: u64,
     place: SitePlace,
+    /// An XRay entry sled whose function's exit sleds ftrace patches for graph users: the
+    /// graph enters without hijacking the return address.
+    nohijack: bool,
 }
 
 /// Sites by address, for the probe path (no lock): an open-addressing table, power-of-two
@@ -594,13 +639,19 @@ fn site_hash(ip: u64, mask: usize) -> usize {
     (ip.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & mask
 }
 
-fn publish_site_table(records: &[DynFtrace], meta: &[RecMeta], objects: &[Object]) {
+fn publish_site_table(
+    records: &[DynFtrace],
+    meta: &[RecMeta],
+    objects: &[Object],
+    nohijack: &[u64],
+) {
     let size = (records.len() * 2).next_power_of_two().max(16);
     let mut table = vec![
         SiteInfo {
             ip: 0,
             func: 0,
             place: SitePlace::Entry,
+            nohijack: false,
         };
         size
     ];
@@ -615,6 +666,7 @@ fn publish_site_table(records: &[DynFtrace], meta: &[RecMeta], objects: &[Object
             ip: r.ip,
             func,
             place: m.place,
+            nohijack: nohijack.binary_search(&r.ip).is_ok(),
         };
     }
     // Release pairs with the Acquire load in `site_info`.
@@ -640,6 +692,31 @@ pub(crate) fn site_info(ip: u64) -> Option<(u64, SitePlace)> {
         }
         if s.ip == 0 {
             return None;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+/// Probe path: whether the site at `ip` is an XRay entry sled whose exits ftrace patches for
+/// graph users (enter the graph without touching the return address).
+#[inline]
+pub(crate) fn site_nohijack(ip: u64) -> bool {
+    // Acquire pairs with the Release store in `publish_site_table`.
+    let t = SITE_TABLE.load(Ordering::Acquire);
+    if t.is_null() {
+        return false;
+    }
+    // SAFETY: published once, never freed.
+    let t = unsafe { &*t };
+    let mask = t.len() - 1;
+    let mut i = site_hash(ip, mask);
+    loop {
+        let s = t[i];
+        if s.ip == ip {
+            return s.nohijack;
+        }
+        if s.ip == 0 {
+            return false;
         }
         i = (i + 1) & mask;
     }
@@ -717,7 +794,8 @@ pub fn record(ip: u64) -> Option<DynFtrace> {
     st.index_of(ip).map(|i| st.records[i])
 }
 
-/// The site whose 5 bytes cover `addr` (`ip <= addr < ip + 5`), if any.
+/// The site whose bytes cover `addr` (`ip <= addr < ip + 5`, or `ip + 11` for an XRay
+/// sled), if any.
 pub fn site_covering(addr: u64) -> Option<u64> {
     let g = lock();
     let st = g.as_ref()?;
@@ -726,7 +804,20 @@ pub fn site_covering(addr: u64) -> Option<u64> {
         .partition_point(|r| r.ip <= addr)
         .checked_sub(1)?;
     let ip = st.records[i].ip;
-    (addr - ip < SITE_LEN).then_some(ip)
+    (addr - ip < st.meta[i].len).then_some(ip)
+}
+
+/// The XRay exit or tail sled whose 11 bytes cover `addr`, if ftrace may patch it (its
+/// function's site is its XRay entry sled).
+pub fn xray_exit_covering(addr: u64) -> Option<u64> {
+    let g = lock();
+    let st = g.as_ref()?;
+    let i = st
+        .xray_exits
+        .partition_point(|e| e.addr <= addr)
+        .checked_sub(1)?;
+    let sled = st.xray_exits[i].addr;
+    (addr - sled < crate::arch::x86_64::sites::XRAY_SLED_LEN).then_some(sled)
 }
 
 /// The site inside the function `func` (at or after its start, before its end), if any.
@@ -1039,16 +1130,56 @@ impl State {
         Ok(addr)
     }
 
+    /// The stub of XRay exit sled `j` (made on first use, with its function's exit
+    /// trampoline), near the sled.
+    fn xray_stub(&mut self, j: usize) -> Result<u64, FtraceError> {
+        let e = &self.xray_exits[j];
+        if e.stub != 0 {
+            return Ok(e.stub);
+        }
+        let (obj, addr, tail, func) = (e.obj, e.addr, e.tail, e.func);
+        let variant = Variant {
+            save_regs: false,
+            parent: ParentAt::Top,
+            xray: false,
+        };
+        let tramp = self.trampoline(obj, addr, variant, func as *const (), xray::xray_exit_func)?;
+        let make = |at: u64| {
+            xray::stub_code(at, addr, tail, tramp).expect("trampoline areas are within rel32 reach")
+        };
+        let len = xray::stub_len(tail);
+        let o = &mut self.objects[obj];
+        let stub = match o
+            .areas
+            .iter_mut()
+            .filter(|a| a.reachable_from(addr))
+            .find_map(|a| a.alloc_with(len, make))
+        {
+            Some(s) => s,
+            None => {
+                let mut area = TrampArea::near(o.text.0, o.text.1)?;
+                let s = area.alloc_with(len, make).expect("a new area holds a stub");
+                o.areas.push(area);
+                s
+            }
+        };
+        self.xray_exits[j].stub = stub;
+        Ok(stub)
+    }
+
     /// Recompute every site's wanted bytes and patch those that differ, in one batch.
     /// On error no site has changed.
     fn update_sites(&mut self) -> Result<(), FtraceError> {
         let mut pokes = Vec::new();
         let mut new_flags = Vec::new();
+        // Sites a graph user holds (sorted): their XRay exit sleds are patched too.
+        let mut graph_ips = Vec::new();
         for i in 0..self.records.len() {
             let ip = self.records[i].ip;
             let mut count = 0u64;
             let mut save_regs = false;
             let mut ipmodify = false;
+            let mut graph = false;
             let mut only: Option<&'static FtraceOps> = None;
             for &op in &self.registered {
                 // SAFETY: registered ops have a live hash.
@@ -1057,16 +1188,21 @@ impl State {
                     count += 1;
                     save_regs |= op.flags & FTRACE_OPS_FL_SAVE_REGS != 0;
                     ipmodify |= op.flags & FTRACE_OPS_FL_IPMODIFY != 0;
+                    graph |= op.flags & FTRACE_OPS_FL_GRAPH != 0;
                     only = Some(op);
                 }
             }
+            if graph {
+                graph_ips.push(ip);
+            }
             let mut flags = (self.records[i].flags & FTRACE_FL_AFTER_PROLOGUE) | count;
             let want = if count == 0 {
-                NOP5
+                self.meta[i].nop
             } else {
                 let variant = Variant {
                     save_regs,
                     parent: ParentAt::of(self.meta[i].place),
+                    xray: self.meta[i].kind == SiteKind::XraySled,
                 };
                 let (ops_ptr, func): (*const (), TrampolineFunc) = match (count, only) {
                     (1, Some(op)) if op.flags & FTRACE_OPS_FL_RECURSION != 0 => {
@@ -1105,12 +1241,43 @@ impl State {
                 ));
             }
         }
-        let batch: Vec<Poke> = pokes.iter().map(|p| p.1).collect();
-        // SAFETY: every address is a canonicalized 5-byte site in code made writable by init;
-        // the state lock we hold excludes concurrent patching.
+        let mut exit_pokes = Vec::new();
+        for j in 0..self.xray_exits.len() {
+            let e = &self.xray_exits[j];
+            let want = if graph_ips.binary_search(&e.entry_ip).is_ok() {
+                let stub = self.xray_stub(j)?;
+                xray::jmp_to(self.xray_exits[j].addr, stub)
+                    .expect("trampoline areas are within rel32 reach")
+            } else {
+                e.orig
+            };
+            let (addr, now) = (self.xray_exits[j].addr, self.xray_current[j]);
+            if want != now {
+                // SAFETY: an exit sled checked at init: 11 readable bytes of code.
+                let found = unsafe { std::ptr::read_unaligned(addr as *const [u8; 5]) };
+                if found != now {
+                    return Err(FtraceError::SiteCorrupt { ip: addr, found });
+                }
+                exit_pokes.push((
+                    j,
+                    Poke {
+                        addr,
+                        old: now,
+                        new: want,
+                    },
+                ));
+            }
+        }
+        let batch: Vec<Poke> = pokes.iter().chain(&exit_pokes).map(|p| p.1).collect();
+        // SAFETY: every address is a canonicalized 5-byte site, or an XRay exit sled whose
+        // first byte is a whole instruction (`ret`, `jmp`) that nothing falls through from,
+        // in code made writable by init; the state lock we hold excludes concurrent patching.
         unsafe { text_poke::text_poke_batch(&batch)? };
         for (i, p) in pokes {
             self.current[i] = p.new;
+        }
+        for (j, p) in exit_pokes {
+            self.xray_current[j] = p.new;
         }
         for (r, f) in self.records.iter_mut().zip(new_flags) {
             r.flags = f;

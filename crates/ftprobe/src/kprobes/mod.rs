@@ -183,6 +183,15 @@ pub enum KprobeError {
     /// Inside a site but not at its first byte (-EILSEQ).
     #[error("Probe point is not an instruction boundary")]
     NotInsnBoundary,
+    /// In an XRay exit or tail sled, which ftrace patches for graph users (-EBUSY).
+    #[error(
+        "Probe point is in an XRay exit sled at {sled:#x}, which ftprobe patches for the \
+         function_graph tracer: probe the function's entry or use a return probe"
+    )]
+    XrayExitSled {
+        /// The sled's address.
+        sled: u64,
+    },
     /// An address no function symbol of a loaded object contains (-EINVAL): ftprobe must
     /// decode from a function's start to know the instruction boundaries.
     #[error("{at} is not inside a function of a loaded object{hint}")]
@@ -229,6 +238,7 @@ impl KprobeError {
             KprobeError::NoSymbol(_) | KprobeError::NoObject(_) => libc::ENOENT,
             KprobeError::NotUnique { .. } => libc::EADDRNOTAVAIL,
             KprobeError::NotInsnBoundary => libc::EILSEQ,
+            KprobeError::XrayExitSled { .. } => libc::EBUSY,
             KprobeError::NotASite { .. } => libc::EINVAL,
             KprobeError::Ftrace(e) => e.errno(),
             _ => libc::EINVAL,
@@ -366,6 +376,9 @@ pub fn resolve(target: &KprobeTarget) -> Result<Resolved, KprobeError> {
     // ENDBR: func+0 means the instruction after endbr64 (arch_adjust_kprobe_addr).
     if offset == 0 && starts_with_endbr(&func) {
         addr += ENDBR64.len() as u64;
+    }
+    if let Some(sled) = ft::xray_exit_covering(addr) {
+        return Err(KprobeError::XrayExitSled { sled });
     }
     match ft::site_covering(addr) {
         Some(ip) if ip == addr => Ok(Resolved {

@@ -20,6 +20,11 @@ pub enum SiteKind {
     CallRel32,
     /// `ff 15 rel32`: `call *__fentry__@GOTPCREL(%rip)`, PIE (6 bytes).
     CallGot,
+    /// An LLVM XRay entry sled (`clang -fxray-instrument`): `eb 09` (`jmp .+11`) then a
+    /// 9-byte NOP, 11 bytes. ftprobe patches its first 5 bytes to `call trampoline` and its
+    /// trampoline resumes at the sled's end, so bytes 5..11 are never executed and the
+    /// disabled sled is exactly what the compiler wrote.
+    XraySled,
 }
 
 impl SiteKind {
@@ -28,6 +33,7 @@ impl SiteKind {
         match self {
             SiteKind::Nop5 | SiteKind::Nops5 | SiteKind::CallRel32 => 5,
             SiteKind::CallGot => 6,
+            SiteKind::XraySled => XRAY_SLED_LEN as u8,
         }
     }
 
@@ -38,6 +44,7 @@ impl SiteKind {
             SiteKind::Nops5 => "nop1x5",
             SiteKind::CallRel32 => "call",
             SiteKind::CallGot => "call*got",
+            SiteKind::XraySled => "xray-sled",
         }
     }
 }
@@ -76,8 +83,33 @@ pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 /// `push %r10`.
 pub const PUSH_R10: [u8; 2] = [0x41, 0x52];
 
+/// Length of an XRay entry or tail sled on x86-64 (LLVM's `X86AsmPrinter::LowerPATCHABLE_*`):
+/// `jmp .+11` and a 9-byte NOP; an exit sled is `ret` and a 10-byte NOP, also 11 bytes.
+pub const XRAY_SLED_LEN: u64 = 11;
+
+/// The first two bytes of an unpatched XRay entry or tail sled: `jmp .+11` (`eb 09`).
+pub const XRAY_SLED_JMP: [u8; 2] = [0xeb, 0x09];
+
+/// Whether `bytes` start with an unpatched XRay entry/tail sled: `eb 09` and a 9-byte NOP
+/// (clang writes `66 0f 1f 84 00 00 02 00 00`, `nopw 0x200(%rax,%rax,1)`). Once the XRay
+/// runtime has patched it (`XRAY_OPTIONS=patch_premain=true`, `__xray_patch()`) it starts
+/// `41 ba` (`mov $id,%r10d`): not ours to patch.
+pub fn is_xray_sled(bytes: &[u8]) -> bool {
+    let Some(sled) = bytes.get(..XRAY_SLED_LEN as usize) else {
+        return false;
+    };
+    if sled[..2] != XRAY_SLED_JMP {
+        return false;
+    }
+    let insn = Decoder::with_ip(64, &sled[2..], 0, DecoderOptions::NONE).decode();
+    insn.mnemonic() == Mnemonic::Nop && insn.len() == 9
+}
+
 /// Recognise the bytes at a recorded site. `None` if they are none of [`SiteKind`].
 pub fn classify(bytes: &[u8]) -> Option<SiteKind> {
+    if is_xray_sled(bytes) {
+        return Some(SiteKind::XraySled);
+    }
     match bytes {
         [0x0f, 0x1f, 0x44, 0x00, _, ..] => Some(SiteKind::Nop5),
         [0x90, 0x90, 0x90, 0x90, 0x90, ..] => Some(SiteKind::Nops5),
@@ -229,6 +261,21 @@ mod tests {
         assert_eq!(classify(&[0xff, 0x15, 0, 0, 0, 0]), Some(SiteKind::CallGot));
         // imul %esi,%edi
         assert_eq!(classify(&[0x0f, 0xaf, 0xfe, 0, 0]), None);
+        // jmp .+11; nopw 0x200(%rax,%rax,1) (clang -fxray-instrument's entry sled)
+        let sled = [
+            0xeb, 0x09, 0x66, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x02, 0x00, 0x00,
+        ];
+        assert_eq!(classify(&sled), Some(SiteKind::XraySled));
+        // Only its first 5 bytes: not enough to tell.
+        assert_eq!(classify(&sled[..5]), None);
+        // mov $0x1,%r10d; call rel32 (the sled as the XRay runtime patches it): not a site.
+        let patched = [0x41, 0xba, 1, 0, 0, 0, 0xe8, 0, 0, 0, 0];
+        assert_eq!(classify(&patched), None);
+        // jmp .+11; then something that is no 9-byte NOP: not a sled.
+        let other = [
+            0xeb, 0x09, 0x48, 0x89, 0xe5, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90,
+        ];
+        assert_eq!(classify(&other), None);
     }
 
     #[test]

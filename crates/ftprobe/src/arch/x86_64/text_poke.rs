@@ -10,7 +10,7 @@
 //!
 //! A thread that reaches a site while it is in flight executes the `int3`; the handler finds
 //! the site in the batch and emulates the *new* instruction (a NOP: skip it; a call: push the
-//! return address and jump), exactly as the kernel's `poke_int3_handler()` does. A trap that is
+//! return address and jump; the `jmp`s and `ret` of XRay sleds), exactly as the kernel's `poke_int3_handler()` does. A trap that is
 //! not ours is passed on to the handler that was installed before ours.
 //!
 //! Text is made writable once per executable segment ([`make_writable`]), never per site.
@@ -588,6 +588,13 @@ fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
     }
 }
 
+/// `jmp rel8`.
+const JMP_REL8: u8 = 0xeb;
+/// `jmp rel32`.
+const JMP_REL32: u8 = 0xe9;
+/// `ret`.
+const RET: u8 = 0xc3;
+
 /// Emulate the new instruction of a site hit while in flight (the kernel's
 /// `int3_emulate_call()` / `int3_emulate_jmp()`).
 fn emulate(uc: &mut libc::ucontext_t, p: &Poke) {
@@ -601,6 +608,25 @@ fn emulate(uc: &mut libc::ucontext_t, p: &Poke) {
             unsafe { std::ptr::write(sp as *mut u64, p.addr + SITE_LEN) };
             g[libc::REG_RSP as usize] = sp as i64;
             g[libc::REG_RIP as usize] = target as i64;
+        }
+        // `jmp rel8`: an XRay entry or tail sled put back (`eb 09`, over the rest of it).
+        None if p.new[0] == JMP_REL8 => {
+            let target = (p.addr + 2).wrapping_add(p.new[1] as i8 as u64);
+            g[libc::REG_RIP as usize] = target as i64;
+        }
+        // `jmp rel32`: an XRay exit or tail sled sent to its stub.
+        None if p.new[0] == JMP_REL32 => {
+            let rel = i32::from_le_bytes([p.new[1], p.new[2], p.new[3], p.new[4]]);
+            let target = (p.addr + SITE_LEN).wrapping_add(rel as i64 as u64);
+            g[libc::REG_RIP as usize] = target as i64;
+        }
+        // `ret`: an XRay exit sled put back.
+        None if p.new[0] == RET => {
+            let sp = g[libc::REG_RSP as usize] as u64;
+            // SAFETY: the thread is at a `ret` of a function it is running: its stack
+            // pointer is the return-address slot, readable.
+            g[libc::REG_RIP as usize] = unsafe { std::ptr::read(sp as *const u64) } as i64;
+            g[libc::REG_RSP as usize] = sp.wrapping_add(8) as i64;
         }
         None => g[libc::REG_RIP as usize] = (p.addr + SITE_LEN) as i64,
     }

@@ -8,9 +8,11 @@
 //! returns, the copy returns to `regs.ip` (initially the return address `site + 5`): a
 //! callback with IPMODIFY changes where the traced thread continues.
 //!
-//! Six templates: {argument registers, full register set} x {site at entry (`parent_ip` at the
+//! Eight templates: {argument registers, full register set} x {site at entry (`parent_ip` at the
 //! top of the caller's stack), site after `push %r10` (a gcc nested function: `parent_ip` one
-//! word above the top), site after `push %rbp; mov %rsp,%rbp` (`parent_ip` at `8(%rbp)`)}. The argument variant saves what a call may carry in: `rdi rsi rdx rcx r8 r9`,
+//! word above the top), site after `push %rbp; mov %rsp,%rbp` (`parent_ip` at `8(%rbp)`), an
+//! XRay entry sled (`parent_ip` at the top; returns to the sled's end, `site + 11`)}. The
+//! argument variant saves what a call may carry in: `rdi rsi rdx rcx r8 r9`,
 //! `rax` (vector count of varargs), `r10` (static chain), `xmm0-7`, and restores them all, so
 //! any callback is safe to run (saving `xmm0-7` costs ~3 ns a hit here, see BENCHMARKS.md;
 //! without it a callback that uses SSE would corrupt the traced function's float arguments).
@@ -69,6 +71,12 @@ pub type TrampolineFunc = unsafe extern "C" fn(u64, u64, *const (), *mut PtRegs)
 macro_rules! trampoline_template {
     ($name:literal, prologue: $prologue:literal, parent: $parent:literal,
      save: $save:literal, restore: $restore:literal, epilogue: $epilogue:literal) => {
+        trampoline_template!($name, prologue: $prologue, parent: $parent, save: $save,
+                             restore: $restore, epilogue: $epilogue, resume: "");
+    };
+    ($name:literal, prologue: $prologue:literal, parent: $parent:literal,
+     save: $save:literal, restore: $restore:literal, epilogue: $epilogue:literal,
+     resume: $resume:literal) => {
         global_asm!(
             ".pushsection .text.ftprobe_trampolines,\"ax\",@progbits",
             ".balign 16",
@@ -114,6 +122,7 @@ macro_rules! trampoline_template {
             concat!("call [rip + ", $name, "_func]"),
             // return to regs.ip, which an IPMODIFY callback may have changed
             "mov rax, [rsp + 128]",
+            $resume,
             "mov [rbp + 8], rax",
             $restore,
             "movaps xmm0, [rsp + 176]",
@@ -156,6 +165,9 @@ macro_rules! args_template {
 
 macro_rules! regs_template {
     ($name:literal, $parent:literal) => {
+        regs_template!($name, $parent, "");
+    };
+    ($name:literal, $parent:literal, $resume:literal) => {
         trampoline_template!(
             $name,
             prologue: "pushfq",
@@ -180,7 +192,8 @@ macro_rules! regs_template {
                       mov r13, [rsp + 16]
                       mov r14, [rsp + 8]
                       mov r15, [rsp]",
-            epilogue: "mov rsp, rbp"
+            epilogue: "mov rsp, rbp",
+            resume: $resume
         );
     };
 }
@@ -201,6 +214,19 @@ regs_template!(
     "ftprobe_tramp_regs_prologue",
     "mov rsi, [rbp]\nmov rsi, [rsi + 8]"
 );
+// An XRay entry sled (at entry or after endbr64: parent at the top): the site's call covers
+// the sled's first 5 bytes and the rest of it (the tail of its 9-byte NOP) is no instruction
+// boundary, so the copy resumes at the sled's end, site + 11, unless a callback moved
+// regs.ip elsewhere.
+const _: () = assert!(super::sites::XRAY_SLED_LEN == 5 + 6);
+trampoline_template!("ftprobe_tramp_args_xray", prologue: "", parent: "mov rsi, [rbp + 16]",
+                     save: "", restore: "", epilogue: "mov rsp, rbp",
+                     resume: "cmp rax, [rbp + 8]\njne 2f\nadd rax, 6\n2:");
+regs_template!(
+    "ftprobe_tramp_regs_xray",
+    "mov rsi, [rbp + 16]",
+    "cmp rax, [rbp + 8]\njne 2f\nadd rax, 6\n2:"
+);
 
 extern "C" {
     static ftprobe_tramp_args_entry_start: u8;
@@ -215,6 +241,10 @@ extern "C" {
     static ftprobe_tramp_args_push_end: u8;
     static ftprobe_tramp_regs_push_start: u8;
     static ftprobe_tramp_regs_push_end: u8;
+    static ftprobe_tramp_args_xray_start: u8;
+    static ftprobe_tramp_args_xray_end: u8;
+    static ftprobe_tramp_regs_xray_start: u8;
+    static ftprobe_tramp_regs_xray_end: u8;
 }
 
 /// Where the traced function's return address (`parent_ip`) is when its site calls the
@@ -250,6 +280,9 @@ pub struct Variant {
     pub save_regs: bool,
     /// Where the site finds `parent_ip`.
     pub parent: ParentAt,
+    /// The site is an XRay entry sled (parent at the top): return to the sled's end,
+    /// `site + 11`, not `site + 5`.
+    pub xray: bool,
 }
 
 impl Variant {
@@ -259,6 +292,16 @@ impl Variant {
         // global_asm), start before end; the bytes are code, immutable for the program's life.
         unsafe {
             let (s, e): (*const u8, *const u8) = match (self.save_regs, self.parent) {
+                // An XRay sled is at the function's entry (or after endbr64): the
+                // sites layer gives it no other place.
+                (false, _) if self.xray => (
+                    &raw const ftprobe_tramp_args_xray_start,
+                    &raw const ftprobe_tramp_args_xray_end,
+                ),
+                (true, _) if self.xray => (
+                    &raw const ftprobe_tramp_regs_xray_start,
+                    &raw const ftprobe_tramp_regs_xray_end,
+                ),
                 (false, ParentAt::Top) => (
                     &raw const ftprobe_tramp_args_entry_start,
                     &raw const ftprobe_tramp_args_entry_end,
@@ -305,8 +348,16 @@ mod tests {
     #[test]
     fn templates_end_with_slots_and_are_position_independent() {
         for save_regs in [false, true] {
-            for parent in ParentAt::ALL {
-                let v = Variant { save_regs, parent };
+            for (parent, xray) in ParentAt::ALL
+                .map(|p| (p, false))
+                .into_iter()
+                .chain([(ParentAt::Top, true)])
+            {
+                let v = Variant {
+                    save_regs,
+                    parent,
+                    xray,
+                };
                 let t = v.template();
                 assert!(t.len() > 100 && t.len() < 512, "{v:?}: {} bytes", t.len());
                 assert_eq!(&t[t.len() - 16..], &[0u8; 16], "{v:?}: slots start zeroed");
