@@ -119,7 +119,10 @@ pub fn event_ring() -> EventRing {
         return EventRing::Busy;
     }
     match ring_of(t) {
-        Some(w) => EventRing::Ring(w, WriteGuard(t)),
+        Some(w) => {
+            t.write_mark.set(w.mark());
+            EventRing::Ring(w, WriteGuard(t))
+        }
         None => {
             t.writing.set(0);
             EventRing::NoRing
@@ -139,6 +142,7 @@ pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
         return;
     }
     if let Some(w) = ring_of(t) {
+        t.write_mark.set(w.mark());
         f(w);
     }
     t.writing.set(0);
@@ -193,7 +197,10 @@ pub fn write_text(kind: u32, text: &str) -> bool {
     if !begin_write(t, stack_pointer()) {
         return false;
     }
-    let ok = ring_of(t).is_some_and(|w| records.iter().all(|r| w.write_aux(rtype::TEXT, kind, r)));
+    let ok = ring_of(t).is_some_and(|w| {
+        t.write_mark.set(w.mark());
+        records.iter().all(|r| w.write_aux(rtype::TEXT, kind, r))
+    });
     t.writing.set(0);
     ok
 }
