@@ -313,7 +313,10 @@ fn stress_siglongjmp_out_of_probed_calls_in_four_threads() {
     let call = stress_counts(&o, "call");
     let load = stress_counts(&o, "load");
     for (name, c) in [("site", site), ("call", call), ("load", load)] {
-        assert!(c.done > 10_000 && c.cut > 0, "{name}: calls made and cut: {o}");
+        assert!(
+            c.done > 10_000 && c.cut > 0,
+            "{name}: calls made and cut: {o}"
+        );
     }
     assert_eq!(
         calls(&text, "final_call"),
@@ -329,7 +332,10 @@ fn stress_siglongjmp_out_of_probed_calls_in_four_threads() {
     for (ev, c) in [("n", call), ("t", load)] {
         let (h, _) = profile(&text, ev);
         let recorded = hits(&text, ev).len() as u64;
-        assert_eq!(c.in_probe, 0, "{ev}: no signal lands in ftprobe's code\n{o}");
+        assert_eq!(
+            c.in_probe, 0,
+            "{ev}: no signal lands in ftprobe's code\n{o}"
+        );
         assert_eq!(
             c.done + c.fired,
             h,
@@ -367,6 +373,10 @@ fn stress_siglongjmp_out_of_probed_calls_in_four_threads() {
             .collect();
         threads.sort();
         threads.dedup();
-        assert_eq!(threads.len(), 4, "{tag}: threads with events in the last second");
+        assert_eq!(
+            threads.len(),
+            4,
+            "{tag}: threads with events in the last second"
+        );
     }
 }
