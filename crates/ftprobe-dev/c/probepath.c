@@ -1,6 +1,6 @@
 /* probepath MODE [ARGS]: what a probe must not change in a program (issue 10). Built with
- * -fpatchable-function-entry=5: report, work, spin, final_call have ftrace sites;
- * report_nosite, spin_nosite, take_nosite (patchable_function_entry(0)) and get (assembly)
+ * -fpatchable-function-entry=5: report, work, spin, stress_site, final_call have ftrace sites;
+ * report_nosite (patchable_function_entry(0)) and get, stress_call, stress_load (assembly)
  * have none, so
  * probes there are int3 probes. Every mode prints what it saw and exits 0 (resethand: killed
  * by its second SIGTRAP).
@@ -19,8 +19,12 @@
  *   dlopen LIB     a thread dlopens LIB (whose constructor sleeps 1 s); meanwhile the main
  *                  thread times one pthread_sigmask call
  *   stress SECS T  T threads (each with its own 2 ms timer whose handler siglongjmps out)
- *                  call spin, spin_nosite and take_nosite for SECS seconds; prints the calls
- *                  made (done) and those a jump cut short (cut); then final_call() 5 times
+ *                  call stress_site, stress_call and stress_load for SECS seconds; prints,
+ *                  per function, the calls completed (done), those a jump cut short (cut)
+ *                  and, of those, the ones cut after the probe point (fired, from the
+ *                  interrupted PC), of which in ftprobe's code (in_probe: a PC outside the
+ *                  program's); the monotonic time the threads stopped (t_end); then
+ *                  final_call() 5 times
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -66,18 +70,33 @@ __attribute__((noinline)) long spin(long x)
     return x + 1;
 }
 
-NOSITE long spin_nosite(long x)
+/* stress: each function counts its own completion with its last store (*done += 1) before
+ * it returns, so a call is either completed (counted) or cut: then the interrupted PC says
+ * whether its probe fired.
+ * stress_site has an ftrace site at its entry (the function tracer and a kprobe event).
+ * stress_call's first instruction is a call: an int3 probe on it is emulated (no slot), the
+ * thread goes on in stress_body, so a PC at stress_call is "not fired" and any later one
+ * "fired". stress_load's first instruction is a movups (not boosted): its slot runs with
+ * signals blocked and traps back to the next instruction, so the same holds. */
+__attribute__((noinline)) long stress_site(long x, volatile long *done)
 {
     for (int i = 0; i < 50; i++)
         __asm__ volatile("" : "+r"(x));
+    *done += 1;
     return x + 1;
 }
 
-NOSITE long take_nosite(const char *s)
-{
-    __asm__ volatile("" : : "r"(s) : "memory");
-    return s[0];
-}
+long stress_call(long x, volatile long *done);
+long stress_load(const char *s, volatile long *done);
+__asm__(".text\n"
+        " .globl stress_call\n .type stress_call,@function\n"
+        "stress_call:\n call stress_body\n incq (%rsi)\n ret\n .size stress_call,.-stress_call\n"
+        " .globl stress_body\n .type stress_body,@function\n"
+        "stress_body:\n mov %rdi,%rax\n mov $50,%ecx\n"
+        "1:\n dec %ecx\n jnz 1b\n inc %rax\n ret\n .size stress_body,.-stress_body\n"
+        " .globl stress_load\n .type stress_load,@function\n"
+        "stress_load:\n movups (%rdi),%xmm0\n movsbq (%rdi),%rax\n incq (%rsi)\n ret\n"
+        " .size stress_load,.-stress_load\n");
 
 __attribute__((noinline)) long final_call(long x)
 {
@@ -156,19 +175,54 @@ static __thread sigjmp_buf tjb;
 static __thread volatile int tjumping;
 static volatile int stop;
 struct counts {
-    long done[3], cut;
+    volatile long done[3], cut[3], fired[3], in_probe[3];
 };
+/* The call in flight (0 stress_site, 1 stress_call, 2 stress_load; -1 none), its counter's
+ * value before the call, and this thread's counts. */
+static __thread volatile int which = -1;
+static __thread volatile long before;
+static __thread struct counts *mine;
+/* The probe point of each function: the ftrace site (after an endbr64 if there is one), the
+ * int3 probes' first instruction. */
+static uintptr_t probe_point[3];
+/* stress_thread's code: a PC there with the call not completed is before the call. */
+extern const char __start_stress_caller[], __stop_stress_caller[];
+/* The program's code (a fired cut with a PC outside it was in ftprobe's code). */
+extern const char __executable_start[], etext[];
+static const char fetched[16] __attribute__((aligned(16))) = "fetched";
 
-static void on_thread_alarm(int s)
+static void on_thread_alarm(int s, siginfo_t *si, void *ucv)
 {
     (void)s;
-    if (tjumping)
-        siglongjmp(tjb, 1);
+    (void)si;
+    if (!tjumping)
+        return;
+    int k = which;
+    if (k >= 0 && mine->done[k] == before) {
+        uintptr_t pc = ((ucontext_t *)ucv)->uc_mcontext.gregs[REG_RIP];
+        uintptr_t entry = k == 0 ? (uintptr_t)stress_site : k == 1 ? (uintptr_t)stress_call
+                                                                   : (uintptr_t)stress_load;
+        int before_call = pc >= (uintptr_t)__start_stress_caller &&
+                          pc < (uintptr_t)__stop_stress_caller;
+        int before_probe = pc >= entry && pc <= probe_point[k];
+        mine->cut[k]++;
+        if (!before_call && !before_probe) {
+            mine->fired[k]++;
+            if (pc < (uintptr_t)__executable_start || pc >= (uintptr_t)etext)
+                mine->in_probe[k]++;
+        }
+    }
+    /* siglongjmp unblocks SIGALRM before it jumps: a signal then must not count this call
+     * again, nor jump. */
+    which = -1;
+    tjumping = 0;
+    siglongjmp(tjb, 1);
 }
 
-static void *stress_thread(void *arg)
+__attribute__((section("stress_caller"), noinline)) static void *stress_thread(void *arg)
 {
     struct counts *c = arg;
+    mine = c;
     struct sigevent ev = {0};
     ev.sigev_notify = SIGEV_THREAD_ID;
     ev.sigev_signo = SIGALRM;
@@ -180,29 +234,27 @@ static void *stress_thread(void *arg)
     }
     struct itimerspec its = {{0, 2000000}, {0, 2000000}};
     timer_settime(t, 0, &its, 0);
-    /* which call is in flight: 0 spin, 1 spin_nosite, 2 report_nosite; -1 none */
-    volatile int which = -1;
     volatile long i = 0;
     while (!stop) {
         if (sigsetjmp(tjb, 1)) {
             tjumping = 0;
-            if (which >= 0)
-                c->cut++;
             which = -1;
             continue;
         }
         tjumping = 1;
         for (; !stop; i++) {
             int k = i % 3;
+            before = c->done[k];
             which = k;
+            __asm__ volatile("" ::: "memory");
             if (k == 0)
-                spin(i);
+                stress_site(i, &c->done[0]);
             else if (k == 1)
-                spin_nosite(i);
+                stress_call(i, &c->done[1]);
             else
-                take_nosite("fetched");
+                stress_load(fetched, &c->done[2]);
+            __asm__ volatile("" ::: "memory");
             which = -1;
-            c->done[k]++;
         }
         tjumping = 0;
     }
@@ -331,26 +383,43 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "stress")) {
         int secs = argc > 2 ? atoi(argv[2]) : 10, n = argc > 3 ? atoi(argv[3]) : 4;
-        signal(SIGALRM, on_thread_alarm);
+        if (n > 16)
+            n = 16;
+        const unsigned char *site = (const unsigned char *)stress_site;
+        static const unsigned char endbr64[4] = {0xf3, 0x0f, 0x1e, 0xfa};
+        probe_point[0] = (uintptr_t)site + (memcmp(site, endbr64, 4) ? 0 : 4);
+        probe_point[1] = (uintptr_t)stress_call;
+        probe_point[2] = (uintptr_t)stress_load;
+        struct sigaction sa = {0};
+        sa.sa_sigaction = on_thread_alarm;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGALRM, &sa, 0);
         pthread_t t[16];
-        struct counts c[16] = {{{0}}};
+        static struct counts c[16];
         for (int i = 0; i < n; i++)
             pthread_create(&t[i], 0, stress_thread, &c[i]);
         sleep(secs);
         stop = 1;
-        struct counts sum = {{0}};
+        double t_end = now();
+        struct counts sum = {{0}, {0}, {0}, {0}};
         for (int i = 0; i < n; i++) {
             pthread_join(t[i], 0);
-            for (int k = 0; k < 3; k++)
+            for (int k = 0; k < 3; k++) {
                 sum.done[k] += c[i].done[k];
-            sum.cut += c[i].cut;
+                sum.cut[k] += c[i].cut[k];
+                sum.fired[k] += c[i].fired[k];
+                sum.in_probe[k] += c[i].in_probe[k];
+            }
         }
         usleep(300000);
         long s = 0;
         for (int i = 0; i < 5; i++)
             s += final_call(i);
-        printf("done spin=%ld spin_nosite=%ld take_nosite=%ld cut=%ld final_call=5 s=%ld\n",
-               sum.done[0], sum.done[1], sum.done[2], sum.cut, s);
+        static const char *names[3] = {"site", "call", "load"};
+        for (int k = 0; k < 3; k++)
+            printf("%s: done=%ld cut=%ld fired=%ld in_probe=%ld\n", names[k], sum.done[k],
+                   sum.cut[k], sum.fired[k], sum.in_probe[k]);
+        printf("t_end=%.6f final_call=5 s=%ld\n", t_end, s);
         return 0;
     }
     fprintf(stderr, "unknown mode %s\n", mode);

@@ -69,6 +69,10 @@ pub(crate) struct ThreadState {
     pub ring: Cell<ThreadRing>,
     /// A tracer is writing into this thread's ring (one producer per ring).
     pub writing: Cell<u64>,
+    /// The ring's [`RingWriter::mark`] when the write began: a repair counts an abandoned
+    /// write as lost only if the ring's mark is still this one (the record was neither
+    /// published nor counted as dropped).
+    pub write_mark: Cell<u64>,
     /// An `FTRACE_OPS_FL_RECURSION` ops' callback is running.
     pub in_ftrace: Cell<u64>,
     /// The kprobe running (`current_kprobe`), from `kprobe_sp`.
@@ -90,6 +94,7 @@ thread_local! {
         ThreadState {
             ring: Cell::new(ThreadRing::Unclaimed),
             writing: Cell::new(0),
+            write_mark: Cell::new(0),
             in_ftrace: Cell::new(0),
             kprobe: Cell::new(std::ptr::null()),
             kprobe_sp: Cell::new(0),
@@ -228,11 +233,22 @@ impl ThreadState {
             !a.on || a.contains(recorded)
         };
         if stale(self.writing.get()) {
-            // The write it guarded was abandoned (never published, or published just before
-            // the exit): counted as lost, as an event a signal handler's interruption cost.
+            // The write it guarded was abandoned. If it had reached its outcome (the record
+            // published, or counted in the ring's `lost`) before the exit, the ring's mark has
+            // moved: nothing is lost. Otherwise the event is counted as lost, as one a signal
+            // handler's interruption cost. A thread without a claimed ring had its event
+            // counted in `lost_no_ring` (only a jump between the claim and the count would be
+            // missed: the first event of a thread with no ring free).
             self.writing.set(0);
-            if let Some(b) = crate::trace::buffer() {
-                b.note_lost_recursion(1);
+            let unpublished = match self.ring.get() {
+                ThreadRing::Claimed(w) => w.mark() == self.write_mark.get(),
+                ThreadRing::Unclaimed => true,
+                ThreadRing::NoneFree => false,
+            };
+            if unpublished {
+                if let Some(b) = crate::trace::buffer() {
+                    b.note_lost_recursion(1);
+                }
             }
         }
         if stale(self.in_ftrace.get()) {

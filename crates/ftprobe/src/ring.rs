@@ -1097,6 +1097,19 @@ impl RingWriter<'_> {
         self.publish(new_head)
     }
 
+    /// The ring's head plus its `lost` count: changes with every record this producer
+    /// publishes or drops. Taken at the start of a write, it tells afterwards whether the
+    /// write reached its outcome (a repair after a non-local exit: [`crate::probe_state`]).
+    /// Two loads of the producer's own cache line, which the write loads anyway.
+    #[inline(always)]
+    pub fn mark(&self) -> u64 {
+        // Relaxed: only this producer stores either.
+        self.desc
+            .head
+            .load(Relaxed)
+            .wrapping_add(self.desc.lost.load(Relaxed))
+    }
+
     /// Finds room for `nwords` words at `head` and writes the padding word if the record has to
     /// go to offset 0. Returns the record's first word index and the head after it.
     #[inline(always)]
