@@ -860,23 +860,22 @@ fn bitfields_removals_and_refusals_before_the_program_runs() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no such event to remove"));
     // What ftprobe cannot run yet is refused by the CLI with the reason: nothing starts.
-    for (def, why) in [(
+    let (def, why) = (
         "p work a=\\1:string[2]",
         "string arrays of an immediate are not supported",
-    )] {
-        let (out, text) = trace(&["-e", def], &[exe]);
-        assert_eq!(out.status.code(), Some(1), "{def}");
-        assert!(
-            text.is_empty() && out.stdout.is_empty(),
-            "{def}: nothing ran"
-        );
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("This syntax is not supported by ftprobe"),
-            "{def}: {err}"
-        );
-        assert!(err.contains(why), "{def}: {err}");
-    }
+    );
+    let (out, text) = trace(&["-e", def], &[exe]);
+    assert_eq!(out.status.code(), Some(1), "{def}");
+    assert!(
+        text.is_empty() && out.stdout.is_empty(),
+        "{def}: nothing ran"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("This syntax is not supported by ftprobe"),
+        "{def}: {err}"
+    );
+    assert!(err.contains(why), "{def}: {err}");
 }
 
 #[test]
