@@ -207,6 +207,7 @@ pub fn register_fgraph_user(gops: &'static FgraphOps) -> Result<(), FtraceError>
         return Err(FtraceError::AlreadyRegistered);
     }
     unwind::check_return_hooks_allowed()?;
+    unwind::init_thread_exit_key();
     for (i, u) in USERS.iter().enumerate() {
         let p = gops as *const FgraphOps as *mut FgraphOps;
         // AcqRel pairs with the Acquire loads of the return path (`user`).
@@ -341,6 +342,7 @@ fn map_shadow_stack(t: &probe_state::ThreadState) -> Option<&'static mut ShadowS
         }
     }
     t.fgraph.set(p);
+    unwind::note_thread(p);
     // SAFETY: as in `shadow_stack`.
     Some(unsafe { &mut *p })
 }

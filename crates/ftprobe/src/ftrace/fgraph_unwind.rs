@@ -57,6 +57,11 @@
 //!   backtrace), and the live ones are hijacked again if their slot still holds their real
 //!   return address. A restored call that returns before the next event returns to its real
 //!   caller untraced and is closed at that event (late, its exit as above).
+//! - **The end of a thread** (`pthread_exit`, cancellation: a forced unwind that ends in
+//!   `start_thread`, which never returns through the thread's first frames; or a raw
+//!   `exit` syscall): the calls still on the thread's shadow stack are closed when the
+//!   thread's pthread key destructors run ([`init_thread_exit_key`]), deepest first:
+//!   `Unwound` when an unwinder restored them, else `Lost`.
 //! - **Signal handlers** run on the same stack below the interrupted frame (or on the signal
 //!   stack, a known stack): their hooked calls nest normally. A handler that leaves by
 //!   `siglongjmp` is the longjmp case.
@@ -353,6 +358,76 @@ pub(crate) fn fatal_no_entry(retp: u64) -> ! {
     }
     #[allow(clippy::empty_loop)]
     loop {}
+}
+
+// ---------------------------------------------------------------------------------------
+// The end of a thread.
+
+/// The pthread key whose destructor closes a thread's remaining calls (`u64::MAX`: none).
+static EXIT_KEY: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// glibc keeps the values of the first 32 keys in the thread descriptor
+/// (`PTHREAD_KEY_2NDLEVEL_SIZE`): `pthread_setspecific` on them allocates nothing and takes
+/// no lock, so the probe path may call it. A later key is not used.
+const KEYS_IN_DESCRIPTOR: u32 = 32;
+
+/// Once, when the first graph user registers (not on the probe path): create the key whose
+/// destructor closes the calls a thread leaves open when it ends (module docs).
+pub(crate) fn init_thread_exit_key() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: pthread_key_create writes key; the destructor has the C signature.
+        let r = unsafe { libc::pthread_key_create(&mut key, Some(thread_exit_dtor)) };
+        if r == 0 && key < KEYS_IN_DESCRIPTOR {
+            EXIT_KEY.store(key as u64, Ordering::Release);
+        }
+    });
+}
+
+/// Probe path, when a thread's shadow stack is mapped: give the thread a value for the key,
+/// so that its destructor runs when the thread ends.
+pub(crate) fn note_thread(ss: *mut ShadowStack) {
+    let k = EXIT_KEY.load(Ordering::Acquire);
+    if k != u64::MAX {
+        // SAFETY: a key of the first block (see KEYS_IN_DESCRIPTOR): a store in this
+        // thread's descriptor, async-signal-safe in practice.
+        unsafe { libc::pthread_setspecific(k as libc::pthread_key_t, ss as *const libc::c_void) };
+    }
+}
+
+/// The key's destructor, in the ending thread (glibc's `start_thread`, after a forced
+/// unwind or the start routine's return): close every call left, deepest first.
+unsafe extern "C" fn thread_exit_dtor(p: *mut libc::c_void) {
+    let t = probe_state::this_thread();
+    if t.fgraph.get() != p as *mut ShadowStack {
+        return;
+    }
+    let Some(ss) = shadow_stack(t) else { return };
+    thread_ended(ss);
+}
+
+/// Close every call of a thread that ended.
+fn thread_ended(ss: &mut ShadowStack) {
+    let rettime = crate::ring::read_tsc();
+    let mut j = ss.top;
+    while j > 0 {
+        j -= 1;
+        match ss.entries[j].state {
+            LIVE => close_entry(ss, j, FgraphExit::Lost, rettime, true),
+            RESTORED => {
+                let exit = restored_exit(ss);
+                close_entry(ss, j, exit, rettime, true);
+            }
+            ZOMBIE => ss.entries[j].state = HOLE,
+            _ => {}
+        }
+    }
+    ss.zombies = 0;
+    ss.restored = false;
+    ss.unwinding = false;
+    ss.unwinder_sp = 0;
+    ss.shrink();
 }
 
 // ---------------------------------------------------------------------------------------
