@@ -44,6 +44,8 @@ fn main() {
         "c/fxgraph.c",
         "c/fgraph_exc.cc",
         "c/fgraph_jmp.c",
+        "c/fgraph_thr.c",
+        "c/fgraph_sig.c",
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
@@ -229,6 +231,10 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("libc_calls", &[], &[]),
         ("probepath", patchable.cflags(), &["-pthread"]),
         ("signals", patchable.cflags(), &[]),
+        // fgraph (return hooks), sites by attribute: fgraph_thr, pthread_exit and
+        // cancellation under traced frames; fgraph_sig, signal handlers at depth.
+        ("fgraph_thr", &[], &["-pthread"]),
+        ("fgraph_sig", &[], &[]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -118,6 +118,25 @@ pub fn fgraph_jmp_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("fgraph_jmp")
 }
 
+/// Path of `fgraph_thr N` (C; sites by `patchable_function_entry` attribute only;
+/// `-pthread`, not linked with libgcc_s): a thread that calls `pthread_exit` under N+3
+/// traced frames, then one cancelled there, a cleanup handler in one frame calling traced
+/// functions. Prints per thread `T name`, then `E depth name` per traced entry in order and
+/// `U name` per call the unwind cut off, in the order their frames went.
+pub fn fgraph_thr_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_thr")
+}
+
+/// Path of `fgraph_sig SCALE` (C; sites by attribute only): four rounds of a recursion
+/// (100 to 500 deep, times SCALE) whose bottom a timer signal interrupts; the SIGALRM
+/// handler recurses and raises SIGUSR1 (whose handler calls a traced function), on the
+/// thread's stack or on the signal stack, and in two rounds leaves by `siglongjmp`. Prints
+/// `sum=S`, then `E depth name` per traced entry in order and `L name` per call a
+/// siglongjmp cut off (deepest first).
+pub fn fgraph_sig_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_sig")
+}
+
 /// Path of `cxx N` (C++, `-pg -mfentry -mrecord-mcount` sites): `main` calls
 /// `ns::K::get(i)` and `ns::twice<long>(...)` N times (default 3); prints `cxx=<sum>`
 /// (`sum` of `2 * (100 + i)`).

@@ -570,19 +570,23 @@ pub fn parent_data(gops: &FgraphOps, retp: u64) -> Option<[u64; FGRAPH_DATA_WORD
     }
     // SAFETY: as in `shadow_stack`; read only.
     let ss = unsafe { &*p };
+    let mut other = None;
     let mut i = ss.top;
     while i > 0 {
         i -= 1;
         let e = &ss.entries[i];
-        if (e.state == LIVE || e.state == RESTORED)
-            && e.retp > retp
-            && e.users & (1 << u) != 0
-            && unwind::same_stack(e.retp, retp)
-        {
-            return Some(e.data[u]);
+        if (e.state == LIVE || e.state == RESTORED) && e.retp != 0 && e.users & (1 << u) != 0 {
+            if e.retp > retp && unwind::same_stack(e.retp, retp) {
+                return Some(e.data[u]);
+            }
+            if other.is_none() {
+                other = Some(e.data[u]);
+            }
         }
     }
-    None
+    // The first call of a signal handler on the signal stack nests under the call it
+    // interrupted (the topmost of another stack), as it would on the thread's stack.
+    other.filter(|_| unwind::on_signal_stack(retp))
 }
 
 /// Call the return callback of each user of entry `i` (then the caller frees it).

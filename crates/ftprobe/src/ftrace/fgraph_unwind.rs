@@ -37,7 +37,10 @@
 //! - **longjmp / siglongjmp / _longjmp / __longjmp_chk** (interposed by the agent, which
 //!   calls [`longjmp_unwind`] with the target's stack pointer from the `jmp_buf`): every
 //!   entry on the target's stack with a slot below the target stack pointer (and at or above
-//!   the caller's, when the caller is on the same stack) is closed `Longjmp`, deepest first.
+//!   the caller's, when the caller is on the same stack) is closed `Longjmp`, deepest first;
+//!   a longjmp that leaves another stack (a handler on the signal stack, a coroutine) closes
+//!   the calls of the caller's chain on that stack too (zombies while their slots hold the
+//!   trampoline).
 //!   A longjmp the agent does not see (none is known in glibc's exported ones) is caught by
 //!   the nesting rule at the next event, as `Lost`.
 //! - **setcontext / swapcontext**: stacks are known from `makecontext` ([`note_stack`]); an
@@ -63,7 +66,8 @@
 //!   thread's pthread key destructors run ([`init_thread_exit_key`]), deepest first:
 //!   `Unwound` when an unwinder restored them, else `Lost`.
 //! - **Signal handlers** run on the same stack below the interrupted frame (or on the signal
-//!   stack, a known stack): their hooked calls nest normally. A handler that leaves by
+//!   stack, a known stack): their hooked calls nest normally; the first one on the signal
+//!   stack nests under the call it interrupted (its depth in the graph). A handler that leaves by
 //!   `siglongjmp` is the longjmp case.
 //! - **fork** inside a hooked function: the child's memory is a copy, shadow stack included,
 //!   so its returns find their entries. **exit** inside one: the process ends, nothing to do.
@@ -138,6 +142,11 @@ fn alt_stack() -> Option<(u64, u64)> {
     }
     let lo = st.ss_sp as u64;
     Some((lo, lo + st.ss_size as u64))
+}
+
+/// Whether `a` is on the thread's signal stack (and not on a stack of `makecontext`).
+pub(crate) fn on_signal_stack(a: u64) -> bool {
+    known_stack_of(a) == 0 && alt_stack().is_some_and(|(lo, hi)| a > lo && a <= hi)
 }
 
 /// Whether two slots are on the same stack (see the module docs). Not on the hot path:
@@ -449,9 +458,10 @@ pub fn longjmp_unwind(target_sp: u64) {
     while j > 0 {
         j -= 1;
         let e = &ss.entries[j];
-        if (e.state == LIVE || e.state == RESTORED || e.state == ZOMBIE)
-            && e.retp != 0
-            && e.retp < target_sp
+        if !(e.state == LIVE || e.state == RESTORED || e.state == ZOMBIE) || e.retp == 0 {
+            continue;
+        }
+        if e.retp < target_sp
             && (!from_same || e.retp >= cur)
             && same_stack(e.retp, target_sp)
         {
@@ -462,6 +472,11 @@ pub fn longjmp_unwind(target_sp: u64) {
                 continue;
             }
             close_entry(ss, j, FgraphExit::Longjmp, rettime, true);
+        } else if !from_same && e.state != ZOMBIE && e.retp >= cur && same_stack(e.retp, cur) {
+            // Leaving another stack (a handler on the signal stack, a coroutine): the calls
+            // of the current chain there are left too. Kept as zombies while their slots
+            // hold the trampoline (a context saved on that stack could still resume them).
+            close_entry(ss, j, FgraphExit::Longjmp, rettime, false);
         }
     }
     ss.shrink();

@@ -1,0 +1,186 @@
+//! `ftprobe trace -t function_graph` end to end on the hard cases of return hooks (issue 11
+//! point 2) not covered by `function_graph.rs`: pthread_exit and cancellation in a C program
+//! (libgcc_s loaded only then), signal handlers at depth, coroutines, a Rust panic caught
+//! through C frames, exit/fork inside a hooked call, recursion deeper than the shadow stack,
+//! a stack switched by hand. Each fixture prints its own call tree (or counts); traced, its
+//! output and exit status are the untraced ones, and the graph ftprobe records is that tree,
+//! calls cut off marked as such.
+
+mod common;
+use common::{trace, untraced};
+
+use ftprobe_dev::{fgraph_sig_fixture, fgraph_thr_fixture};
+
+/// One event of a call tree, in order: an entry (depth, name), or a call closed without
+/// returning (name, mark: `unwound`, `longjmp`, `lost`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ev {
+    E(usize, String),
+    Cut(String, String),
+}
+
+/// A graph: per task (the TASK-PID column, "" when absent), its events in order, and how
+/// many calls were closed (returned or cut).
+#[derive(Debug, Default)]
+struct Graph {
+    tasks: Vec<(String, Vec<Ev>)>,
+    entries: usize,
+    closes: usize,
+}
+
+impl Graph {
+    fn task(&mut self, t: &str) -> &mut Vec<Ev> {
+        if let Some(i) = self.tasks.iter().position(|(n, _)| n == t) {
+            return &mut self.tasks[i].1;
+        }
+        self.tasks.push((t.to_owned(), Vec::new()));
+        &mut self.tasks.last_mut().unwrap().1
+    }
+
+    /// Every task's events, one after the other (tasks in order of first appearance).
+    fn all(&self) -> Vec<Ev> {
+        self.tasks.iter().flat_map(|(_, e)| e.clone()).collect()
+    }
+}
+
+/// Parse `-t function_graph` output: `CPU) [TASK-PID] | DURATION | FUNCTION` lines, the
+/// function column two spaces per depth after `|  `.
+fn graph(text: &str) -> Graph {
+    let mut g = Graph::default();
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let cols: Vec<&str> = l.split('|').collect();
+        if cols.len() < 2 {
+            continue; // context-switch banners
+        }
+        let task = if cols.len() >= 3 {
+            cols[0]
+                .split_once(')')
+                .map_or("", |(_, t)| t.trim())
+                .to_owned()
+        } else {
+            String::new()
+        };
+        let f = cols[cols.len() - 1];
+        let Some(f) = f.strip_prefix("  ") else {
+            continue;
+        };
+        let body = f.trim_start();
+        let depth = (f.len() - body.len()) / 2;
+        if let Some(name) = body.strip_suffix("() {") {
+            g.task(&task).push(Ev::E(depth, name.to_owned()));
+            g.entries += 1;
+        } else if let Some(name) = body.strip_suffix("();") {
+            g.task(&task).push(Ev::E(depth, name.to_owned()));
+            g.entries += 1;
+            g.closes += 1;
+        } else if body.starts_with('}') {
+            g.closes += 1;
+            if let Some((name, mark)) = body
+                .strip_prefix("} /* ")
+                .and_then(|c| c.strip_suffix(" */"))
+                .and_then(|c| c.split_once(": "))
+            {
+                g.task(&task)
+                    .push(Ev::Cut(name.to_owned(), mark.to_owned()));
+            }
+        }
+    }
+    g
+}
+
+/// The trees a program printed: `T name` starts a thread's tree; `E depth name` is an entry,
+/// `U name` a call an unwind cut off, `L name` one a longjmp cut off.
+fn program_trees(stdout: &str) -> Vec<(String, Vec<Ev>)> {
+    let mut trees: Vec<(String, Vec<Ev>)> = vec![(String::new(), Vec::new())];
+    for l in stdout.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w[..] {
+            ["T", name] => trees.push((name.to_owned(), Vec::new())),
+            ["E", d, name] => trees
+                .last_mut()
+                .unwrap()
+                .1
+                .push(Ev::E(d.parse().unwrap(), name.to_owned())),
+            ["U", name] => trees
+                .last_mut()
+                .unwrap()
+                .1
+                .push(Ev::Cut(name.to_owned(), "unwound".to_owned())),
+            ["L", name] => trees
+                .last_mut()
+                .unwrap()
+                .1
+                .push(Ev::Cut(name.to_owned(), "longjmp".to_owned())),
+            _ => {}
+        }
+    }
+    trees.retain(|(_, t)| !t.is_empty());
+    trees
+}
+
+/// `got == want`, else a failure that shows where they part (the trees are long).
+fn assert_same_tree(got: &[Ev], want: &[Ev], what: &str) {
+    if got == want {
+        return;
+    }
+    let i = got.iter().zip(want).take_while(|(a, b)| a == b).count();
+    let lo = i.saturating_sub(5);
+    panic!(
+        "{what}: the trees part at event {i} (graph {} events, program {}):\n graph:   {:?}\n program: {:?}",
+        got.len(),
+        want.len(),
+        &got[lo..got.len().min(i + 8)],
+        &want[lo..want.len().min(i + 8)],
+    );
+}
+
+#[test]
+fn pthread_exit_and_cancel_in_hooked_calls_close_them_unwound() {
+    let exe = fgraph_thr_fixture();
+    let exe = exe.to_str().unwrap();
+    let plain = untraced(&[exe, "4"]);
+    assert!(plain.status.success(), "{plain:?}");
+    let (out, text) = trace(&["-t", "function_graph"], &[exe, "4"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "program output unchanged");
+    let stdout = String::from_utf8_lossy(&plain.stdout);
+    assert!(!stdout.contains("bad"), "{stdout}");
+    let want = program_trees(&stdout);
+    assert_eq!(want.len(), 2, "{stdout}");
+    let g = graph(&text);
+    // Without the thread-exit close, the frames above the cleanup handler's stay open.
+    assert_eq!(g.closes, g.entries, "every call closed:\n{text}");
+    assert_eq!(g.tasks.len(), want.len(), "one tree per thread:\n{text}");
+    for ((_, got), (name, want)) in g.tasks.iter().zip(&want) {
+        assert_same_tree(got, want, name);
+    }
+    // Cut calls are there, under the cleanup handler and after it.
+    let cut = want[0]
+        .1
+        .iter().filter(|e| matches!(e, Ev::Cut(..))).count();
+    assert_eq!(cut, 4 + 3, "{stdout}");
+}
+
+#[test]
+fn signal_handlers_at_depth_nest_and_siglongjmp_out_of_them_is_marked() {
+    let exe = fgraph_sig_fixture();
+    let exe = exe.to_str().unwrap();
+    let plain = untraced(&[exe, "1"]);
+    assert!(plain.status.success(), "{plain:?}");
+    let (out, text) = trace(&["-t", "function_graph"], &[exe, "1"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "program output unchanged");
+    let stdout = String::from_utf8_lossy(&plain.stdout);
+    let want = program_trees(&stdout);
+    let g = graph(&text);
+    assert_eq!(g.closes, g.entries, "every call closed:\n{text}");
+    assert_same_tree(&g.all(), &want[0].1, "the graph is the program's tree");
+    let jumps = want[0]
+        .1
+        .iter()
+        .filter(|e| matches!(e, Ev::Cut(_, m) if m == "longjmp"))
+        .count();
+    // Two rounds jump from the handler (its own calls returned): the recursion (100 + 1,
+    // 150 + 1 calls), `spin` and the handler are cut.
+    assert_eq!(jumps, 103 + 153, "{stdout}");
+}
