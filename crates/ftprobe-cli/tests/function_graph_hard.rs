@@ -9,7 +9,11 @@
 mod common;
 use common::{trace, untraced};
 
-use ftprobe_dev::{fgraph_sig_fixture, fgraph_thr_fixture};
+use ftprobe_dev::{
+    fgraph_co_fixture, fgraph_exc_fixture, fgraph_panic_parts, fgraph_sig_fixture,
+    fgraph_thr_fixture,
+};
+use std::process::Command;
 
 /// One event of a call tree, in order: an entry (depth, name), or a call closed without
 /// returning (name, mark: `unwound`, `longjmp`, `lost`).
@@ -183,4 +187,124 @@ fn signal_handlers_at_depth_nest_and_siglongjmp_out_of_them_is_marked() {
     // Two rounds jump from the handler (its own calls returned): the recursion (100 + 1,
     // 150 + 1 calls), `spin` and the handler are cut.
     assert_eq!(jumps, 103 + 153, "{stdout}");
+}
+
+#[test]
+fn coroutines_ping_ponging_between_stacks_keep_each_tree_and_lose_nothing() {
+    let exe = fgraph_co_fixture();
+    let exe = exe.to_str().unwrap();
+    let plain = untraced(&[exe, "4"]);
+    assert!(plain.status.success(), "{plain:?}");
+    let (out, text) = trace(&["-t", "function_graph"], &[exe, "4"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "program output unchanged");
+    let stdout = String::from_utf8_lossy(&plain.stdout);
+    let want = program_trees(&stdout);
+    let g = graph(&text);
+    assert_eq!(g.closes, g.entries, "every call closed:\n{text}");
+    // No `lost` (or other) mark: a live call on a stack the thread left is never judged gone.
+    assert_same_tree(&g.all(), &want[0].1, "the graph is the program's tree");
+    assert!(g.entries > 40, "{text}");
+}
+
+/// The lines of a program's stderr, without what changes from run to run (the thread id in
+/// Rust's panic message).
+fn stable_lines(b: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(b)
+        .lines()
+        .map(|l| match (l.find(" ("), l.find(") panicked")) {
+            (Some(a), Some(b)) if a < b => format!("{}{}", &l[..a], &l[b + 1..]),
+            _ => l.to_owned(),
+        })
+        .collect()
+}
+
+#[test]
+fn rust_panic_through_hooked_c_frames_caught_by_catch_unwind() {
+    let (libdir, src) = fgraph_panic_parts();
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    if Command::new(&rustc).arg("--version").output().is_err() {
+        eprintln!("skipped: no rustc to build the Rust program ({rustc})");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ftprobe-panic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("fgraph_panic");
+    // Stable rustc: no sites in Rust code; the hooked functions are the C library's.
+    let built = Command::new(&rustc)
+        .args(["--edition=2021", "-g", "-Copt-level=1", "-L"])
+        .arg(&libdir)
+        .args(["-l", "static=fxpanic", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{built:?}");
+    let exe = exe.to_str().unwrap();
+    let plain = Command::new(exe)
+        .arg("6")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert!(plain.status.success(), "{plain:?}");
+    let out = common::ftprobe()
+        .args(["trace", "-t", "function_graph", "-o"])
+        .arg(dir.join("trace.txt"))
+        .args(["--", exe, "6"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(dir.join("trace.txt")).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "program output unchanged");
+    // The panic messages and backtraces (through the hooked frames: real return addresses,
+    // no trampoline) are the untraced ones.
+    let err = stable_lines(&plain.stderr);
+    assert!(
+        err.iter().any(|l| l.contains(": fx_outer")) && err.iter().any(|l| l.contains(": fx_mid")),
+        "the backtrace names the hooked C frames: {err:#?}"
+    );
+    assert_eq!(stable_lines(&out.stderr), err, "stderr unchanged");
+    let stdout = String::from_utf8_lossy(&plain.stdout);
+    assert_eq!(stdout.matches("caught").count(), 4, "{stdout}");
+    let want = program_trees(&stdout);
+    let g = graph(&text);
+    assert_eq!(g.closes, g.entries, "every call closed:\n{text}");
+    // Closed unwound at the catch (the probe on `_Unwind_SetIP`): without it the last
+    // round's calls stay open and the others are closed late, at the next call.
+    assert_same_tree(&g.all(), &want[0].1, "the graph is the program's tree");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Return events alone (no function_graph tracer) hook returns too: a C++ exception through
+/// them must not reach `std::terminate`, and each call that returned is reported once.
+#[test]
+fn return_events_alone_survive_exceptions_through_their_calls() {
+    let exe = fgraph_exc_fixture();
+    let exe = exe.to_str().unwrap();
+    let plain = untraced(&[exe, "6"]);
+    assert!(plain.status.success());
+    let (out, text) = trace(
+        &["-e", "r:mid middle $retval", "-e", "r:thr thrower"],
+        &[exe, "6"],
+    );
+    // Without the unwinder probes: `terminate called after throwing ...`, SIGABRT.
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "program output unchanged");
+    let stdout = String::from_utf8_lossy(&plain.stdout);
+    let (tree, cut) = (program_trees(&stdout), |name: &str| {
+        stdout.lines().filter(|l| *l == format!("U {name}")).count()
+    });
+    for (event, name) in [("mid", "middle"), ("thr", "thrower")] {
+        let entries = tree[0]
+            .1
+            .iter()
+            .filter(|e| matches!(e, Ev::E(_, n) if n == name))
+            .count();
+        let hits = common::events(&text)
+            .filter(|l| l.contains(&format!(" {event}: (")))
+            .count();
+        assert!(cut(name) > 0, "{stdout}");
+        assert_eq!(hits, entries - cut(name), "{event}: one per return:\n{text}");
+    }
 }

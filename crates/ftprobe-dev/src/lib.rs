@@ -137,6 +137,23 @@ pub fn fgraph_sig_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("fgraph_sig")
 }
 
+/// Path of `fgraph_co N` (C; sites by attribute only): three `makecontext` generators of
+/// N, N+1, N+2 values, each yielding from inside traced calls, resumed round-robin by `main`
+/// through `swapcontext`. Prints `E depth name` per traced entry in order (one depth count
+/// per stack), then `sum=S`.
+pub fn fgraph_co_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_co")
+}
+
+/// The Rust panic fixture, built by the tests with rustc: (the directory holding
+/// `libfxpanic.a`, the C half with sites, and the path of `rust/fgraph_panic.rs`).
+pub fn fgraph_panic_parts() -> (PathBuf, PathBuf) {
+    (
+        PathBuf::from(FIXTURES_DIR),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rust/fgraph_panic.rs"),
+    )
+}
+
 /// Path of `cxx N` (C++, `-pg -mfentry -mrecord-mcount` sites): `main` calls
 /// `ns::K::get(i)` and `ns::twice<long>(...)` N times (default 3); prints `cxx=<sum>`
 /// (`sum` of `2 * (100 + i)`).

@@ -55,7 +55,10 @@
 //!   [`unwinder_entered`] puts back every real return address of the thread's current stack
 //!   (entries become `RESTORED`, keyed by the unwinder's stack pointer). At the thread's next
 //!   graph event outside the unwinder (a slot above the unwinder's stack pointer: the catch,
-//!   a landing pad's call, the next call after a backtrace), restored entries whose frames
+//!   a landing pad's call, the next call after a backtrace), or at the landing itself (a
+//!   probe on `_Unwind_SetIP`, which every personality routine calls on the frame it resumes:
+//!   the context's CFA is that frame's stack pointer at the call site; Rust's `catch_unwind` is seen only there), restored
+//!   entries whose frames
 //!   are gone (slot at or below the event's) are closed `Unwound` (`Lost` after a mere
 //!   backtrace), and the live ones are hijacked again if their slot still holds their real
 //!   return address. A restored call that returns before the next event returns to its real
@@ -630,6 +633,26 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
             Err(e) => errors.push(e),
         }
     }
+    // Landing pads: the personality routine (C++'s, Rust's, ...) calls `_Unwind_SetIP` on
+    // the frame the unwinder is about to resume (a catch or a cleanup), just before the jump.
+    if let Ok(f) = super::find_symbol(Some("libgcc_s.so.1"), "_Unwind_GetCFA") {
+        if let Some(f) = f.first() {
+            GET_CFA.store(f.addr, Ordering::Relaxed);
+            let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
+                KprobeTarget::Symbol {
+                    module: Some("libgcc_s.so.1".to_owned()),
+                    name: "_Unwind_SetIP".to_owned(),
+                    offset: 0,
+                },
+                Some(set_ip_pre_handler),
+                None,
+            )));
+            match register_kprobe(p) {
+                Ok(()) => armed += 1,
+                Err(e) => errors.push(e),
+            }
+        }
+    }
     // A backtrace removes no frame: at each `ret` of `_Unwind_Backtrace` every restored call
     // is still live and is hijacked again at once (else a call that returns before the
     // thread's next graph event would be closed late).
@@ -645,6 +668,36 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
         }
     }
     (armed, errors)
+}
+
+/// libgcc_s's `_Unwind_GetCFA` (0 until the probes are armed).
+static GET_CFA: AtomicU64 = AtomicU64::new(0);
+
+/// At `_Unwind_SetIP(context, ip)` (`rdi`: the context of the frame about to be resumed at a
+/// landing pad): `_Unwind_GetCFA` of that context is the frame's stack pointer at its call
+/// site (the CFA of the callee it was unwound from); every restored call with a slot below
+/// it is gone (closed `Unwound`), the others are hijacked again. A Rust `catch_unwind` is
+/// seen only here (it calls no libgcc_s function when it catches a Rust panic).
+fn set_ip_pre_handler(_p: &crate::kprobes::Kprobe, regs: &mut PtRegs) -> i32 {
+    let f = GET_CFA.load(Ordering::Relaxed);
+    if f == 0 || regs.rdi == 0 {
+        return 0;
+    }
+    let t = probe_state::this_thread();
+    if t.fgraph.get().is_null() {
+        return 0;
+    }
+    // SAFETY: libgcc_s's `_Unwind_Ptr _Unwind_GetCFA(struct _Unwind_Context *)`, a field
+    // read, on the context `_Unwind_SetIP` was called with.
+    let cfa = unsafe { std::mem::transmute::<u64, extern "C" fn(u64) -> u64>(f)(regs.rdi) };
+    if let Some(ss) = shadow_stack(t) {
+        if ss.restored && ss.unwinding {
+            // The context's CFA is its callee's: the frame's stack pointer at the call site.
+            // As a return there: calls with a lower slot (the frame's callees) are gone.
+            after_unwinder(ss, cfa, true);
+        }
+    }
+    0
 }
 
 /// The addresses of the `ret` instructions of libgcc_s's `_Unwind_Backtrace`.
