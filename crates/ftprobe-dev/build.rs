@@ -47,6 +47,7 @@ fn main() {
         "c/fgraph_thr.c",
         "c/fgraph_sig.c",
         "c/fgraph_co.c",
+        "c/fgraph_deep.c",
         "c/fgraph_panic.c",
         "c/sigstack.c",
         "c/mallocs.c",
@@ -251,6 +252,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         // fgraph_co: swapcontext/makecontext coroutines.
         ("fgraph_sig", &[], &[]),
         ("fgraph_co", &[], &[]),
+        // fgraph_deep: recursion deeper than the shadow stack, fork and exit in traced calls.
+        ("fgraph_deep", &[], &[]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

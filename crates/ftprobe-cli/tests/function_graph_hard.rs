@@ -10,7 +10,7 @@ mod common;
 use common::{trace, untraced};
 
 use ftprobe_dev::{
-    fgraph_co_fixture, fgraph_exc_fixture, fgraph_panic_parts, fgraph_sig_fixture,
+    fgraph_co_fixture, fgraph_deep_fixture, fgraph_exc_fixture, fgraph_panic_parts, fgraph_sig_fixture,
     fgraph_thr_fixture,
 };
 use std::process::Command;
@@ -307,4 +307,41 @@ fn return_events_alone_survive_exceptions_through_their_calls() {
         assert!(cut(name) > 0, "{stdout}");
         assert_eq!(hits, entries - cut(name), "{event}: one per return:\n{text}");
     }
+}
+
+/// The shadow stack's size (`ftprobe::ftrace::fgraph::FGRAPH_CAPACITY`).
+const SHADOW_CAPACITY: usize = 1024;
+
+#[test]
+fn recursion_deeper_than_the_shadow_stack_fork_and_exit_inside_hooked_calls() {
+    let exe = fgraph_deep_fixture();
+    let exe = exe.to_str().unwrap();
+    let plain = untraced(&[exe, "1500"]);
+    assert_eq!(plain.status.code(), Some(3), "{plain:?}");
+    let (out, text) = trace(&["-t", "function_graph"], &[exe, "1500"]);
+    assert_eq!(out.status.code(), Some(3), "exit status kept: {out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "program output unchanged");
+    let stdout = String::from_utf8_lossy(&plain.stdout);
+    let trees = program_trees(&stdout);
+    let tree = |name: &str| &trees.iter().find(|(n, _)| n == name).unwrap().1;
+    let (parent, child) = (tree("parent"), tree("child"));
+    // Hooked: the calls that found room on the shadow stack (main has no site, so depth d
+    // is entry d of the thread's shadow stack); the deeper ones are the overruns.
+    let hooked: Vec<Ev> = parent
+        .iter()
+        .filter(|e| matches!(e, Ev::E(d, _) if *d < SHADOW_CAPACITY))
+        .cloned()
+        .collect();
+    let overruns = parent.len() - hooked.len();
+    assert!(overruns > 400, "{overruns}");
+    let g = graph(&text);
+    assert_eq!(g.tasks.len(), 2, "parent and fork child:\n{text}");
+    assert_same_tree(&g.tasks[0].1, &hooked, "parent");
+    // The child's own calls, under the frames it inherited (`forker`, depth 0).
+    assert_same_tree(&g.tasks[1].1, child, "child");
+    // Open at exit: `finisher` (parent), `child_exit` (child); the kernel's function_graph
+    // shows no end either for calls a task never left.
+    assert_eq!(g.closes + 2, g.entries, "{text}");
+    let line = format!("# {overruns} calls not hooked: the shadow stack was full");
+    assert!(text.lines().any(|l| l == line), "want {line:?} in:\n{text}");
 }

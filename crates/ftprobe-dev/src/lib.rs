@@ -145,6 +145,15 @@ pub fn fgraph_co_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("fgraph_co")
 }
 
+/// Path of `fgraph_deep N` (C; sites by attribute only, none in `main`): a recursion N deep
+/// (`leaf` every 100 levels), then `forker` forks: the child calls traced functions, prints
+/// `T child` and its tree, and calls exit(0) inside `child_exit`; the parent waits, then
+/// prints `T parent`, its tree and `rec=R child=0`, and calls exit(3) inside `finisher`.
+/// Trees: `E depth name` per traced entry in order.
+pub fn fgraph_deep_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_deep")
+}
+
 /// The Rust panic fixture, built by the tests with rustc: (the directory holding
 /// `libfxpanic.a`, the C half with sites, and the path of `rust/fgraph_panic.rs`).
 pub fn fgraph_panic_parts() -> (PathBuf, PathBuf) {
