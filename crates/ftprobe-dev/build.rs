@@ -48,6 +48,7 @@ fn main() {
         "c/fgraph_sig.c",
         "c/fgraph_co.c",
         "c/fgraph_deep.c",
+        "c/fgraph_swstk.c",
         "c/fgraph_panic.c",
         "c/sigstack.c",
         "c/mallocs.c",
@@ -254,6 +255,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("fgraph_co", &[], &[]),
         // fgraph_deep: recursion deeper than the shadow stack, fork and exit in traced calls.
         ("fgraph_deep", &[], &[]),
+        // fgraph_swstk: a stack switched by hand (inline asm).
+        ("fgraph_swstk", &[], &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -10,7 +10,7 @@ mod common;
 use common::{trace, untraced};
 
 use ftprobe_dev::{
-    fgraph_co_fixture, fgraph_deep_fixture, fgraph_exc_fixture, fgraph_panic_parts, fgraph_sig_fixture,
+    fgraph_co_fixture, fgraph_deep_fixture, fgraph_exc_fixture, fgraph_panic_parts, fgraph_sig_fixture, fgraph_swstk_fixture,
     fgraph_thr_fixture,
 };
 use std::process::Command;
@@ -344,4 +344,56 @@ fn recursion_deeper_than_the_shadow_stack_fork_and_exit_inside_hooked_calls() {
     assert_eq!(g.closes + 2, g.entries, "{text}");
     let line = format!("# {overruns} calls not hooked: the shadow stack was full");
     assert!(text.lines().any(|l| l == line), "want {line:?} in:\n{text}");
+}
+
+/// What the graph shows for a stack switched by hand (no API: nothing tells ftprobe): below
+/// the thread's stack, the switched calls nest under their caller and the tree is exact;
+/// above it, an entry there proves (by the nesting rule) that the calls live on the thread's
+/// stack are gone: they are closed `lost` and kept as zombies, so that their returns, late,
+/// still find their real addresses. Never a crash or a wrong return.
+#[test]
+fn a_stack_switched_by_hand_never_breaks_a_return() {
+    let exe = fgraph_swstk_fixture();
+    let exe = exe.to_str().unwrap();
+    for mode in ["below", "above"] {
+        let plain = untraced(&[exe, mode]);
+        assert!(plain.status.success(), "{plain:?}");
+        let (out, text) = trace(&["-t", "function_graph"], &[exe, mode]);
+        assert_eq!(out.status.code(), Some(0), "{mode}: {out:?}\n{text}");
+        assert_eq!(out.stdout, plain.stdout, "{mode}: program output unchanged");
+        let stdout = String::from_utf8_lossy(&plain.stdout);
+        let want = &program_trees(&stdout)[0].1;
+        let g = graph(&text);
+        assert_eq!(g.closes, g.entries, "{mode}: every call closed:\n{text}");
+        let got = g.all();
+        if mode == "below" {
+            assert_same_tree(&got, want, mode);
+            continue;
+        }
+        // Above: the same calls in the same order; the only marks are `lost`, on the calls
+        // that were live on the thread's stack at a switch.
+        let names = |t: &[Ev]| -> Vec<String> {
+            t.iter()
+                .filter_map(|e| match e {
+                    Ev::E(_, n) => Some(n.clone()),
+                    Ev::Cut(..) => None,
+                })
+                .collect()
+        };
+        assert_eq!(names(&got), names(want), "{mode}:\n{text}");
+        let marks: Vec<(&str, &str)> = got
+            .iter()
+            .filter_map(|e| match e {
+                Ev::Cut(n, m) => Some((n.as_str(), m.as_str())),
+                Ev::E(..) => None,
+            })
+            .collect();
+        assert!(!marks.is_empty(), "{text}");
+        assert!(
+            marks
+                .iter()
+                .all(|(n, m)| *m == "lost" && ["switcher", "thread_fn"].contains(n)),
+            "{marks:?}"
+        );
+    }
 }

@@ -154,6 +154,15 @@ pub fn fgraph_deep_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("fgraph_deep")
 }
 
+/// Path of `fgraph_swstk below|above` (C; sites by attribute only, `-pthread`): a thread's
+/// traced `switcher` moves rsp to a buffer by inline asm and calls traced functions there,
+/// three times; the buffer is static data (`below` the thread's stack) or the upper half of
+/// the mapping whose lower half is the thread's stack (`above`). Prints `E depth name` per
+/// traced entry in order (its own nesting), then `sum=S`.
+pub fn fgraph_swstk_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_swstk")
+}
+
 /// The Rust panic fixture, built by the tests with rustc: (the directory holding
 /// `libfxpanic.a`, the C half with sites, and the path of `rust/fgraph_panic.rs`).
 pub fn fgraph_panic_parts() -> (PathBuf, PathBuf) {
