@@ -10,8 +10,8 @@ mod common;
 use common::{trace, untraced};
 
 use ftprobe_dev::{
-    fgraph_co_fixture, fgraph_deep_fixture, fgraph_exc_fixture, fgraph_panic_parts, fgraph_sig_fixture, fgraph_swstk_fixture,
-    fgraph_thr_fixture,
+    fgraph_co_fixture, fgraph_deep_fixture, fgraph_exc_fixture, fgraph_panic_parts,
+    fgraph_sig_fixture, fgraph_swstk_fixture, fgraph_thr_fixture,
 };
 use std::process::Command;
 
@@ -161,7 +161,9 @@ fn pthread_exit_and_cancel_in_hooked_calls_close_them_unwound() {
     // Cut calls are there, under the cleanup handler and after it.
     let cut = want[0]
         .1
-        .iter().filter(|e| matches!(e, Ev::Cut(..))).count();
+        .iter()
+        .filter(|e| matches!(e, Ev::Cut(..)))
+        .count();
     assert_eq!(cut, 4 + 3, "{stdout}");
 }
 
@@ -305,7 +307,11 @@ fn return_events_alone_survive_exceptions_through_their_calls() {
             .filter(|l| l.contains(&format!(" {event}: (")))
             .count();
         assert!(cut(name) > 0, "{stdout}");
-        assert_eq!(hits, entries - cut(name), "{event}: one per return:\n{text}");
+        assert_eq!(
+            hits,
+            entries - cut(name),
+            "{event}: one per return:\n{text}"
+        );
     }
 }
 
@@ -319,7 +325,11 @@ fn recursion_deeper_than_the_shadow_stack_fork_and_exit_inside_hooked_calls() {
     let plain = untraced(&[exe, "1500"]);
     assert_eq!(plain.status.code(), Some(3), "{plain:?}");
     let (out, text) = trace(&["-t", "function_graph"], &[exe, "1500"]);
-    assert_eq!(out.status.code(), Some(3), "exit status kept: {out:?}\n{text}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "exit status kept: {out:?}\n{text}"
+    );
     assert_eq!(out.stdout, plain.stdout, "program output unchanged");
     let stdout = String::from_utf8_lossy(&plain.stdout);
     let trees = program_trees(&stdout);

@@ -464,10 +464,7 @@ pub fn longjmp_unwind(target_sp: u64) {
         if !(e.state == LIVE || e.state == RESTORED || e.state == ZOMBIE) || e.retp == 0 {
             continue;
         }
-        if e.retp < target_sp
-            && (!from_same || e.retp >= cur)
-            && same_stack(e.retp, target_sp)
-        {
+        if e.retp < target_sp && (!from_same || e.retp >= cur) && same_stack(e.retp, target_sp) {
             if e.state == ZOMBIE {
                 // Reported already.
                 ss.entries[j].state = HOLE;
