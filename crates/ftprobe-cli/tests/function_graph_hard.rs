@@ -138,9 +138,50 @@ fn assert_same_tree(got: &[Ev], want: &[Ev], what: &str) {
     );
 }
 
+/// The `DT_NEEDED` names of an ELF file.
+fn needed(path: &std::path::Path) -> Vec<String> {
+    use object::read::elf::{Dyn, FileHeader, SectionHeader};
+    let data = std::fs::read(path).unwrap();
+    let hdr = object::elf::FileHeader64::<object::Endianness>::parse(&*data).unwrap();
+    let e = hdr.endian().unwrap();
+    let sections = hdr.sections(e, &*data).unwrap();
+    let mut out = Vec::new();
+    for s in sections.iter() {
+        let Ok(Some((dyns, link))) = s.dynamic(e, &*data) else {
+            continue;
+        };
+        let strings = sections.strings(e, &*data, link).unwrap();
+        for d in dyns {
+            if d.tag32(e) == Some(object::elf::DT_NEEDED) {
+                let name = d.string(e, strings).unwrap();
+                out.push(String::from_utf8_lossy(name).into_owned());
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn pthread_exit_and_cancel_in_hooked_calls_close_them_unwound() {
     let exe = fgraph_thr_fixture();
+    // The C program loads libgcc_s only when its first thread exits (glibc's dlopen); the
+    // agent, which needs it for its unwinder probes before main, has it as a dependency.
+    assert!(
+        !needed(&exe).iter().any(|n| n.starts_with("libgcc_s")),
+        "{:?}",
+        needed(&exe)
+    );
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ftprobe"));
+    let agent = ["libftprobe_agent.so", "deps/libftprobe_agent.so"]
+        .iter()
+        .map(|p| bin.parent().unwrap().join(p))
+        .find(|p| p.exists())
+        .expect("the agent next to ftprobe");
+    assert!(
+        needed(&agent).iter().any(|n| n == "libgcc_s.so.1"),
+        "{:?}",
+        needed(&agent)
+    );
     let exe = exe.to_str().unwrap();
     let plain = untraced(&[exe, "4"]);
     assert!(plain.status.success(), "{plain:?}");
