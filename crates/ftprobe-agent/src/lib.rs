@@ -364,7 +364,4 @@ extern "C" fn agent_fini() {
     let Some(buf) = trace::buffer() else { return };
     buf.note_lost_recursion(function_tracer::FUNCTION_OPS.missed());
     buf.note_lost_recursion(function_graph::GRAPH_OPS.missed());
-    // Calls the shadow stack had no room for (a fork child does not get here: its count
-    // starts from the parent's, which the parent publishes).
-    buf.note_fgraph_overrun(function_graph::GRAPH_OPS.overrun());
 }

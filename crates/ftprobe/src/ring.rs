@@ -22,7 +22,7 @@
 //!   |  80 lost_recursion u64 (events a tracer dropped: it was already running)          |
 //!   |  88 armed u64 (the agent armed everything it was asked to: the trace is on)        |
 //!   |  96 fgraph_overrun u64 (calls the function_graph tracer could not hook: full shadow |
-//!   |     stack; published by the agent at exit)                                        |
+//!   |     stack)                                                                        |
 //!   | 128 objects[512], 272 bytes each:                                              |
 //!   |       0 load_bias u64, 8 path_len u32, 12 reserved u32, 16 path[256]           |
 //!   | 139392 event_counters[1024], 16 bytes each (kprobe events, by event id):        |
@@ -799,8 +799,8 @@ impl SharedRings {
         self.header().counters.0.lost_no_ring.load(Relaxed)
     }
 
-    /// Agent side, at exit: `n` calls the function_graph tracer could not hook (the thread's
-    /// shadow stack was full: the kernel's `overrun`).
+    /// Probe path: `n` calls the function_graph tracer could not hook (the thread's shadow
+    /// stack was full: the kernel's `overrun`).
     pub fn note_fgraph_overrun(&self, n: u64) {
         // Relaxed: a statistic, read with `fgraph_overrun`.
         self.header()

@@ -462,6 +462,20 @@ pub unsafe fn function_graph_exit_nohijack(func: u64, sp: u64, regs: &PtRegs) {
     }
 }
 
+/// A call `gops` could not hook (no room, no shadow stack). The function_graph tracer's are
+/// also counted in the shared ring header at once, for the CLI (exact even if the process
+/// never reaches its exit; a fork child counts in the same header).
+#[cold]
+#[inline(never)]
+fn count_overrun(gops: &'static FgraphOps) {
+    gops.overrun.fetch_add(1, Ordering::Relaxed);
+    if std::ptr::eq(gops, &crate::function_graph::GRAPH_OPS) {
+        if let Some(b) = crate::trace::buffer() {
+            b.note_fgraph_overrun(1);
+        }
+    }
+}
+
 /// The shared entry path.
 ///
 /// # Safety
@@ -478,7 +492,7 @@ unsafe fn enter(
     let t = probe_state::this_thread();
     let _ = t.enter(Entry::Here(stack_pointer()));
     let Some(ss) = shadow_stack(t) else {
-        gops.overrun.fetch_add(1, Ordering::Relaxed);
+        count_overrun(gops);
         return false;
     };
     let retp_v = retp as u64;
@@ -508,7 +522,7 @@ unsafe fn enter(
         }
     }
     if top >= FGRAPH_CAPACITY && !unwind::reclaim(ss) {
-        gops.overrun.fetch_add(1, Ordering::Relaxed);
+        count_overrun(gops);
         return false;
     }
     let top = ss.top;
