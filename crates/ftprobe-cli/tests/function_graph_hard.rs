@@ -130,7 +130,8 @@ fn assert_same_tree(got: &[Ev], want: &[Ev], what: &str) {
     let i = got.iter().zip(want).take_while(|(a, b)| a == b).count();
     let lo = i.saturating_sub(5);
     panic!(
-        "{what}: the trees part at event {i} (graph {} events, program {}):\n graph:   {:?}\n program: {:?}",
+        "{what}: the trees part at event {i} (graph {} events, program {}):\n \
+         graph:   {:?}\n program: {:?}",
         got.len(),
         want.len(),
         &got[lo..got.len().min(i + 8)],

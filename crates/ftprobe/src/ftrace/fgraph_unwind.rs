@@ -56,22 +56,22 @@
 //!   (entries become `RESTORED`, keyed by the unwinder's stack pointer). At the thread's next
 //!   graph event outside the unwinder (a slot above the unwinder's stack pointer: the catch,
 //!   a landing pad's call, the next call after a backtrace), or at the landing itself (a
-//!   probe on `_Unwind_SetIP`, which every personality routine calls on the frame it resumes:
-//!   the context's CFA is that frame's stack pointer at the call site; Rust's `catch_unwind` is seen only there), restored
-//!   entries whose frames
-//!   are gone (slot at or below the event's) are closed `Unwound` (`Lost` after a mere
+//!   probe on `_Unwind_SetIP`, which every personality routine calls on the frame it
+//!   resumes: the context's CFA is that frame's stack pointer at the call site; Rust's
+//!   `catch_unwind` is seen only there), restored entries whose frames are gone (slot at or
+//!   below the event's) are closed `Unwound` (`Lost` after a mere
 //!   backtrace), and the live ones are hijacked again if their slot still holds their real
 //!   return address. A restored call that returns before the next event returns to its real
 //!   caller untraced and is closed at that event (late, its exit as above).
 //! - **The end of a thread** (`pthread_exit`, cancellation: a forced unwind that ends in
-//!   `start_thread`, which never returns through the thread's first frames; or a raw
-//!   `exit` syscall): the calls still on the thread's shadow stack are closed when the
-//!   thread's pthread key destructors run ([`init_thread_exit_key`]), deepest first:
+//!   `start_thread` by glibc's internal longjmp, never returning through the thread's first
+//!   frames): the calls still on the thread's shadow stack are closed when the thread's
+//!   pthread key destructors run ([`init_thread_exit_key`]), deepest first:
 //!   `Unwound` when an unwinder restored them, else `Lost`.
 //! - **Signal handlers** run on the same stack below the interrupted frame (or on the signal
 //!   stack, a known stack): their hooked calls nest normally; the first one on the signal
-//!   stack nests under the call it interrupted (its depth in the graph). A handler that leaves by
-//!   `siglongjmp` is the longjmp case.
+//!   stack nests under the call it interrupted (its depth in the graph). A handler that
+//!   leaves by `siglongjmp` is the longjmp case.
 //! - **fork** inside a hooked function: the child's memory is a copy, shadow stack included,
 //!   so its returns find their entries. **exit** inside one: the process ends, nothing to do.
 //! - **CET shadow stacks**: a hijacked return would fault (`#CP`) in a process whose shadow
