@@ -44,6 +44,12 @@ fn main() {
         "c/fxgraph.c",
         "c/fgraph_exc.cc",
         "c/fgraph_jmp.c",
+        "c/fgraph_thr.c",
+        "c/fgraph_sig.c",
+        "c/fgraph_co.c",
+        "c/fgraph_deep.c",
+        "c/fgraph_swstk.c",
+        "c/fgraph_panic.c",
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
@@ -146,6 +152,18 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &[],
     );
     link(&[&jmp], &fixtures.join("fgraph_jmp"), &[&[]]);
+    // libfxpanic.a: the C half (sites by attribute, unwind tables) of the Rust panic fixture
+    // `rust/fgraph_panic.rs`, which the tests build with the stable rustc.
+    let panic = objs.join("fgraph_panic.o");
+    compile(
+        &c_dir.join("fgraph_panic.c"),
+        &panic,
+        &[BASE_CFLAGS, &["-fexceptions"]],
+        &[],
+    );
+    let lib = fixtures.join("libfxpanic.a");
+    let _ = fs::remove_file(&lib);
+    run(Command::new("ar").arg("crs").arg(&lib).arg(&panic));
 
     // C++ with -mfentry sites: cxx, for demangled names; cxx_stl, libstdc++ templates kept
     // out of line (-O0), for names that are hard to demangle.
@@ -229,6 +247,16 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("libc_calls", &[], &[]),
         ("probepath", patchable.cflags(), &["-pthread"]),
         ("signals", patchable.cflags(), &[]),
+        // fgraph (return hooks), sites by attribute: fgraph_thr, pthread_exit and
+        // cancellation under traced frames; fgraph_sig, signal handlers at depth.
+        ("fgraph_thr", &[], &["-pthread"]),
+        // fgraph_co: swapcontext/makecontext coroutines.
+        ("fgraph_sig", &[], &[]),
+        ("fgraph_co", &[], &[]),
+        // fgraph_deep: recursion deeper than the shadow stack, fork and exit in traced calls.
+        ("fgraph_deep", &[], &[]),
+        // fgraph_swstk: a stack switched by hand (inline asm).
+        ("fgraph_swstk", &[], &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

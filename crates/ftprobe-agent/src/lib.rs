@@ -243,6 +243,9 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     for e in skipped {
         say!("ftprobe-agent: skipped an object: {e}");
     }
+    // Return hooks in use (a return event, the function_graph tracer): longjmp, context
+    // switches and unwinders must be followed (`start_return_hooks`).
+    let mut returns_in_use = false;
     for (line, probe) in env.events.iter().enumerate() {
         // `ID<TAB>DEF` (the probes of one event share its id), or a bare DEF: id = line.
         let (id, cmd) = match probe.split_once('\t') {
@@ -250,7 +253,7 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
             _ => (line as u32, probe.as_str()),
         };
         match trace_kprobe::create(id, cmd) {
-            Ok(_) => {}
+            Ok(tk) => returns_in_use |= tk.rp.is_some(),
             Err(e) => {
                 say(format_args!("ftprobe-agent: {}", error_log(cmd, &e.err)));
                 if let Some(d) = e.detail {
@@ -308,20 +311,35 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(w) = unmatched.first() {
             return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
         }
-        returns::start();
-        // Unwinders (C++ exceptions, Rust panics, pthread_exit, backtrace) must see real
-        // return addresses: probes on libgcc_s's entry points (ftprobe::ftrace::fgraph_unwind).
-        let (_, errors) = ftprobe::ftrace::fgraph_unwind::arm_unwinder_probes();
-        if ftprobe::ftrace::has_module("libgcc_s.so.1") {
-            for e in errors {
-                say!("ftprobe-agent: return hooks: an unwinder probe failed: {e}");
-            }
-        }
+        returns_in_use = true;
+    }
+    if returns_in_use {
+        start_return_hooks();
     }
     if let Some(rings) = trace::buffer() {
         rings.set_armed();
     }
     Ok(())
+}
+
+/// Return hooks are in use: the interposers of longjmp, context switches and catches tell
+/// the engine, and unwinders (C++ exceptions, Rust panics, pthread_exit, cancellation,
+/// backtrace) get probes on libgcc_s's entry points that put back the real return addresses
+/// (ftprobe::ftrace::fgraph_unwind). libgcc_s is loaded in every process: it is a
+/// `DT_NEEDED` of this library (build.rs), so a C program that loads it itself only at its
+/// first `pthread_exit` or `backtrace` has it, probed, before main.
+fn start_return_hooks() {
+    returns::start();
+    let (_, errors) = ftprobe::ftrace::fgraph_unwind::arm_unwinder_probes();
+    if !ftprobe::ftrace::has_module("libgcc_s.so.1") {
+        say!(
+            "ftprobe-agent: return hooks: libgcc_s.so.1 is not loaded: an exception, \
+             pthread_exit or backtrace through a hooked call would find no caller"
+        );
+    }
+    for e in errors {
+        say!("ftprobe-agent: return hooks: an unwinder probe failed: {e}");
+    }
 }
 
 /// The load base of this library (`dladdr` on one of its functions), which is its bias in

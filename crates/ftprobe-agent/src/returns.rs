@@ -23,8 +23,10 @@ pub fn start() {
     ON.store(true, Ordering::Release);
 }
 
-// The landing points after an unwind: a C++ `catch` calls `__cxa_begin_catch`, Rust's
-// `catch_unwind` frees the exception with `_Unwind_DeleteException`. Each stub passes its
+// The landing points after an unwind: a C++ `catch` calls `__cxa_begin_catch`, a catch of
+// a foreign exception (Rust's `catch_unwind` of a C++ one) frees it with
+// `_Unwind_DeleteException` (a Rust panic caught in Rust is seen at `_Unwind_SetIP` only,
+// by the engine's probe). Each stub passes its
 // caller's stack pointer (the catching frame's, `rsp + 8` at entry) to the engine, which
 // hijacks again the calls that are still live and closes the ones the unwind removed
 // (`fgraph_unwind::unwinder_landed`), then goes on to the real function.

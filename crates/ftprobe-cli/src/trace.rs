@@ -1092,6 +1092,13 @@ impl Printer {
                     rings.lost_recursion()
                 )?;
             }
+            if rings.fgraph_overrun() > 0 {
+                writeln!(
+                    o,
+                    "# {} calls not hooked: the shadow stack was full",
+                    rings.fgraph_overrun()
+                )?;
+            }
             writeln!(o, "# lost events: {total}")?;
             output::entries(o, printed, total)?;
             if !events.is_empty() {

@@ -118,6 +118,60 @@ pub fn fgraph_jmp_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("fgraph_jmp")
 }
 
+/// Path of `fgraph_thr N` (C; sites by `patchable_function_entry` attribute only;
+/// `-pthread`, not linked with libgcc_s): a thread that calls `pthread_exit` under N+3
+/// traced frames, then one cancelled there, a cleanup handler in one frame calling traced
+/// functions. Prints per thread `T name`, then `E depth name` per traced entry in order and
+/// `U name` per call the unwind cut off, in the order their frames went.
+pub fn fgraph_thr_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_thr")
+}
+
+/// Path of `fgraph_sig SCALE` (C; sites by attribute only): four rounds of a recursion
+/// (100 to 500 deep, times SCALE) whose bottom a timer signal interrupts; the SIGALRM
+/// handler recurses and raises SIGUSR1 (whose handler calls a traced function), on the
+/// thread's stack or on the signal stack, and in two rounds leaves by `siglongjmp`. Prints
+/// `sum=S`, then `E depth name` per traced entry in order and `L name` per call a
+/// siglongjmp cut off (deepest first).
+pub fn fgraph_sig_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_sig")
+}
+
+/// Path of `fgraph_co N` (C; sites by attribute only): three `makecontext` generators of
+/// N, N+1, N+2 values, each yielding from inside traced calls, resumed round-robin by `main`
+/// through `swapcontext`. Prints `E depth name` per traced entry in order (one depth count
+/// per stack), then `sum=S`.
+pub fn fgraph_co_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_co")
+}
+
+/// Path of `fgraph_deep N` (C; sites by attribute only, none in `main`): a recursion N deep
+/// (`leaf` every 100 levels), then `forker` forks: the child calls traced functions, prints
+/// `T child` and its tree, and calls exit(0) inside `child_exit`; the parent waits, then
+/// prints `T parent`, its tree and `rec=R child=0`, and calls exit(3) inside `finisher`.
+/// Trees: `E depth name` per traced entry in order.
+pub fn fgraph_deep_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_deep")
+}
+
+/// Path of `fgraph_swstk below|above` (C; sites by attribute only, `-pthread`): a thread's
+/// traced `switcher` moves rsp to a buffer by inline asm and calls traced functions there,
+/// three times; the buffer is static data (`below` the thread's stack) or the upper half of
+/// the mapping whose lower half is the thread's stack (`above`). Prints `E depth name` per
+/// traced entry in order (its own nesting), then `sum=S`.
+pub fn fgraph_swstk_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("fgraph_swstk")
+}
+
+/// The Rust panic fixture, built by the tests with rustc: (the directory holding
+/// `libfxpanic.a`, the C half with sites, and the path of `rust/fgraph_panic.rs`).
+pub fn fgraph_panic_parts() -> (PathBuf, PathBuf) {
+    (
+        PathBuf::from(FIXTURES_DIR),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rust/fgraph_panic.rs"),
+    )
+}
+
 /// Path of `cxx N` (C++, `-pg -mfentry -mrecord-mcount` sites): `main` calls
 /// `ns::K::get(i)` and `ns::twice<long>(...)` N times (default 3); prints `cxx=<sum>`
 /// (`sum` of `2 * (100 + i)`).

@@ -21,6 +21,8 @@
 //!   |  64 claimed u64 (the target's threads fetch_add)   72 lost_no_ring u64         |
 //!   |  80 lost_recursion u64 (events a tracer dropped: it was already running)          |
 //!   |  88 armed u64 (the agent armed everything it was asked to: the trace is on)        |
+//!   |  96 fgraph_overrun u64 (calls the function_graph tracer could not hook: full shadow |
+//!   |     stack)                                                                        |
 //!   | 128 objects[512], 272 bytes each:                                              |
 //!   |       0 load_bias u64, 8 path_len u32, 12 reserved u32, 16 path[256]           |
 //!   | 139392 event_counters[1024], 16 bytes each (kprobe events, by event id):        |
@@ -133,6 +135,7 @@ struct Counters {
     lost_no_ring: AtomicU64,
     lost_recursion: AtomicU64,
     armed: AtomicU64,
+    fgraph_overrun: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -183,6 +186,7 @@ const _: () = {
     assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_no_ring) == 72);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_recursion) == 80);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, armed) == 88);
+    assert!(offset_of!(Header, counters) + offset_of!(Counters, fgraph_overrun) == 96);
     assert!(offset_of!(Header, objects) == 128);
     assert!(size_of::<ObjectSlot>() == 272);
     assert!(offset_of!(ObjectSlot, load_bias) == 0);
@@ -793,6 +797,23 @@ impl SharedRings {
     pub fn lost_no_ring(&self) -> u64 {
         // Relaxed: a statistic, pairs with nothing (see `note_lost_no_ring`).
         self.header().counters.0.lost_no_ring.load(Relaxed)
+    }
+
+    /// Probe path: `n` calls the function_graph tracer could not hook (the thread's shadow
+    /// stack was full: the kernel's `overrun`).
+    pub fn note_fgraph_overrun(&self, n: u64) {
+        // Relaxed: a statistic, read with `fgraph_overrun`.
+        self.header()
+            .counters
+            .0
+            .fgraph_overrun
+            .fetch_add(n, Relaxed);
+    }
+
+    /// Calls the function_graph tracer could not hook ([`SharedRings::note_fgraph_overrun`]).
+    pub fn fgraph_overrun(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.header().counters.0.fgraph_overrun.load(Relaxed)
     }
 
     /// Agent side: everything asked for is armed (after the last probe, filter and tracer

@@ -210,6 +210,7 @@ pub fn register_fgraph_user(gops: &'static FgraphOps) -> Result<(), FtraceError>
         return Err(FtraceError::AlreadyRegistered);
     }
     unwind::check_return_hooks_allowed()?;
+    unwind::init_thread_exit_key();
     for (i, u) in USERS.iter().enumerate() {
         let p = gops as *const FgraphOps as *mut FgraphOps;
         // AcqRel pairs with the Acquire loads of the return path (`user`).
@@ -344,6 +345,7 @@ fn map_shadow_stack(t: &probe_state::ThreadState) -> Option<&'static mut ShadowS
         }
     }
     t.fgraph.set(p);
+    unwind::note_thread(p);
     // SAFETY: as in `shadow_stack`.
     Some(unsafe { &mut *p })
 }
@@ -466,6 +468,20 @@ pub unsafe fn function_graph_exit_nohijack(func: u64, sp: u64, regs: &PtRegs) {
     }
 }
 
+/// A call `gops` could not hook (no room, no shadow stack). The function_graph tracer's are
+/// also counted in the shared ring header at once, for the CLI (exact even if the process
+/// never reaches its exit; a fork child counts in the same header).
+#[cold]
+#[inline(never)]
+fn count_overrun(gops: &'static FgraphOps) {
+    gops.overrun.fetch_add(1, Ordering::Relaxed);
+    if std::ptr::eq(gops, &crate::function_graph::GRAPH_OPS) {
+        if let Some(b) = crate::trace::buffer() {
+            b.note_fgraph_overrun(1);
+        }
+    }
+}
+
 /// The shared entry path.
 ///
 /// # Safety
@@ -482,7 +498,7 @@ unsafe fn enter(
     let t = probe_state::this_thread();
     let _ = t.enter(Entry::Here(stack_pointer()));
     let Some(ss) = shadow_stack(t) else {
-        gops.overrun.fetch_add(1, Ordering::Relaxed);
+        count_overrun(gops);
         return false;
     };
     let retp_v = retp as u64;
@@ -512,7 +528,7 @@ unsafe fn enter(
         }
     }
     if top >= FGRAPH_CAPACITY && !unwind::reclaim(ss) {
-        gops.overrun.fetch_add(1, Ordering::Relaxed);
+        count_overrun(gops);
         return false;
     }
     let top = ss.top;
@@ -574,19 +590,23 @@ pub fn parent_data(gops: &FgraphOps, retp: u64) -> Option<[u64; FGRAPH_DATA_WORD
     }
     // SAFETY: as in `shadow_stack`; read only.
     let ss = unsafe { &*p };
+    let mut other = None;
     let mut i = ss.top;
     while i > 0 {
         i -= 1;
         let e = &ss.entries[i];
-        if (e.state == LIVE || e.state == RESTORED)
-            && e.retp > retp
-            && e.users & (1 << u) != 0
-            && unwind::same_stack(e.retp, retp)
-        {
-            return Some(e.data[u]);
+        if (e.state == LIVE || e.state == RESTORED) && e.retp != 0 && e.users & (1 << u) != 0 {
+            if e.retp > retp && unwind::same_stack(e.retp, retp) {
+                return Some(e.data[u]);
+            }
+            if other.is_none() {
+                other = Some(e.data[u]);
+            }
         }
     }
-    None
+    // The first call of a signal handler on the signal stack nests under the call it
+    // interrupted (the topmost of another stack), as it would on the thread's stack.
+    other.filter(|_| unwind::on_signal_stack(retp))
 }
 
 /// Call the return callback of each user of entry `i` (then the caller frees it).

@@ -37,7 +37,10 @@
 //! - **longjmp / siglongjmp / _longjmp / __longjmp_chk** (interposed by the agent, which
 //!   calls [`longjmp_unwind`] with the target's stack pointer from the `jmp_buf`): every
 //!   entry on the target's stack with a slot below the target stack pointer (and at or above
-//!   the caller's, when the caller is on the same stack) is closed `Longjmp`, deepest first.
+//!   the caller's, when the caller is on the same stack) is closed `Longjmp`, deepest first;
+//!   a longjmp that leaves another stack (a handler on the signal stack, a coroutine) closes
+//!   the calls of the caller's chain on that stack too (zombies while their slots hold the
+//!   trampoline).
 //!   A longjmp the agent does not see (none is known in glibc's exported ones) is caught by
 //!   the nesting rule at the next event, as `Lost`.
 //! - **setcontext / swapcontext**: stacks are known from `makecontext` ([`note_stack`]); an
@@ -52,14 +55,23 @@
 //!   [`unwinder_entered`] puts back every real return address of the thread's current stack
 //!   (entries become `RESTORED`, keyed by the unwinder's stack pointer). At the thread's next
 //!   graph event outside the unwinder (a slot above the unwinder's stack pointer: the catch,
-//!   a landing pad's call, the next call after a backtrace), restored entries whose frames
-//!   are gone (slot at or below the event's) are closed `Unwound` (`Lost` after a mere
+//!   a landing pad's call, the next call after a backtrace), or at the landing itself (a
+//!   probe on `_Unwind_SetIP`, which every personality routine calls on the frame it
+//!   resumes: the context's CFA is that frame's stack pointer at the call site; Rust's
+//!   `catch_unwind` is seen only there), restored entries whose frames are gone (slot at or
+//!   below the event's) are closed `Unwound` (`Lost` after a mere
 //!   backtrace), and the live ones are hijacked again if their slot still holds their real
 //!   return address. A restored call that returns before the next event returns to its real
 //!   caller untraced and is closed at that event (late, its exit as above).
+//! - **The end of a thread** (`pthread_exit`, cancellation: a forced unwind that ends in
+//!   `start_thread` by glibc's internal longjmp, never returning through the thread's first
+//!   frames): the calls still on the thread's shadow stack are closed when the thread's
+//!   pthread key destructors run ([`init_thread_exit_key`]), deepest first:
+//!   `Unwound` when an unwinder restored them, else `Lost`.
 //! - **Signal handlers** run on the same stack below the interrupted frame (or on the signal
-//!   stack, a known stack): their hooked calls nest normally. A handler that leaves by
-//!   `siglongjmp` is the longjmp case.
+//!   stack, a known stack): their hooked calls nest normally; the first one on the signal
+//!   stack nests under the call it interrupted (its depth in the graph). A handler that
+//!   leaves by `siglongjmp` is the longjmp case.
 //! - **fork** inside a hooked function: the child's memory is a copy, shadow stack included,
 //!   so its returns find their entries. **exit** inside one: the process ends, nothing to do.
 //! - **CET shadow stacks**: a hijacked return would fault (`#CP`) in a process whose shadow
@@ -133,6 +145,11 @@ fn alt_stack() -> Option<(u64, u64)> {
     }
     let lo = st.ss_sp as u64;
     Some((lo, lo + st.ss_size as u64))
+}
+
+/// Whether `a` is on the thread's signal stack (and not on a stack of `makecontext`).
+pub(crate) fn on_signal_stack(a: u64) -> bool {
+    known_stack_of(a) == 0 && alt_stack().is_some_and(|(lo, hi)| a > lo && a <= hi)
 }
 
 /// Whether two slots are on the same stack (see the module docs). Not on the hot path:
@@ -356,6 +373,76 @@ pub(crate) fn fatal_no_entry(retp: u64) -> ! {
 }
 
 // ---------------------------------------------------------------------------------------
+// The end of a thread.
+
+/// The pthread key whose destructor closes a thread's remaining calls (`u64::MAX`: none).
+static EXIT_KEY: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// glibc keeps the values of the first 32 keys in the thread descriptor
+/// (`PTHREAD_KEY_2NDLEVEL_SIZE`): `pthread_setspecific` on them allocates nothing and takes
+/// no lock, so the probe path may call it. A later key is not used.
+const KEYS_IN_DESCRIPTOR: u32 = 32;
+
+/// Once, when the first graph user registers (not on the probe path): create the key whose
+/// destructor closes the calls a thread leaves open when it ends (module docs).
+pub(crate) fn init_thread_exit_key() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: pthread_key_create writes key; the destructor has the C signature.
+        let r = unsafe { libc::pthread_key_create(&mut key, Some(thread_exit_dtor)) };
+        if r == 0 && key < KEYS_IN_DESCRIPTOR {
+            EXIT_KEY.store(key as u64, Ordering::Release);
+        }
+    });
+}
+
+/// Probe path, when a thread's shadow stack is mapped: give the thread a value for the key,
+/// so that its destructor runs when the thread ends.
+pub(crate) fn note_thread(ss: *mut ShadowStack) {
+    let k = EXIT_KEY.load(Ordering::Acquire);
+    if k != u64::MAX {
+        // SAFETY: a key of the first block (see KEYS_IN_DESCRIPTOR): a store in this
+        // thread's descriptor, async-signal-safe in practice.
+        unsafe { libc::pthread_setspecific(k as libc::pthread_key_t, ss as *const libc::c_void) };
+    }
+}
+
+/// The key's destructor, in the ending thread (glibc's `start_thread`, after a forced
+/// unwind or the start routine's return): close every call left, deepest first.
+unsafe extern "C" fn thread_exit_dtor(p: *mut libc::c_void) {
+    let t = probe_state::this_thread();
+    if t.fgraph.get() != p as *mut ShadowStack {
+        return;
+    }
+    let Some(ss) = shadow_stack(t) else { return };
+    thread_ended(ss);
+}
+
+/// Close every call of a thread that ended.
+fn thread_ended(ss: &mut ShadowStack) {
+    let rettime = crate::ring::read_tsc();
+    let mut j = ss.top;
+    while j > 0 {
+        j -= 1;
+        match ss.entries[j].state {
+            LIVE => close_entry(ss, j, FgraphExit::Lost, rettime, true),
+            RESTORED => {
+                let exit = restored_exit(ss);
+                close_entry(ss, j, exit, rettime, true);
+            }
+            ZOMBIE => ss.entries[j].state = HOLE,
+            _ => {}
+        }
+    }
+    ss.zombies = 0;
+    ss.restored = false;
+    ss.unwinding = false;
+    ss.unwinder_sp = 0;
+    ss.shrink();
+}
+
+// ---------------------------------------------------------------------------------------
 // longjmp.
 
 /// The agent's longjmp interposers, before the real `longjmp`: the program is about to set
@@ -374,12 +461,10 @@ pub fn longjmp_unwind(target_sp: u64) {
     while j > 0 {
         j -= 1;
         let e = &ss.entries[j];
-        if (e.state == LIVE || e.state == RESTORED || e.state == ZOMBIE)
-            && e.retp != 0
-            && e.retp < target_sp
-            && (!from_same || e.retp >= cur)
-            && same_stack(e.retp, target_sp)
-        {
+        if !(e.state == LIVE || e.state == RESTORED || e.state == ZOMBIE) || e.retp == 0 {
+            continue;
+        }
+        if e.retp < target_sp && (!from_same || e.retp >= cur) && same_stack(e.retp, target_sp) {
             if e.state == ZOMBIE {
                 // Reported already.
                 ss.entries[j].state = HOLE;
@@ -387,6 +472,11 @@ pub fn longjmp_unwind(target_sp: u64) {
                 continue;
             }
             close_entry(ss, j, FgraphExit::Longjmp, rettime, true);
+        } else if !from_same && e.state != ZOMBIE && e.retp >= cur && same_stack(e.retp, cur) {
+            // Leaving another stack (a handler on the signal stack, a coroutine): the calls
+            // of the current chain there are left too. Kept as zombies while their slots
+            // hold the trampoline (a context saved on that stack could still resume them).
+            close_entry(ss, j, FgraphExit::Longjmp, rettime, false);
         }
     }
     ss.shrink();
@@ -540,6 +630,26 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
             Err(e) => errors.push(e),
         }
     }
+    // Landing pads: the personality routine (C++'s, Rust's, ...) calls `_Unwind_SetIP` on
+    // the frame the unwinder is about to resume (a catch or a cleanup), just before the jump.
+    if let Ok(f) = super::find_symbol(Some("libgcc_s.so.1"), "_Unwind_GetCFA") {
+        if let Some(f) = f.first() {
+            GET_CFA.store(f.addr, Ordering::Relaxed);
+            let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
+                KprobeTarget::Symbol {
+                    module: Some("libgcc_s.so.1".to_owned()),
+                    name: "_Unwind_SetIP".to_owned(),
+                    offset: 0,
+                },
+                Some(set_ip_pre_handler),
+                None,
+            )));
+            match register_kprobe(p) {
+                Ok(()) => armed += 1,
+                Err(e) => errors.push(e),
+            }
+        }
+    }
     // A backtrace removes no frame: at each `ret` of `_Unwind_Backtrace` every restored call
     // is still live and is hijacked again at once (else a call that returns before the
     // thread's next graph event would be closed late).
@@ -555,6 +665,36 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
         }
     }
     (armed, errors)
+}
+
+/// libgcc_s's `_Unwind_GetCFA` (0 until the probes are armed).
+static GET_CFA: AtomicU64 = AtomicU64::new(0);
+
+/// At `_Unwind_SetIP(context, ip)` (`rdi`: the context of the frame about to be resumed at a
+/// landing pad): `_Unwind_GetCFA` of that context is the frame's stack pointer at its call
+/// site (the CFA of the callee it was unwound from); every restored call with a slot below
+/// it is gone (closed `Unwound`), the others are hijacked again. A Rust `catch_unwind` is
+/// seen only here (it calls no libgcc_s function when it catches a Rust panic).
+fn set_ip_pre_handler(_p: &crate::kprobes::Kprobe, regs: &mut PtRegs) -> i32 {
+    let f = GET_CFA.load(Ordering::Relaxed);
+    if f == 0 || regs.rdi == 0 {
+        return 0;
+    }
+    let t = probe_state::this_thread();
+    if t.fgraph.get().is_null() {
+        return 0;
+    }
+    // SAFETY: libgcc_s's `_Unwind_Ptr _Unwind_GetCFA(struct _Unwind_Context *)`, a field
+    // read, on the context `_Unwind_SetIP` was called with.
+    let cfa = unsafe { std::mem::transmute::<u64, extern "C" fn(u64) -> u64>(f)(regs.rdi) };
+    if let Some(ss) = shadow_stack(t) {
+        if ss.restored && ss.unwinding {
+            // The context's CFA is its callee's: the frame's stack pointer at the call site.
+            // As a return there: calls with a lower slot (the frame's callees) are gone.
+            after_unwinder(ss, cfa, true);
+        }
+    }
+    0
 }
 
 /// The addresses of the `ret` instructions of libgcc_s's `_Unwind_Backtrace`.
