@@ -1082,6 +1082,14 @@ impl Printer {
             for (tid, n) in &per_ring {
                 writeln!(o, "# tid {tid}: {n} events lost (ring full)")?;
             }
+            if !per_ring.is_empty() {
+                writeln!(
+                    o,
+                    "# a full ring drops the newest events: --buffer-size-kb N gives each thread a \
+                     larger one (now {} KiB)",
+                    rings.config().ring_bytes / 1024
+                )?;
+            }
             if rings.lost_no_ring() > 0 {
                 writeln!(o, "# {} events lost: more threads than rings (--rings)", rings.lost_no_ring())?;
             }
