@@ -60,6 +60,8 @@ pub struct Info {
     pub tsc_hz: u64,
     /// The CPU count the function_graph layout sizes its CPU column for.
     pub ncpus: u32,
+    /// The CPUs online (the entries line's `#P:`).
+    pub cpus_online: u32,
     /// The agent armed everything (the trace was on).
     pub armed: bool,
     pub nr_rings: u32,
@@ -369,6 +371,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         clock: [0; 3],
         tsc_hz: 0,
         ncpus: session::nr_cpus(),
+        cpus_online: session::cpus_online(),
         armed: false,
         nr_rings: a.rings,
         claimed: 0,

@@ -215,6 +215,9 @@ impl Source for Recording {
     fn objects(&self) -> Vec<(u64, Vec<u8>)> {
         self.objects.clone()
     }
+    fn cpus_online(&self) -> u32 {
+        self.info.cpus_online
+    }
     fn lost_no_ring(&self) -> u64 {
         self.info.lost_no_ring
     }

@@ -331,6 +331,12 @@ pub fn nr_cpus() -> u32 {
     unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u32
 }
 
+/// The CPUs online now.
+pub fn cpus_online() -> u32 {
+    // SAFETY: sysconf has no memory effects.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32
+}
+
 /// The rings of a session as the sinks read them: the live shared rings, or a recording.
 pub trait Source {
     /// The agent armed everything: the trace is on.
@@ -353,6 +359,8 @@ pub trait Source {
     fn fgraph_overrun(&self) -> u64;
     /// Per kprobe event id: (records dropped, nmissed).
     fn event_counters(&self, id: u32) -> (u64, u64);
+    /// The CPUs online (`#P:` of the entries line).
+    fn cpus_online(&self) -> u32;
     /// Called every so many records while a sink formats: keeps the live rings' pages
     /// faulted in ahead of their producers.
     fn prefault(&mut self) {}
@@ -415,6 +423,9 @@ impl Source for Live<'_> {
     }
     fn prefault(&mut self) {
         self.prefaulter.step(self.rings);
+    }
+    fn cpus_online(&self) -> u32 {
+        cpus_online()
     }
 }
 

@@ -511,6 +511,7 @@ impl Printer {
         let events = self.events.clone();
         let seen = self.seen.clone();
         let abandoned = end.abandoned.clone();
+        let cpus = rings.cpus_online();
         let (lost_no_ring, lost_recursion, fgraph_overrun) = (
             rings.lost_no_ring(),
             rings.lost_recursion(),
@@ -543,7 +544,7 @@ impl Printer {
                 )?;
             }
             writeln!(o, "# lost events: {total}")?;
-            output::entries(o, printed, total)?;
+            output::entries(o, printed, total, cpus)?;
             if !events.is_empty() {
                 writeln!(o, "# kprobe_profile:")?;
                 for (id, def) in events.iter().enumerate() {
