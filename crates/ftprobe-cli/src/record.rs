@@ -32,7 +32,12 @@ pub const FORMAT: u32 = 1;
 #[derive(Args)]
 pub struct RecordArgs {
     /// The data directory to write.
-    #[arg(short = 'd', long = "data", value_name = "DIR", default_value = "ftprobe.data")]
+    #[arg(
+        short = 'd',
+        long = "data",
+        value_name = "DIR",
+        default_value = "ftprobe.data"
+    )]
     dir: PathBuf,
     #[command(flatten)]
     session: SessionArgs,
@@ -131,8 +136,7 @@ fn make_dir(dir: &Path) -> Result<()> {
         old.push(".old");
         let old = PathBuf::from(old);
         if old.exists() {
-            std::fs::remove_dir_all(&old)
-                .with_context(|| format!("removing {}", old.display()))?;
+            std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
         }
         std::fs::rename(dir, &old)
             .with_context(|| format!("moving {} to {}", dir.display(), old.display()))?;

@@ -24,7 +24,12 @@ const CHUNK: usize = 1 << 16;
 #[derive(Args)]
 pub struct ReplayArgs {
     /// The recording's data directory.
-    #[arg(short = 'd', long = "data", value_name = "DIR", default_value = "ftprobe.data")]
+    #[arg(
+        short = 'd',
+        long = "data",
+        value_name = "DIR",
+        default_value = "ftprobe.data"
+    )]
     dir: PathBuf,
     /// A tracer option (`trace_options`), applied after the recorded ones, e.g.
     /// `funcgraph-retval`, `nofuncgraph-cpu`. Repeatable.

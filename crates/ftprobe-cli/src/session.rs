@@ -448,8 +448,7 @@ pub struct End {
 impl End {
     /// The exit code ftprobe exits with for this run (128 + the signal, as a shell says it).
     pub fn exit_code(&self) -> i32 {
-        self.code
-            .unwrap_or_else(|| 128 + self.signal.unwrap_or(0))
+        self.code.unwrap_or_else(|| 128 + self.signal.unwrap_or(0))
     }
 }
 

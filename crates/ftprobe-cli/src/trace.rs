@@ -51,7 +51,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         out,
         plan.tracer,
         plan.events.iter().map(|(_, d)| d.clone()).collect(),
-        (plan.tracer == "function_graph").then(|| (plan.graph_opts.clone(), session::nr_cpus())),
+        (plan.tracer == "function_graph").then(|| (plan.graph_opts, session::nr_cpus())),
     );
     session::run(plan, &mut printer)
 }
@@ -461,11 +461,7 @@ impl Printer {
             let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }
                 .to_string_lossy()
                 .into_owned();
-            let core = if end.core_dumped {
-                ", core dumped"
-            } else {
-                ""
-            };
+            let core = if end.core_dumped { ", core dumped" } else { "" };
             let pid = end.pid;
             self.write(|o| {
                 writeln!(o, "# pid {pid} was killed by signal {sig} ({name}{core})")?;

@@ -92,7 +92,10 @@ fn replay_equals_trace(args: &[&str], cmd: &[&str]) -> String {
     let rec = record(&dir, args, cmd);
     let plain = untraced(cmd);
     assert_eq!(rec.status.code(), plain.status.code(), "{rec:?}");
-    assert_eq!(rec.stdout, plain.stdout, "the program's output is unchanged");
+    assert_eq!(
+        rec.stdout, plain.stdout,
+        "the program's output is unchanged"
+    );
     let (out, replayed) = replay(&dir, &[]);
     assert!(out.status.success(), "{out:?}");
     let (_, live) = trace(args, cmd);
@@ -148,7 +151,10 @@ fn replay_prints_what_trace_printed_for_kprobe_events_with_fetch_args() {
         .lines()
         .find(|l| l.starts_with("#   pk "))
         .unwrap_or_else(|| panic!("{text}"));
-    assert_eq!(profile.split_whitespace().collect::<Vec<_>>(), ["#", "pk", "4", "0"]);
+    assert_eq!(
+        profile.split_whitespace().collect::<Vec<_>>(),
+        ["#", "pk", "4", "0"]
+    );
 }
 
 #[test]
@@ -164,7 +170,10 @@ fn replay_prints_what_trace_printed_for_function_graph() {
     let (_, plain) = replay(&dir, &[]);
     let (_, retval) = replay(&dir, &["-O", "funcgraph-retval"]);
     assert_ne!(plain, retval);
-    let (_, live) = trace(&["-t", "function_graph", "-O", "funcgraph-retval"], &[&exe, "5"]);
+    let (_, live) = trace(
+        &["-t", "function_graph", "-O", "funcgraph-retval"],
+        &[&exe, "5"],
+    );
     assert_eq!(normalize(&live), normalize(&retval), "{live}\n{retval}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -248,7 +257,10 @@ fn record_keeps_the_lost_counts_and_stores_32_bytes_per_function_event() {
         .lines()
         .find(|l| l.starts_with("# tid ") && l.ends_with("events lost (ring full)"))
         .unwrap_or_else(|| panic!("{text}"));
-    assert!(tid_line.contains(&format!(": {lost} events lost")), "{text}");
+    assert!(
+        tid_line.contains(&format!(": {lost} events lost")),
+        "{text}"
+    );
     // One header word and three payload words (timestamp, function, parent) per event.
     let size = std::fs::metadata(dir.join("ring-0.dat")).unwrap().len();
     assert_eq!(size, 32 * printed);
