@@ -87,8 +87,11 @@ pub struct Info {
 pub struct RingInfo {
     pub index: u32,
     pub tid: u32,
-    /// The thread's comm, bytes without NULs.
-    pub comm: Vec<u8>,
+    /// The thread's comm (without NULs), when it is UTF-8 ...
+    pub comm: String,
+    /// ... else its bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_bytes: Option<Vec<u8>>,
     /// Records the ring lost (full).
     pub lost: u64,
     /// Records and bytes in its file.
@@ -306,7 +309,8 @@ impl Sink for Recorder {
                 Some(RingInfo {
                     index: i,
                     tid,
-                    comm,
+                    comm: String::from_utf8_lossy(&comm).into_owned(),
+                    comm_bytes: std::str::from_utf8(&comm).is_err().then_some(comm),
                     lost: src.lost(i),
                     records: self.records.get(i as usize).copied().unwrap_or(0),
                     bytes: self.bytes.get(i as usize).copied().unwrap_or(0),

@@ -208,7 +208,11 @@ impl Source for Recording {
     }
     fn task(&self, i: u32) -> Option<(Vec<u8>, u32)> {
         let r = self.info.rings.iter().find(|r| r.index == i)?;
-        Some((r.comm.clone(), r.tid))
+        let comm = r
+            .comm_bytes
+            .clone()
+            .unwrap_or_else(|| r.comm.clone().into_bytes());
+        Some((comm, r.tid))
     }
     fn lost(&self, i: u32) -> u64 {
         self.info
