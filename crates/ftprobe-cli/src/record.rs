@@ -31,9 +31,10 @@ pub const FORMAT: u32 = 1;
 /// Arguments of `ftprobe record`.
 #[derive(Args)]
 pub struct RecordArgs {
-    /// The data directory to write.
+    /// The data directory to write (`-o DIR` too).
     #[arg(
         short = 'd',
+        short_alias = 'o',
         long = "data",
         value_name = "DIR",
         default_value = "ftprobe.data"

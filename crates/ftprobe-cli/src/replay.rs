@@ -23,9 +23,10 @@ const CHUNK: usize = 1 << 16;
 /// Arguments of `ftprobe replay`.
 #[derive(Args)]
 pub struct ReplayArgs {
-    /// The recording's data directory.
+    /// The recording's data directory (`-i DIR` too).
     #[arg(
         short = 'd',
+        short_alias = 'i',
         long = "data",
         value_name = "DIR",
         default_value = "ftprobe.data"
