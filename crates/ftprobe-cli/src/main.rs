@@ -1,8 +1,11 @@
-//! `ftprobe`: run a program with the agent and print its ftrace events, or list the functions a
-//! binary has ftrace sites in.
+//! `ftprobe`: run a program with the agent and print its ftrace events (or record them, and
+//! replay the recording), or list the functions a binary has ftrace sites in.
 
 mod graph;
 mod output;
+mod record;
+mod replay;
+mod session;
 mod signals;
 mod symbols;
 mod trace;
@@ -27,6 +30,11 @@ struct Cli {
 enum Cmd {
     /// Run CMD with the function tracer and print its events in ftrace's `trace` format.
     Trace(Box<trace::TraceArgs>),
+    /// Run CMD as `trace` does, but store its records unformatted in a data directory
+    /// (default `ftprobe.data`) for `replay`.
+    Record(Box<record::RecordArgs>),
+    /// Print a recording as `trace` printed it live.
+    Replay(replay::ReplayArgs),
     /// List things in a binary.
     List {
         #[command(subcommand)]
@@ -59,6 +67,8 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Trace(args) => trace::run(*args),
+        Cmd::Record(args) => record::run(*args),
+        Cmd::Replay(args) => replay::run(args),
         Cmd::List {
             what: ListWhat::Functions { bin },
         } => {

@@ -61,9 +61,7 @@ pub fn header(out: &mut dyn Write, tracer: &str) -> std::io::Result<()> {
 /// The kernel's `# entries-in-buffer/entries-written: E/W   #P:N` line (`print_event_info()`):
 /// the events printed, the events the program recorded or tried to (printed + lost), and the
 /// CPUs online.
-pub fn entries(out: &mut dyn Write, printed: u64, lost: u64) -> std::io::Result<()> {
-    // SAFETY: sysconf has no memory effects.
-    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1);
+pub fn entries(out: &mut dyn Write, printed: u64, lost: u64, cpus: u32) -> std::io::Result<()> {
     writeln!(
         out,
         "# entries-in-buffer/entries-written: {printed}/{}   #P:{cpus}",

@@ -582,6 +582,21 @@ impl Clock {
         let hz = (1_000_000_000u128 << 32) / u128::from(self.ns_per_tick_q32.max(1));
         u64::try_from(hz).unwrap_or(u64::MAX)
     }
+
+    /// The conversion's numbers: the reference TSC, the reference CLOCK_MONOTONIC ns, and ns
+    /// per tick with 32 fraction bits (what a recording stores).
+    pub fn to_parts(&self) -> [u64; 3] {
+        [self.tsc_ref, self.mono_ref_ns, self.ns_per_tick_q32]
+    }
+
+    /// The conversion [`to_parts`](Self::to_parts) gave.
+    pub fn from_parts(parts: [u64; 3]) -> Clock {
+        Clock {
+            tsc_ref: parts[0],
+            mono_ref_ns: parts[1],
+            ns_per_tick_q32: parts[2],
+        }
+    }
 }
 
 /// A read-write `MAP_SHARED` mapping, unmapped on drop.

@@ -1,0 +1,406 @@
+//! `ftprobe record`: run CMD in a tracing session ([`crate::session`]) as `trace` does, but
+//! store the records unformatted in a data directory, for `ftprobe replay`.
+//!
+//! The directory (default `ftprobe.data`; an existing recording there is moved to
+//! `DIR.old`, as uftrace does with `uftrace.data`) holds:
+//! - `ring-N.dat` per ring that was claimed: its records in the order drained, each one
+//!   little-endian word `rtype | payload words << 16 | aux << 32` and then its payload words,
+//!   as in the ring itself: 8 + 8 x payload bytes per record (32 for a function-tracer event);
+//! - `info.json` ([`Info`]): the command, tracer, options and event definitions, the clock's
+//!   conversion, per ring its thread and lost count, the header's counters, how the run ended,
+//!   and the loaded objects;
+//! - `objects/`: a copy of each loaded object's file, named by its build-id (or, without one,
+//!   a hash of its contents), so that a recording replays after the program's binaries
+//!   changed or were deleted. The whole file is copied rather than a symbol table extracted:
+//!   `Symbols` then reads the copy through the same ELF code as live (symbols, `.eh_frame`
+//!   ranges, demangling), and `std::fs::copy` is cheap (`copy_file_range`).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use crate::session::{self, End, SessionArgs, Sink, Source};
+
+/// The `format` of the `info.json` this code writes.
+pub const FORMAT: u32 = 1;
+
+/// Arguments of `ftprobe record`.
+#[derive(Args)]
+pub struct RecordArgs {
+    /// The data directory to write (`-o DIR` too).
+    #[arg(
+        short = 'd',
+        short_alias = 'o',
+        long = "data",
+        value_name = "DIR",
+        default_value = "ftprobe.data"
+    )]
+    dir: PathBuf,
+    #[command(flatten)]
+    session: SessionArgs,
+}
+
+/// A recording's `info.json`.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Info {
+    pub format: u32,
+    pub command: Vec<String>,
+    /// `function`, `function_graph` or `nop`.
+    pub tracer: String,
+    pub filter: Vec<String>,
+    pub notrace: Vec<String>,
+    pub graph_function: Vec<String>,
+    pub graph_notrace: Vec<String>,
+    pub max_depth: u32,
+    /// The -O options.
+    pub options: Vec<String>,
+    pub buffer_size_kb: u32,
+    /// Per kprobe event id, its definitions (`kprobe_events` syntax).
+    pub events: Vec<Vec<String>>,
+    /// The TSC to CLOCK_MONOTONIC conversion (`Clock::to_parts`).
+    pub clock: [u64; 3],
+    pub tsc_hz: u64,
+    /// The CPU count the function_graph layout sizes its CPU column for.
+    pub ncpus: u32,
+    /// The CPUs online (the entries line's `#P:`).
+    pub cpus_online: u32,
+    /// The agent armed everything (the trace was on).
+    pub armed: bool,
+    pub nr_rings: u32,
+    /// Rings the target's threads claimed (more than `nr_rings`: some threads had none).
+    pub claimed: u32,
+    pub rings: Vec<RingInfo>,
+    pub lost_no_ring: u64,
+    pub lost_recursion: u64,
+    pub fgraph_overrun: u64,
+    /// Per kprobe event id: records dropped, nmissed.
+    pub event_counters: Vec<[u64; 2]>,
+    pub end: End,
+    pub objects: Vec<ObjectInfo>,
+}
+
+/// A ring of a recording.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct RingInfo {
+    pub index: u32,
+    pub tid: u32,
+    /// The thread's comm (without NULs), when it is UTF-8 ...
+    pub comm: String,
+    /// ... else its bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_bytes: Option<Vec<u8>>,
+    /// Records the ring lost (full).
+    pub lost: u64,
+    /// Records and bytes in its file.
+    pub records: u64,
+    pub bytes: u64,
+    /// Its data file, relative to the directory.
+    pub file: String,
+}
+
+/// A loaded object of a recording.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct ObjectInfo {
+    pub bias: u64,
+    pub path: String,
+    /// `NT_GNU_BUILD_ID`, hex.
+    pub build_id: Option<String>,
+    /// The copy of its file, relative to the directory (none: it could not be read).
+    pub copy: Option<String>,
+}
+
+/// The data file of ring `i`.
+pub fn ring_file(i: u32) -> String {
+    format!("ring-{i}.dat")
+}
+
+/// The header word of a stored record.
+pub fn record_header(rtype: u16, aux: u32, nwords: usize) -> u64 {
+    u64::from(rtype) | ((nwords as u64 & 0xffff) << 16) | (u64::from(aux) << 32)
+}
+
+/// Move an existing recording at `dir` aside to `DIR.old`, and create `dir/objects`.
+fn make_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .next()
+            .is_none();
+        if !empty && !dir.join("info.json").exists() && !dir.join("objects").exists() {
+            bail!(
+                "{} exists and is not a recording: not replacing it",
+                dir.display()
+            );
+        }
+        let mut old = dir.as_os_str().to_owned();
+        old.push(".old");
+        let old = PathBuf::from(old);
+        if old.exists() {
+            std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+        }
+        std::fs::rename(dir, &old)
+            .with_context(|| format!("moving {} to {}", dir.display(), old.display()))?;
+    }
+    std::fs::create_dir_all(dir.join("objects"))
+        .with_context(|| format!("creating {}", dir.display()))
+}
+
+struct Recorder {
+    dir: PathBuf,
+    /// Per ring: its file (opened at its first record), records, bytes.
+    files: Vec<Option<BufWriter<File>>>,
+    records: Vec<u64>,
+    bytes: Vec<u64>,
+    /// The objects table as last seen, and every object seen (copied when first seen).
+    table: Vec<(u64, Vec<u8>)>,
+    objects: Vec<ObjectInfo>,
+    /// The first write error.
+    error: Option<String>,
+    info: Info,
+}
+
+impl Recorder {
+    fn fail(&mut self, what: String) {
+        if self.error.is_none() {
+            eprintln!("ftprobe: {what}");
+            self.error = Some(what);
+        }
+    }
+
+    /// Copy the objects of the table not seen before into `objects/`.
+    fn copy_objects(&mut self, table: Vec<(u64, Vec<u8>)>) {
+        for (bias, path) in &table {
+            let path = String::from_utf8_lossy(path).into_owned();
+            if self
+                .objects
+                .iter()
+                .any(|o| o.bias == *bias && o.path == path)
+            {
+                continue;
+            }
+            let (build_id, copy) = match copy_object(&self.dir, Path::new(&path)) {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("ftprobe: not copying {path}: {e:#}");
+                    (None, None)
+                }
+            };
+            self.objects.push(ObjectInfo {
+                bias: *bias,
+                path,
+                build_id,
+                copy,
+            });
+        }
+        self.table = table;
+    }
+}
+
+/// Copy the object at `path` into `dir/objects/` (once per build-id or contents): its
+/// build-id (hex) and the copy's path relative to `dir`.
+fn copy_object(dir: &Path, path: &Path) -> Result<(Option<String>, Option<String>)> {
+    use object::Object;
+    use std::hash::{Hash, Hasher};
+
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let build_id = object::File::parse(&*data)
+        .ok()
+        .and_then(|f| f.build_id().ok().flatten().map(hex));
+    let key = build_id.clone().unwrap_or_else(|| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        data.hash(&mut h);
+        format!("h{:016x}", h.finish())
+    });
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let rel = format!("objects/{key}-{name}");
+    let dest = dir.join(&rel);
+    if !dest.exists() {
+        std::fs::write(&dest, &data).with_context(|| format!("writing {}", dest.display()))?;
+    }
+    Ok((build_id, Some(rel)))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Sink for Recorder {
+    fn poll<S: Source>(&mut self, src: &mut S, _final_poll: bool) {
+        let table = src.objects();
+        if table != self.table {
+            self.copy_objects(table);
+        }
+        let n = src.claimed().min(src.nr_rings()) as usize;
+        if self.files.len() < n {
+            self.files.resize_with(n, || None);
+            self.records.resize(n, 0);
+            self.bytes.resize(n, 0);
+        }
+        for i in 0..n {
+            if self.error.is_some() {
+                // Drained and dropped: the recording is lost already.
+                src.drain(i as u32, |_, _, _| {});
+                continue;
+            }
+            if self.files[i].is_none() {
+                let path = self.dir.join(ring_file(i as u32));
+                match File::create(&path) {
+                    Ok(f) => self.files[i] = Some(BufWriter::with_capacity(1 << 20, f)),
+                    Err(e) => {
+                        self.fail(format!("creating {}: {e}", path.display()));
+                        continue;
+                    }
+                }
+            }
+            let out = self.files[i].as_mut().expect("opened above");
+            let (mut records, mut bytes) = (0u64, 0u64);
+            let mut err = None;
+            src.drain(i as u32, |rtype, aux, w| {
+                if err.is_some() {
+                    return;
+                }
+                let r = out
+                    .write_all(&record_header(rtype, aux, w.len()).to_le_bytes())
+                    .and_then(|()| w.iter().try_for_each(|x| out.write_all(&x.to_le_bytes())));
+                match r {
+                    Ok(()) => {
+                        records += 1;
+                        bytes += 8 + 8 * w.len() as u64;
+                    }
+                    Err(e) => err = Some(e),
+                }
+            });
+            self.records[i] += records;
+            self.bytes[i] += bytes;
+            if let Some(e) = err {
+                self.fail(format!("writing {}: {e}", ring_file(i as u32)));
+            }
+        }
+    }
+
+    fn flush(&mut self) {}
+
+    fn finish<S: Source>(&mut self, src: &mut S, end: &End) -> Result<()> {
+        let mut flush_errors = Vec::new();
+        for (i, f) in self.files.iter_mut().enumerate() {
+            if let Some(f) = f {
+                if let Err(e) = f.flush() {
+                    flush_errors.push(format!("writing {}: {e}", ring_file(i as u32)));
+                }
+            }
+        }
+        for e in flush_errors {
+            self.fail(e);
+        }
+        let info = &mut self.info;
+        info.clock = src.clock().to_parts();
+        info.tsc_hz = src.clock().tsc_hz();
+        info.armed = src.armed();
+        info.nr_rings = src.nr_rings();
+        info.claimed = src.claimed();
+        info.rings = (0..src.claimed().min(src.nr_rings()))
+            .filter_map(|i| {
+                let (comm, tid) = src.task(i)?;
+                Some(RingInfo {
+                    index: i,
+                    tid,
+                    comm: String::from_utf8_lossy(&comm).into_owned(),
+                    comm_bytes: std::str::from_utf8(&comm).is_err().then_some(comm),
+                    lost: src.lost(i),
+                    records: self.records.get(i as usize).copied().unwrap_or(0),
+                    bytes: self.bytes.get(i as usize).copied().unwrap_or(0),
+                    file: ring_file(i),
+                })
+            })
+            .collect();
+        info.lost_no_ring = src.lost_no_ring();
+        info.lost_recursion = src.lost_recursion();
+        info.fgraph_overrun = src.fgraph_overrun();
+        info.event_counters = (0..info.events.len() as u32)
+            .map(|id| {
+                let (d, m) = src.event_counters(id);
+                [d, m]
+            })
+            .collect();
+        info.end = end.clone();
+        // The last table's order first (the one live symbolization used last), then objects
+        // seen only earlier.
+        let mut objects: Vec<ObjectInfo> = Vec::new();
+        for (bias, path) in &self.table {
+            let path = String::from_utf8_lossy(path);
+            if let Some(o) = self
+                .objects
+                .iter()
+                .find(|o| o.bias == *bias && o.path == path)
+            {
+                objects.push(o.clone());
+            }
+        }
+        for o in &self.objects {
+            if !objects.iter().any(|x| x.bias == o.bias && x.path == o.path) {
+                objects.push(o.clone());
+            }
+        }
+        info.objects = objects;
+        let path = self.dir.join("info.json");
+        let text = serde_json::to_string_pretty(&self.info)?;
+        std::fs::write(&path, text + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(())
+    }
+
+    fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+}
+
+/// Run the command; returns the exit code to exit with.
+pub fn run(args: RecordArgs) -> Result<i32> {
+    let plan = session::prepare(args.session)?;
+    make_dir(&args.dir)?;
+    let a = &plan.args;
+    let info = Info {
+        format: FORMAT,
+        command: a.cmd.clone(),
+        tracer: plan.tracer.to_owned(),
+        filter: a.filter.clone(),
+        notrace: a.notrace.clone(),
+        graph_function: a.graph_function.clone(),
+        graph_notrace: a.graph_notrace.clone(),
+        max_depth: a.max_depth,
+        options: a.options.clone(),
+        buffer_size_kb: a.buffer_size_kb,
+        events: plan.events.iter().map(|(defs, _)| defs.clone()).collect(),
+        clock: [0; 3],
+        tsc_hz: 0,
+        ncpus: session::nr_cpus(),
+        cpus_online: session::cpus_online(),
+        armed: false,
+        nr_rings: a.rings,
+        claimed: 0,
+        rings: Vec::new(),
+        lost_no_ring: 0,
+        lost_recursion: 0,
+        fgraph_overrun: 0,
+        event_counters: Vec::new(),
+        end: End::default(),
+        objects: Vec::new(),
+    };
+    let mut recorder = Recorder {
+        dir: args.dir,
+        files: Vec::new(),
+        records: Vec::new(),
+        bytes: Vec::new(),
+        table: Vec::new(),
+        objects: Vec::new(),
+        error: None,
+        info,
+    };
+    session::run(plan, &mut recorder)
+}

@@ -1,0 +1,778 @@
+//! A tracing session, shared by `ftprobe trace` and `ftprobe record`: check the options, spawn
+//! CMD with the agent preloaded and a rings memfd inherited, drain the rings into a [`Sink`]
+//! while it runs and after it exits (its forked children included), and hand the sink the
+//! end of the run.
+//!
+//! The sinks read the rings through [`Source`], which a recording ([`crate::replay`]) also
+//! implements: live `trace` and `replay` format through the same code.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ftprobe::events::{
+    error_log, parse_probe_command, ProbeCommand, ProbeDef, ProbeError, ProbeErrorKind,
+};
+use ftprobe::ring::{Clock, RingConfig, SharedRings, MAX_EVENTS};
+use ftprobe::trace_kprobe;
+use std::sync::atomic::Ordering;
+
+use crate::signals;
+
+/// The options of a tracing session, shared by `ftprobe trace` and `ftprobe record`.
+#[derive(Args, Clone)]
+pub struct SessionArgs {
+    /// Trace only functions matching GLOB (`set_ftrace_filter` syntax: `*`, `?`, `[..]`,
+    /// leading `!` to remove, `:mod:OBJ`). Repeatable; none: every function with a site.
+    #[arg(short = 'F', long = "filter", value_name = "GLOB")]
+    pub filter: Vec<String>,
+    /// Never trace functions matching GLOB (`set_ftrace_notrace`). Repeatable.
+    #[arg(short = 'N', long = "notrace", value_name = "GLOB")]
+    pub notrace: Vec<String>,
+    /// A kprobe event in the kernel's `kprobe_events` syntax, e.g.
+    /// `p:myprobe work a=$arg1 b=%si:u32`. Repeatable. With -e and no -F/-N only the events
+    /// are traced (the function tracer is off).
+    #[arg(
+        short = 'e',
+        long = "event",
+        value_name = "DEF",
+        allow_hyphen_values = true
+    )]
+    pub events: Vec<String>,
+    /// The tracer: `function` (entries, `func <-parent`), `function_graph` (entries and
+    /// returns as a call graph with durations) or `nop` (only the -e events). Default:
+    /// `function`, or `nop` when only -e is given.
+    #[arg(short = 't', long = "tracer", value_name = "TRACER")]
+    pub tracer: Option<String>,
+    /// function_graph: record only calls made inside functions matching GLOB, the graph
+    /// starting at them (`set_graph_function`). Repeatable.
+    #[arg(short = 'G', long = "graph-function", value_name = "GLOB")]
+    pub graph_function: Vec<String>,
+    /// function_graph: do not record functions matching GLOB nor anything they call
+    /// (`set_graph_notrace`). Repeatable.
+    #[arg(long = "graph-notrace", value_name = "GLOB")]
+    pub graph_notrace: Vec<String>,
+    /// function_graph: record calls only down to this depth (`max_graph_depth`; 0: no limit).
+    #[arg(long = "max-depth", value_name = "N", default_value_t = 0)]
+    pub max_depth: u32,
+    /// A tracer option (`trace_options`), e.g. `funcgraph-retval`, `funcgraph-proc`,
+    /// `nofuncgraph-cpu`. Repeatable.
+    #[arg(short = 'O', long = "option", value_name = "OPT")]
+    pub options: Vec<String>,
+    /// Size of each thread's ring buffer, in KiB (a power of two, at least 4).
+    #[arg(long = "buffer-size-kb", default_value_t = 16384)]
+    pub buffer_size_kb: u32,
+    /// Number of rings: at most this many threads record.
+    #[arg(long = "rings", default_value_t = 64)]
+    pub rings: u32,
+    /// The agent library (default: libftprobe_agent.so next to this executable, or
+    /// $FTPROBE_AGENT).
+    #[arg(long = "agent", value_name = "PATH")]
+    pub agent: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
+}
+
+fn agent_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = explicit.or_else(|| std::env::var_os("FTPROBE_AGENT").map(PathBuf::from)) {
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("locating the ftprobe executable")?;
+    let dir = exe.parent().context("ftprobe has no directory")?;
+    // In a cargo target dir both `libftprobe_agent.so` and `deps/libftprobe_agent.so` may
+    // exist, and `cargo test` refreshes only the second: take the newest.
+    let newest = [
+        dir.join("libftprobe_agent.so"),
+        dir.join("deps/libftprobe_agent.so"),
+        dir.join("../lib/libftprobe_agent.so"),
+    ]
+    .into_iter()
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max_by_key(|(t, _)| *t);
+    if let Some((_, p)) = newest {
+        return Ok(p);
+    }
+    bail!(
+        "cannot find libftprobe_agent.so next to {} (build it with `cargo build`, or pass --agent)",
+        exe.display()
+    )
+}
+
+/// The program `cmd` names, as exec would find it.
+fn find_program(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+}
+
+/// Refuse statically linked executables (`data`: the program's file at `prog`): no dynamic
+/// loader, so no preloaded agent.
+fn check_not_static(prog: &Path, data: &[u8]) -> Result<()> {
+    if data.starts_with(b"\x7fELF") {
+        use object::read::elf::{FileHeader, ProgramHeader};
+        if let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) {
+            if let (Ok(e), true) = (
+                hdr.endian(),
+                hdr.e_type(object::Endianness::Little) != object::elf::ET_REL,
+            ) {
+                if let Ok(ph) = hdr.program_headers(e, data) {
+                    if !ph.iter().any(|p| p.p_type(e) == object::elf::PT_INTERP)
+                        && hdr.e_type(e) == object::elf::ET_EXEC
+                    {
+                        bail!(
+                            "{} is statically linked: the agent is loaded by the dynamic loader \
+                             (LD_PRELOAD), so it cannot run in it",
+                            prog.display()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sanitizer runtimes the program whose file is `data` links (`DT_NEEDED` names: ASan's,
+/// TSan's, HWASan's), which insist on being the first object in the process.
+fn sanitizer_runtimes(data: &[u8]) -> Vec<String> {
+    use object::read::elf::{Dyn, FileHeader, SectionHeader};
+
+    let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) else {
+        return Vec::new();
+    };
+    let Ok(e) = hdr.endian() else {
+        return Vec::new();
+    };
+    let Ok(sections) = hdr.sections(e, data) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for s in sections.iter() {
+        let Ok(Some((dyns, link))) = s.dynamic(e, data) else {
+            continue;
+        };
+        let Ok(strings) = sections.strings(e, data, link) else {
+            continue;
+        };
+        for d in dyns {
+            if d.tag32(e) == Some(object::elf::DT_NEEDED) {
+                if let Ok(name) = d.string(e, strings) {
+                    let name = String::from_utf8_lossy(name);
+                    if ["libasan.so", "libtsan.so", "libhwasan.so"]
+                        .iter()
+                        .any(|r| name.starts_with(r))
+                    {
+                        out.push(name.into_owned());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Parse the -e definitions as the kernel would and check that ftprobe can run them, before
+/// running anything. `-:[GRP/]EVENT` removes an event defined by an earlier -e. As in the
+/// kernel (trace_kprobe.c, `append_trace_kprobe`), a definition that names an existing
+/// event adds a probe to it when its arguments have the same names and types
+/// (DIFF_ARG_TYPE otherwise, at the first that differs) and its target is another one
+/// (SAME_PROBE otherwise). Returns each event (by id: its definitions, and the first one
+/// parsed, which gives the record layout).
+fn parse_events(defs: &[String]) -> Result<Vec<(Vec<String>, ProbeDef)>> {
+    let mut events: Vec<(Vec<String>, ProbeDef)> = Vec::new();
+    if defs.len() > MAX_EVENTS {
+        bail!("at most {MAX_EVENTS} kprobe events (-e) at once");
+    }
+    let refuse = |d: &str, kind: ProbeErrorKind, pos: usize| -> anyhow::Error {
+        eprint!("ftprobe: {}", error_log(d, &ProbeError::new(kind, pos)));
+        anyhow::anyhow!("invalid probe definition ({})", kind.name())
+    };
+    for d in defs {
+        let removal = match parse_probe_command(d) {
+            Ok(ProbeCommand::Remove { group, event }) => Some((group, event)),
+            _ => None,
+        };
+        if let Some((group, event)) = removal {
+            let before = events.len();
+            events.retain(|(_, e)| {
+                !(e.event == event && group.as_ref().is_none_or(|g| *g == e.group))
+            });
+            if events.len() == before {
+                bail!("{d:?}: no such event to remove (ENOENT)");
+            }
+            continue;
+        }
+        match trace_kprobe::check(d) {
+            Ok(def) => {
+                let Some((defs, first)) = events
+                    .iter_mut()
+                    .find(|(_, e)| e.group == def.group && e.event == def.event)
+                else {
+                    events.push((vec![d.clone()], def));
+                    continue;
+                };
+                if first.kind != def.kind {
+                    return Err(refuse(d, ProbeErrorKind::DiffProbeType, 0));
+                }
+                // The first argument whose name or type differs, or the first one past the
+                // shorter list (after the end when the new one is shorter).
+                let differs = (0..def.args.len().max(first.args.len())).find(|&i| {
+                    match (def.args.get(i), first.args.get(i)) {
+                        (Some(a), Some(b)) => a.name != b.name || a.ty != b.ty,
+                        _ => true,
+                    }
+                });
+                if let Some(i) = differs {
+                    let pos = def.args.get(i).map_or(d.trim_end().len() + 1, |a| a.pos);
+                    return Err(refuse(d, ProbeErrorKind::DiffArgType, pos));
+                }
+                let same_args = |a: &ProbeDef| {
+                    a.args
+                        .iter()
+                        .zip(&def.args)
+                        .all(|(x, y)| x.fetch == y.fetch)
+                };
+                if defs.iter().any(|other| {
+                    trace_kprobe::check(other)
+                        .is_ok_and(|o| o.target == def.target && same_args(&o))
+                }) {
+                    return Err(refuse(d, ProbeErrorKind::SameProbe, 0));
+                }
+                defs.push(d.clone());
+            }
+            Err(e) => {
+                eprint!("ftprobe: {}", error_log(d, &e.err));
+                if let Some(detail) = &e.detail {
+                    eprintln!("  ({detail})");
+                }
+                bail!("invalid probe definition ({})", e.err.kind.name());
+            }
+        }
+    }
+    Ok(events)
+}
+
+/// What a session runs, worked out from [`SessionArgs`] before anything runs.
+pub struct Plan {
+    pub args: SessionArgs,
+    /// The calibration's first sample, taken first thing.
+    clock_start: ftprobe::ring::ClockSample,
+    /// Each event (by id): its definitions, and the first one parsed (the record layout).
+    pub events: Vec<(Vec<String>, ProbeDef)>,
+    /// `function`, `function_graph` or `nop`.
+    pub tracer: &'static str,
+    /// The function_graph layout's options (-O).
+    pub graph_opts: crate::graph::Options,
+}
+
+/// Check the options; nothing runs yet.
+pub fn prepare(args: SessionArgs) -> Result<Plan> {
+    // The clock's calibration spans the start-up (20 ms in all, most of it overlapped).
+    let clock_start = Clock::start_calibration();
+    for p in args.filter.iter().chain(&args.notrace) {
+        ftprobe::ftrace::glob::FilterEntry::parse(p)?;
+    }
+    for p in args.graph_function.iter().chain(&args.graph_notrace) {
+        ftprobe::ftrace::glob::FilterEntry::parse(p)?;
+    }
+    let events = parse_events(&args.events)?;
+    // The function tracer runs with -F/-N, or when no -e was given at all (-e then -:EVENT
+    // leaves no event, and nothing is traced).
+    let tracer: &'static str = match args.tracer.as_deref() {
+        None if !args.filter.is_empty() || !args.notrace.is_empty() || args.events.is_empty() => {
+            "function"
+        }
+        None => "nop",
+        Some(t) => tracer_name(t)?,
+    };
+    if tracer != "function_graph"
+        && (!args.graph_function.is_empty()
+            || !args.graph_notrace.is_empty()
+            || args.max_depth != 0)
+    {
+        bail!("-G, --graph-notrace and --max-depth are options of the function_graph tracer (-t function_graph)");
+    }
+    let mut graph_opts = crate::graph::Options::default();
+    for o in &args.options {
+        if let Err(e) = graph_opts.set(o) {
+            bail!("{e}");
+        }
+    }
+    Ok(Plan {
+        args,
+        clock_start,
+        events,
+        tracer,
+        graph_opts,
+    })
+}
+
+/// A tracer's name as the code spells it, or why there is no such tracer.
+pub fn tracer_name(t: &str) -> Result<&'static str> {
+    Ok(match t {
+        "function" => "function",
+        "function_graph" => "function_graph",
+        "nop" => "nop",
+        t => bail!("no tracer {t:?} (available: function function_graph nop)"),
+    })
+}
+
+/// The number of CPUs the function_graph layout sizes its CPU column for.
+pub fn nr_cpus() -> u32 {
+    // SAFETY: sysconf has no memory effects.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u32
+}
+
+/// The CPUs online now.
+pub fn cpus_online() -> u32 {
+    // SAFETY: sysconf has no memory effects.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32
+}
+
+/// The rings of a session as the sinks read them: the live shared rings, or a recording.
+pub trait Source {
+    /// The agent armed everything: the trace is on.
+    fn armed(&self) -> bool;
+    fn clock(&self) -> Clock;
+    fn nr_rings(&self) -> u32;
+    /// Rings claimed by the target's threads (may exceed `nr_rings`).
+    fn claimed(&self) -> u32;
+    /// Hand every record of ring `i` now available to `f` (rtype, aux, payload words), in
+    /// the ring's order; `false` when the ring cannot be read.
+    fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool;
+    /// The comm (without its NULs) and tid of the thread that claimed ring `i`.
+    fn task(&self, i: u32) -> Option<(Vec<u8>, u32)>;
+    /// Records ring `i` lost (full).
+    fn lost(&self, i: u32) -> u64;
+    /// The objects table: (load bias, the path to read the object's symbols from).
+    fn objects(&self) -> Vec<(u64, Vec<u8>)>;
+    fn lost_no_ring(&self) -> u64;
+    fn lost_recursion(&self) -> u64;
+    fn fgraph_overrun(&self) -> u64;
+    /// Per kprobe event id: (records dropped, nmissed).
+    fn event_counters(&self, id: u32) -> (u64, u64);
+    /// The CPUs online (`#P:` of the entries line).
+    fn cpus_online(&self) -> u32;
+    /// Called every so many records while a sink formats: keeps the live rings' pages
+    /// faulted in ahead of their producers.
+    fn prefault(&mut self) {}
+}
+
+/// The live shared rings.
+pub struct Live<'a> {
+    pub rings: &'a SharedRings,
+    prefaulter: Prefaulter,
+}
+
+impl Source for Live<'_> {
+    fn armed(&self) -> bool {
+        self.rings.armed()
+    }
+    fn clock(&self) -> Clock {
+        self.rings.clock()
+    }
+    fn nr_rings(&self) -> u32 {
+        self.rings.config().nr_rings
+    }
+    fn claimed(&self) -> u32 {
+        self.rings.claimed()
+    }
+    fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool {
+        let Some(mut r) = self.rings.reader(i) else {
+            return false;
+        };
+        r.drain_aux(f);
+        true
+    }
+    fn task(&self, i: u32) -> Option<(Vec<u8>, u32)> {
+        let r = self.rings.reader(i)?;
+        let c = r.comm();
+        let n = c.iter().position(|&b| b == 0).unwrap_or(16);
+        Some((c[..n].to_vec(), r.tid()))
+    }
+    fn lost(&self, i: u32) -> u64 {
+        self.rings.reader(i).map_or(0, |r| r.lost())
+    }
+    fn objects(&self) -> Vec<(u64, Vec<u8>)> {
+        self.rings.objects()
+    }
+    fn lost_no_ring(&self) -> u64 {
+        self.rings.lost_no_ring()
+    }
+    fn lost_recursion(&self) -> u64 {
+        self.rings.lost_recursion()
+    }
+    fn fgraph_overrun(&self) -> u64 {
+        self.rings.fgraph_overrun()
+    }
+    fn event_counters(&self, id: u32) -> (u64, u64) {
+        self.rings.event_counters(id).map_or((0, 0), |c| {
+            (
+                c.dropped.load(Ordering::Relaxed),
+                c.nmissed.load(Ordering::Relaxed),
+            )
+        })
+    }
+    fn prefault(&mut self) {
+        self.prefaulter.step(self.rings);
+    }
+    fn cpus_online(&self) -> u32 {
+        cpus_online()
+    }
+}
+
+/// How a run ended, as a sink reports it.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct End {
+    /// The target's pid.
+    pub pid: u32,
+    /// Its exit code, when it exited.
+    pub code: Option<i32>,
+    /// The signal that killed it, when one did.
+    pub signal: Option<i32>,
+    pub core_dumped: bool,
+    /// It was killed by a SIGTRAP that ftprobe's handler never saw.
+    pub sigtrap_untaken: bool,
+    /// Forked processes still writing when ftprobe stopped waiting for them.
+    pub abandoned: Vec<u32>,
+}
+
+impl End {
+    /// The exit code ftprobe exits with for this run (128 + the signal, as a shell says it).
+    pub fn exit_code(&self) -> i32 {
+        self.code.unwrap_or_else(|| 128 + self.signal.unwrap_or(0))
+    }
+}
+
+/// Where a session's records go: formatted (`trace`) or stored (`record`).
+pub trait Sink {
+    /// Take what the rings hold now. `final_poll`: the last time (nothing comes later).
+    fn poll<S: Source>(&mut self, src: &mut S, final_poll: bool);
+    fn flush(&mut self);
+    /// After the last poll, with how the run ended.
+    fn finish<S: Source>(&mut self, src: &mut S, end: &End) -> Result<()>;
+    /// The output could not be written (the run then fails).
+    fn failed(&self) -> bool;
+}
+
+/// Run the plan's command, feeding `sink`; returns the exit code to exit with.
+pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
+    let Plan {
+        args,
+        clock_start,
+        events,
+        tracer,
+        ..
+    } = plan;
+    let function = tracer == "function";
+    // The program's file, read once (an unreadable one is left to exec to refuse).
+    let prog_data = find_program(&args.cmd[0]).and_then(|p| Some((std::fs::read(&p).ok()?, p)));
+    if let Some((data, prog)) = &prog_data {
+        check_not_static(prog, data)?;
+    }
+    let agent = agent_path(args.agent.clone())?
+        .canonicalize()
+        .context("agent library")?;
+    let ring_bytes = args
+        .buffer_size_kb
+        .checked_mul(1024)
+        .context("--buffer-size-kb too large")?;
+    let (rings, fd) = SharedRings::create_uncalibrated(RingConfig {
+        nr_rings: args.rings,
+        ring_bytes,
+    })?;
+    // A sanitizer's runtime must be the first object loaded (ASan aborts otherwise: "ASan
+    // runtime does not come first"): preload it before the agent; the agent takes both out
+    // of LD_PRELOAD again.
+    let runtimes = prog_data
+        .as_ref()
+        .map(|(data, _)| sanitizer_runtimes(data))
+        .unwrap_or_default();
+    drop(prog_data);
+    let mut preload: Vec<String> = runtimes.clone();
+    preload.push(agent.display().to_string());
+    if let Ok(old) = std::env::var("LD_PRELOAD") {
+        if !old.is_empty() {
+            preload.push(old);
+        }
+    }
+    let preload = preload.join(":");
+    signals::catch_termination();
+    // Orphaned descendants of the target become our children, so that the wait at the end
+    // finds the forked ones still tracing (Linux 3.4+; without it, the wait finds none).
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let child = Command::new(&args.cmd[0])
+        .args(&args.cmd[1..])
+        .env("LD_PRELOAD", preload)
+        .env("FTPROBE_PRELOADED", runtimes.join(":"))
+        .env("FTPROBE_RING_FD", fd.as_raw_fd().to_string())
+        .env("FTPROBE_CLI_PID", std::process::id().to_string())
+        .env("FTPROBE_FILTER", args.filter.join("\n"))
+        .env("FTPROBE_NOTRACE", args.notrace.join("\n"))
+        .env("FTPROBE_FUNCTION", if function { "1" } else { "0" })
+        .env("FTPROBE_TRACER", tracer)
+        .env("FTPROBE_GRAPH_FUNCTION", args.graph_function.join("\n"))
+        .env("FTPROBE_GRAPH_NOTRACE", args.graph_notrace.join("\n"))
+        .env("FTPROBE_MAX_DEPTH", args.max_depth.to_string())
+        .env(
+            "FTPROBE_EVENTS",
+            // One line per probe, `ID<TAB>DEF`: the probes of one event share its id.
+            events
+                .iter()
+                .enumerate()
+                .flat_map(|(id, (defs, _))| defs.iter().map(move |d| format!("{id}\t{d}")))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            // As a shell (and `timeout`, `env`) says it: 127 not found, 126 not runnable.
+            eprintln!("ftprobe: cannot run {:?}: {e}", args.cmd[0]);
+            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
+    drop(fd);
+    // While the target starts: fault in the first pages of ring 0 (its first thread's, as a
+    // rule), then finish calibrating the clock (only the text output needs it).
+    let mut prefaulter = Prefaulter::new(&rings);
+    prefaulter.first_ring(&rings);
+    rings.set_clock(Clock::finish_calibration(clock_start));
+    let exit = ExitWatch::new(child.id());
+    let mut live = Live {
+        rings: &rings,
+        prefaulter,
+    };
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if let Some(sig) = signals::take_pending() {
+            // SAFETY: kill has no memory effects; the pid is our child, not yet reaped.
+            unsafe { libc::kill(child.id() as i32, sig) };
+        }
+        live.prefault();
+        sink.poll(&mut live, false);
+        sink.flush();
+        reap_orphans(child.id());
+        exit.wait(Duration::from_millis(10));
+    };
+    // Forked children of the target keep tracing after it exits: wait for them (as uftrace
+    // does), and say so; a termination signal stops the wait (their later events are then
+    // missing, and the trace says whose).
+    let mut told = false;
+    let mut abandoned = Vec::new();
+    loop {
+        live.prefault();
+        sink.poll(&mut live, false);
+        let still = live_writers();
+        if still.is_empty() {
+            break;
+        }
+        if signals::take_pending().is_some() {
+            abandoned = still;
+            break;
+        }
+        if !told {
+            eprintln!(
+                "ftprobe: {} exited; waiting for the forked processes still tracing ({}); Ctrl-C stops waiting",
+                args.cmd[0],
+                still.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            );
+            told = true;
+        }
+        sink.flush();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // What the last of them wrote between the poll above and its exit.
+    sink.poll(&mut live, true);
+    // ftprobe's handler never saw the trap that killed it (it notes the ones it passes to
+    // the program's default action): SIGTRAP was blocked where the agent could not see.
+    let sigtrap_untaken = status.signal() == Some(libc::SIGTRAP)
+        && !rings.objects().is_empty()
+        && rings.sigtrap_passed_pid() != child.id();
+    let end = End {
+        pid: child.id(),
+        code: status.code(),
+        signal: status.signal(),
+        core_dumped: status.core_dumped(),
+        sigtrap_untaken,
+        abandoned,
+    };
+    if sigtrap_untaken {
+        eprintln!("ftprobe: {} was {SIGTRAP_UNTAKEN}", args.cmd[0]);
+    }
+    if rings.objects().is_empty() {
+        eprintln!(
+            "ftprobe: the agent did not start in {}: nothing was traced (a setuid program, a \
+             program that runs another without the environment, or one that stopped before \
+             its libraries' constructors?)",
+            args.cmd[0]
+        );
+    }
+    sink.finish(&mut live, &end)?;
+    let code = end.exit_code();
+    // A trace that could not be written is a failure even when the target succeeded.
+    Ok(if sink.failed() && code == 0 { 1 } else { code })
+}
+
+/// How a trace says that the program died of a SIGTRAP ftprobe's handler never saw.
+pub const SIGTRAP_UNTAKEN: &str = "killed by a trap that ftprobe could not take (SIGTRAP was \
+                                   blocked, e.g. by a raw rt_sigprocmask system call)";
+
+/// The target's forked descendants that still map this session's rings (they have not
+/// exited or exec'd), whether or not they have written yet. ftprobe is their child
+/// subreaper, so when their parent exits they become its children: they are found in
+/// `/proc/self/task/*/children`, and the exited ones are reaped here. The rings are
+/// recognised by the inode of their memfd, from our own mapping.
+fn live_writers() -> Vec<u32> {
+    // Reap orphans that already exited (the target itself was reaped by `try_wait`).
+    // SAFETY: waitpid with a null status pointer only reaps.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    let inode_of = |maps: &str| -> Option<String> {
+        maps.lines()
+            .find(|l| {
+                l.ends_with("/memfd:ftprobe-rings (deleted)") || l.ends_with("/memfd:ftprobe-rings")
+            })
+            .and_then(|l| l.split_whitespace().nth(4))
+            .map(str::to_owned)
+    };
+    let Some(ours) = std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .as_deref()
+        .and_then(inode_of)
+    else {
+        return Vec::new();
+    };
+    let mut live: Vec<u32> = children()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .ok()
+                .as_deref()
+                .and_then(inode_of)
+                .is_some_and(|i| i == ours)
+        })
+        .collect();
+    live.sort_unstable();
+    live.dedup();
+    live
+}
+
+/// Our children (`/proc/self/task/*/children`): the target, and the orphans we reap as
+/// child subreaper.
+fn children() -> Vec<u32> {
+    std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// While the target runs: reap the orphans (its descendants whose parent exited) that have
+/// exited, so they do not pile up as zombies under us; never the target itself.
+fn reap_orphans(target: u32) {
+    for pid in children().into_iter().filter(|&p| p != target) {
+        // SAFETY: waitpid on one child of ours, with a null status pointer: only reaps.
+        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+    }
+}
+
+/// How far ahead of a ring's head the CLI keeps its pages faulted in (first lap only).
+const PREFAULT_AHEAD: u64 = 16 << 20;
+
+/// Lines formatted between two prefault steps (~20 ms of formatting).
+pub const PREFAULT_EVERY: usize = 1 << 16;
+
+/// Keeps [`PREFAULT_AHEAD`] bytes of every claimed ring faulted in ahead of its producer, on
+/// the ring's first lap: the pages are allocated and zeroed on the CLI's CPU, not in the
+/// traced thread, which then takes a minor fault per page (several times cheaper here).
+struct Prefaulter {
+    /// Per ring, how many bytes of its data area have been faulted in.
+    done: Vec<u64>,
+    ring_bytes: u64,
+}
+
+impl Prefaulter {
+    fn new(rings: &SharedRings) -> Prefaulter {
+        Prefaulter {
+            done: vec![0; rings.config().nr_rings as usize],
+            ring_bytes: u64::from(rings.config().ring_bytes),
+        }
+    }
+
+    /// Ring 0, before anything claimed it: the target's first thread takes it, as a rule.
+    fn first_ring(&mut self, rings: &SharedRings) {
+        self.advance(rings, 0, PREFAULT_AHEAD);
+    }
+
+    fn step(&mut self, rings: &SharedRings) {
+        for i in 0..rings.claimed().min(rings.config().nr_rings) {
+            let want = rings.head(i).unwrap_or(0).saturating_add(PREFAULT_AHEAD);
+            self.advance(rings, i, want);
+        }
+    }
+
+    fn advance(&mut self, rings: &SharedRings, i: u32, want: u64) {
+        let Some(done) = self.done.get_mut(i as usize) else {
+            return;
+        };
+        let want = want.min(self.ring_bytes);
+        if want > *done {
+            // On failure (an old kernel) stop trying for this ring.
+            *done = if rings.prefault(i, *done, want - *done) {
+                want
+            } else {
+                self.ring_bytes
+            };
+        }
+    }
+}
+
+/// Waits up to a timeout for the child to exit, waking as soon as it does (a pidfd, Linux
+/// 5.3+; without one, a plain sleep). Does not reap it.
+struct ExitWatch(Option<OwnedFd>);
+
+impl ExitWatch {
+    fn new(pid: u32) -> ExitWatch {
+        // SAFETY: pidfd_open takes a pid and flags, no pointers.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        // SAFETY: a non-negative return is a new file descriptor that we own.
+        ExitWatch((fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    fn wait(&self, timeout: Duration) {
+        let Some(fd) = &self.0 else {
+            std::thread::sleep(timeout);
+            return;
+        };
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; poll writes only its revents. EINTR (a forwarded
+        // signal) just returns early: the caller loops.
+        unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
+    }
+}
