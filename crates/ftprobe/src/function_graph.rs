@@ -91,7 +91,8 @@ unsafe fn graph_entry(
     data[1] = depth;
     let mut recorded = false;
     trace::with_ring_guarded(|w| {
-        let (_, cpu) = trace::clock();
+        // The shadow stack's calltime is the record's time: one clock read per event.
+        let cpu = trace::cpu();
         recorded = w.write_with(rtype::FGRAPH_ENT, cpu | (depth as u32) << 16, 2, |b| {
             b[0].store(ent.calltime, std::sync::atomic::Ordering::Relaxed);
             b[1].store(ent.func, std::sync::atomic::Ordering::Relaxed);
@@ -122,7 +123,8 @@ unsafe fn graph_return(
     }
     let depth = data[1] as u32;
     trace::with_ring_guarded(|w| {
-        let (_, cpu) = trace::clock();
+        // Its rettime likewise.
+        let cpu = trace::cpu();
         let aux = cpu | (ret.exit as u32) << 12 | depth << 16;
         w.write_with(rtype::FGRAPH_RET, aux, 4, |b| {
             use std::sync::atomic::Ordering::Relaxed;

@@ -478,6 +478,27 @@ pub fn read_tsc_cpu() -> (u64, u32) {
     }
 }
 
+/// The CPU this thread runs on, without a timestamp (for a record whose time was read
+/// already): `rdpid` (~0.2 ns on this VM, against ~11 ns for `rdtsc`) where the CPU has it,
+/// else `rdtscp`'s `TSC_AUX`. Probe path.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn read_cpu() -> u32 {
+    if has_rdpid() {
+        let aux: u64;
+        // SAFETY: RDPID exists (checked by CPUID in `has_rdpid`); it only writes `aux`.
+        unsafe {
+            core::arch::asm!("rdpid {}", out(reg) aux, options(nomem, nostack, preserves_flags))
+        };
+        (aux & 0xfff) as u32
+    } else {
+        let mut aux = 0u32;
+        // SAFETY: as in `read_tsc_cpu`: RDTSCP only writes `aux`, a local.
+        let _ = unsafe { core::arch::x86_64::__rdtscp(&mut aux) };
+        aux & 0xfff
+    }
+}
+
 /// Whether the CPU has `rdpid` (CPUID.7.0:ECX bit 22), asked once; probe path after that.
 #[inline(always)]
 fn has_rdpid() -> bool {
