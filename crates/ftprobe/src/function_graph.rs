@@ -69,7 +69,7 @@ unsafe fn graph_entry(
     data: &mut [u64; FGRAPH_DATA_WORDS],
 ) -> bool {
     let Some(a) = ACTIVE.get() else { return false };
-    let parent = fgraph::parent_data(gops, regs_retp_hint(regs));
+    let parent = fgraph::parent_data_of(ent.thread(), gops, regs_retp_hint(regs));
     let depth = match parent {
         Some(p) if p[0] & NOTRACE != 0 => return false,
         Some(p) => p[1] + 1,
@@ -90,7 +90,7 @@ unsafe fn graph_entry(
     }
     data[1] = depth;
     let mut recorded = false;
-    trace::with_ring_guarded(|w| {
+    trace::with_ring_guarded_of(ent.thread(), |w| {
         // The shadow stack's calltime is the record's time: one clock read per event.
         let cpu = trace::cpu();
         recorded = w.write_with(rtype::FGRAPH_ENT, cpu | (depth as u32) << 16, 2, |b| {
@@ -122,7 +122,7 @@ unsafe fn graph_return(
         return;
     }
     let depth = data[1] as u32;
-    trace::with_ring_guarded(|w| {
+    trace::with_ring_guarded_of(ret.thread(), |w| {
         // Its rettime likewise.
         let cpu = trace::cpu();
         let aux = cpu | (ret.exit as u32) << 12 | depth << 16;

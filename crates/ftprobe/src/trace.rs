@@ -135,7 +135,12 @@ pub fn event_ring() -> EventRing {
 /// and the ring together.
 #[inline(always)]
 pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
-    let t = probe_state::this_thread();
+    with_ring_guarded_of(probe_state::this_thread(), f)
+}
+
+/// [`with_ring_guarded`] for thread state `t` (no TLS access).
+#[inline(always)]
+pub(crate) fn with_ring_guarded_of(t: &ThreadState, f: impl FnOnce(RingWriter<'static>)) {
     if !begin_write(t, stack_pointer()) {
         return;
     }
