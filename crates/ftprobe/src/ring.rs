@@ -1118,6 +1118,31 @@ impl RingWriter<'_> {
         self.publish(new_head)
     }
 
+    /// [`write_aux`](Self::write_aux) of a fixed number of payload words, inlined without a
+    /// loop or a closure (the function_graph tracer's two records, one per event).
+    #[inline(always)]
+    pub fn write_n_aux<const N: usize>(&self, rtype: u16, aux: u32, words: [u64; N]) -> bool {
+        if N + 1 > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
+            return self.drop_one();
+        }
+        let Some((start, new_head)) = self.reserve(N + 1) else {
+            return self.drop_one();
+        };
+        let Some((hdr, body)) = self
+            .data
+            .get(start..start + N + 1)
+            .and_then(|s| s.split_first())
+        else {
+            debug_assert!(false, "reserve returned an out-of-range slot");
+            return self.drop_one();
+        };
+        hdr.store(record_header_aux(N + 1, rtype, aux), Relaxed);
+        for (slot, w) in body.iter().zip(words) {
+            slot.store(w, Relaxed);
+        }
+        self.publish(new_head)
+    }
+
     /// Finds room for `nwords` words at `head` and writes the padding word if the record has to
     /// go to offset 0. Returns the record's first word index and the head after it.
     #[inline(always)]
