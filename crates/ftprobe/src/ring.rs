@@ -1422,6 +1422,70 @@ mod tests {
         );
     }
 
+    #[test]
+    fn write_n_aux_writes_header_aux_and_words() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        assert!(w.write_n_aux(5, 0x0003_0001, [7, 8]));
+        assert!(w.write_n_aux(6, 2, [1, 2, 3, 4]));
+        let d = sr.data(0).unwrap();
+        let words: Vec<u64> = d[..8].iter().map(|w| w.load(Relaxed)).collect();
+        assert_eq!(
+            words,
+            [
+                record_header_aux(3, 5, 0x0003_0001),
+                7,
+                8,
+                record_header_aux(5, 6, 2),
+                1,
+                2,
+                3,
+                4
+            ]
+        );
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(
+            drain_all(&mut r),
+            vec![(5, vec![7, 8]), (6, vec![1, 2, 3, 4])]
+        );
+    }
+
+    /// Whether the page at byte `off` of ring 0's data area is in the memfd's page cache.
+    fn page_present(sr: &SharedRings, off: usize) -> bool {
+        let p = sr.data(0).unwrap().as_ptr() as usize + off;
+        let mut v = 0u8;
+        // SAFETY: one page of our mapping, page-aligned; mincore writes one byte.
+        let r = unsafe { libc::mincore(p as *mut libc::c_void, 4096, &mut v) };
+        assert_eq!(r, 0, "mincore");
+        v & 1 != 0
+    }
+
+    /// The producer maps the chunk ahead of its writes in on its first lap (one
+    /// MADV_POPULATE_WRITE per chunk instead of one page fault per page): pages it has not
+    /// written yet are present, the ones two chunks ahead not yet.
+    #[test]
+    fn producer_maps_the_next_chunk_in_on_its_first_lap() {
+        if !rings(1, 4096).prefault(0, 0, 4096) {
+            eprintln!("skipped: MADV_POPULATE_WRITE refused (kernel < 5.14?)");
+            return;
+        }
+        let chunk = POPULATE_CHUNK as usize;
+        let sr = rings(1, (4 * chunk) as u32);
+        let w = sr.claim(1, COMM).unwrap();
+        assert!(!page_present(&sr, chunk + 4096), "fresh memfd");
+        assert!(w.write_n_aux(5, 0, [1, 2]));
+        assert!(page_present(&sr, chunk + 4096), "chunk 1 mapped at the first record");
+        assert!(!page_present(&sr, 2 * chunk + 4096));
+        // Into chunk 1: chunk 2 is mapped, chunk 3 not yet.
+        let mut r = sr.reader(0).unwrap();
+        while head_of(&r) < chunk as u64 + 64 {
+            assert!(w.write_n_aux(5, 0, [0; 7]));
+            r.drain(|_, _| {});
+        }
+        assert!(page_present(&sr, 2 * chunk + 4096));
+        assert!(!page_present(&sr, 3 * chunk + 4096));
+    }
+
     /// Many records of lengths 1..=13 words across ~40 wraps of a 4 KiB ring, drained every few
     /// records; checks every value and the head against a model of the padding rule.
     #[test]
