@@ -267,9 +267,9 @@ impl Graph {
     /// then CPU and TASK/PID.
     fn prologue(&mut self, out: &mut Vec<u8>, ctx: Ctx<'_>) {
         let prev = self.last_pid.insert(ctx.cpu, ctx.pid);
-        if !self.comms.contains_key(&ctx.pid) {
-            self.comms.insert(ctx.pid, ctx.comm.to_vec());
-        }
+        self.comms
+            .entry(ctx.pid)
+            .or_insert_with(|| ctx.comm.to_vec());
         if let Some(prev) = prev.filter(|&p| p != ctx.pid) {
             out.extend_from_slice(b" ------------------------------------------\n");
             self.push_cpu(out, ctx.cpu);

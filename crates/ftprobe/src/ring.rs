@@ -1172,7 +1172,8 @@ impl RingWriter<'_> {
         let new_head = head.wrapping_add(total);
         // First lap only (`head` counts bytes since the claim: below the ring's size, it is
         // the position): entering a new chunk maps the next one in.
-        if new_head < ring_bytes && (head == 0 || head / POPULATE_CHUNK != new_head / POPULATE_CHUNK)
+        if new_head < ring_bytes
+            && (head == 0 || head / POPULATE_CHUNK != new_head / POPULATE_CHUNK)
         {
             self.populate_ahead(head, new_head, ring_bytes);
         }
@@ -1195,7 +1196,11 @@ impl RingWriter<'_> {
             return;
         }
         let chunk = POPULATE_CHUNK;
-        let from = if head == 0 { 0 } else { (new_head / chunk + 1) * chunk };
+        let from = if head == 0 {
+            0
+        } else {
+            (new_head / chunk + 1) * chunk
+        };
         let to = ((new_head / chunk + 2) * chunk).min(ring_bytes);
         if from >= to {
             return;
@@ -1206,13 +1211,7 @@ impl RingWriter<'_> {
         // (page-aligned: the data area is, and so are `from` and `to`, or `to` is its end);
         // populating changes no contents; a raw syscall: no errno, no lock.
         let r = unsafe {
-            crate::sys::raw_syscall4(
-                libc::SYS_madvise,
-                addr,
-                to - from,
-                MADV_POPULATE_WRITE,
-                0,
-            )
+            crate::sys::raw_syscall4(libc::SYS_madvise, addr, to - from, MADV_POPULATE_WRITE, 0)
         };
         if r < 0 && r != -(libc::EINTR as i64) && r != -(libc::EAGAIN as i64) {
             REFUSED.store(1, Relaxed);
@@ -1474,7 +1473,10 @@ mod tests {
         let w = sr.claim(1, COMM).unwrap();
         assert!(!page_present(&sr, chunk + 4096), "fresh memfd");
         assert!(w.write_n_aux(5, 0, [1, 2]));
-        assert!(page_present(&sr, chunk + 4096), "chunk 1 mapped at the first record");
+        assert!(
+            page_present(&sr, chunk + 4096),
+            "chunk 1 mapped at the first record"
+        );
         assert!(!page_present(&sr, 2 * chunk + 4096));
         // Into chunk 1: chunk 2 is mapped, chunk 3 not yet.
         let mut r = sr.reader(0).unwrap();
