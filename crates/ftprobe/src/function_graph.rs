@@ -69,7 +69,7 @@ unsafe fn graph_entry(
     data: &mut [u64; FGRAPH_DATA_WORDS],
 ) -> bool {
     let Some(a) = ACTIVE.get() else { return false };
-    let parent = fgraph::parent_data(gops, regs_retp_hint(regs));
+    let parent = fgraph::parent_data_of(ent.thread(), gops, regs_retp_hint(regs));
     let depth = match parent {
         Some(p) if p[0] & NOTRACE != 0 => return false,
         Some(p) => p[1] + 1,
@@ -90,12 +90,14 @@ unsafe fn graph_entry(
     }
     data[1] = depth;
     let mut recorded = false;
-    trace::with_ring_guarded(|w| {
-        let (_, cpu) = trace::clock();
-        recorded = w.write_with(rtype::FGRAPH_ENT, cpu | (depth as u32) << 16, 2, |b| {
-            b[0].store(ent.calltime, std::sync::atomic::Ordering::Relaxed);
-            b[1].store(ent.func, std::sync::atomic::Ordering::Relaxed);
-        });
+    trace::with_ring_guarded_of(ent.thread(), |w| {
+        // The shadow stack's calltime is the record's time: one clock read per event.
+        let cpu = trace::cpu();
+        recorded = w.write_n_aux(
+            rtype::FGRAPH_ENT,
+            cpu | (depth as u32) << 16,
+            [ent.calltime, ent.func],
+        );
     });
     // A call whose entry was not recorded (ring full, a write in progress) is still hooked,
     // so that its callees see their depth, but records no exit either.
@@ -121,16 +123,15 @@ unsafe fn graph_return(
         return;
     }
     let depth = data[1] as u32;
-    trace::with_ring_guarded(|w| {
-        let (_, cpu) = trace::clock();
+    trace::with_ring_guarded_of(ret.thread(), |w| {
+        // Its rettime likewise.
+        let cpu = trace::cpu();
         let aux = cpu | (ret.exit as u32) << 12 | depth << 16;
-        w.write_with(rtype::FGRAPH_RET, aux, 4, |b| {
-            use std::sync::atomic::Ordering::Relaxed;
-            b[0].store(ret.rettime, Relaxed);
-            b[1].store(ret.func, Relaxed);
-            b[2].store(ret.calltime, Relaxed);
-            b[3].store(ret.retval, Relaxed);
-        });
+        w.write_n_aux(
+            rtype::FGRAPH_RET,
+            aux,
+            [ret.rettime, ret.func, ret.calltime, ret.retval],
+        );
     });
 }
 

@@ -25,7 +25,8 @@ pub mod rtype {
     /// Per-event counters at exit: aux = event id; words: hits whose record was dropped,
     /// nmissed. The reader adds the event's records to the first for its hits.
     pub const PROFILE: u16 = 4;
-    /// function_graph entry: aux = CPU | depth << 16; words: tsc, func.
+    /// function_graph entry: aux = CPU | depth << 16; words: tsc (the shadow stack's
+    /// calltime), func.
     pub const FGRAPH_ENT: u16 = 5;
     /// function_graph return: aux = CPU | how the call ended (`FgraphExit`) << 12 | depth
     /// << 16; words: tsc (at the return, or when the call was found cut off), func,
@@ -137,7 +138,12 @@ pub fn event_ring() -> EventRing {
 /// and the ring together.
 #[inline(always)]
 pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
-    let t = probe_state::this_thread();
+    with_ring_guarded_of(probe_state::this_thread(), f)
+}
+
+/// [`with_ring_guarded`] for thread state `t` (no TLS access).
+#[inline(always)]
+pub(crate) fn with_ring_guarded_of(t: &ThreadState, f: impl FnOnce(RingWriter<'static>)) {
     if !begin_write(t, stack_pointer()) {
         return;
     }
@@ -172,6 +178,13 @@ fn claim_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
 #[inline(always)]
 pub fn clock() -> (u64, u32) {
     ring::read_tsc_cpu()
+}
+
+/// Probe path: the CPU for an event whose timestamp the caller has (the function_graph
+/// records carry the shadow stack's entry and return times: one `rdtsc` per event).
+#[inline(always)]
+pub fn cpu() -> u32 {
+    ring::read_cpu()
 }
 
 /// Control path: write `text` as [`rtype::TEXT`] records of kind `kind` (split in pieces of

@@ -29,7 +29,9 @@
 //!
 //! Recursion: entries made through ftrace sites run under the `FTRACE_OPS_FL_RECURSION`
 //! guard (a hooked function called from a callback is not hooked, counted in the ops'
-//! `missed`); the return callbacks run under the same guard.
+//! `missed`), taken by the ops' own callback so that an entry looks its thread up once (one
+//! TLS access per event: the thread's state is handed to the users in [`FgraphEnt`] and
+//! [`FgraphRet`]); the return callbacks run under the same guard.
 //!
 //! Everything reached from a trampoline is on the probe path: no allocation, no lock, no
 //! panic, no C library call (the return path must not touch the vector registers' upper
@@ -38,7 +40,7 @@
 use std::sync::atomic::{compiler_fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::fgraph_unwind as unwind;
-use super::{FtraceError, FtraceOps, PtRegs, FTRACE_OPS_FL_GRAPH, FTRACE_OPS_FL_RECURSION};
+use super::{FtraceError, FtraceOps, PtRegs, FTRACE_OPS_FL_GRAPH};
 use crate::arch::x86_64::return_trampoline;
 use crate::arch::x86_64::sites::SitePlace;
 use crate::probe_state::{self, stack_pointer, Entry};
@@ -77,6 +79,8 @@ pub struct FgraphEnt {
     pub depth: u32,
     /// Raw TSC at entry.
     pub calltime: u64,
+    /// The entering thread's probe state (its one TLS access), for the crate's own users.
+    pub(crate) thread: *const probe_state::ThreadState,
 }
 
 /// `struct ftrace_graph_ret`.
@@ -100,6 +104,27 @@ pub struct FgraphRet {
     pub ret: u64,
     /// The stack slot that held it.
     pub retp: u64,
+    /// The thread's probe state (as in [`FgraphEnt`]).
+    pub(crate) thread: *const probe_state::ThreadState,
+}
+
+impl FgraphEnt {
+    /// The entering thread's probe state (no TLS access).
+    #[inline(always)]
+    pub(crate) fn thread(&self) -> &probe_state::ThreadState {
+        // SAFETY: set from `probe_state::this_thread()` of the thread that runs the
+        // callback, which lives as long as that thread; the FgraphEnt is only lent to it.
+        unsafe { &*self.thread }
+    }
+}
+
+impl FgraphRet {
+    /// The returning thread's probe state (no TLS access).
+    #[inline(always)]
+    pub(crate) fn thread(&self) -> &probe_state::ThreadState {
+        // SAFETY: as in `FgraphEnt::thread`.
+        unsafe { &*self.thread }
+    }
 }
 
 /// entryfunc: return false to not take this call (the kernel's semantics: no return
@@ -139,10 +164,9 @@ impl FgraphOps {
             entryfunc,
             retfunc,
             private: AtomicU64::new(0),
-            ops: FtraceOps::new(
-                fgraph_ftrace_entry,
-                FTRACE_OPS_FL_RECURSION | FTRACE_OPS_FL_GRAPH,
-            ),
+            // The recursion guard of FTRACE_OPS_FL_RECURSION, taken by the callback itself
+            // (one TLS access for the guard and the shadow stack together).
+            ops: FtraceOps::new(fgraph_ftrace_entry, FTRACE_OPS_FL_GRAPH),
             index: AtomicU32::new(0),
             overrun: AtomicU64::new(0),
         }
@@ -406,8 +430,19 @@ unsafe extern "C" fn fgraph_ftrace_entry(
     // An XRay entry sled whose exit sleds ftrace patched with it (`super::xray`): the exits
     // close the call, the return address stays the program's.
     let nohijack = super::site_nohijack(ip);
+    // FTRACE_OPS_FL_RECURSION's guard (`ftrace_ops_assist_func`), here so that the entry
+    // looks the thread up once.
+    let t = probe_state::this_thread();
+    let sp = stack_pointer();
+    let _ = t.enter(Entry::Here(sp));
+    if t.in_ftrace.get() != 0 {
+        op.missed.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    t.in_ftrace.set(sp);
     // SAFETY: as above.
-    unsafe { enter(gops, func, retp as *mut u64, regs, nohijack) };
+    unsafe { enter(t, gops, func, retp as *mut u64, regs, nohijack) };
+    t.in_ftrace.set(0);
 }
 
 /// Probe path: enter function `func` whose return address is in `*retp` (from a kprobe
@@ -424,8 +459,10 @@ pub unsafe fn function_graph_enter_user(
     retp: *mut u64,
     regs: &mut PtRegs,
 ) -> bool {
+    let t = probe_state::this_thread();
+    let _ = t.enter(Entry::Here(stack_pointer()));
     // SAFETY: forwarded.
-    unsafe { enter(gops, func, retp, regs, false) }
+    unsafe { enter(t, gops, func, retp, regs, false) }
 }
 
 /// XRay: entry without touching the return address; paired by
@@ -439,8 +476,10 @@ pub unsafe fn function_graph_enter_nohijack(
     sp: u64,
     regs: &mut PtRegs,
 ) -> bool {
+    let t = probe_state::this_thread();
+    let _ = t.enter(Entry::Here(stack_pointer()));
     // SAFETY: forwarded; no memory at sp is written.
-    unsafe { enter(gops, func, sp as *mut u64, regs, true) }
+    unsafe { enter(t, gops, func, sp as *mut u64, regs, true) }
 }
 
 /// XRay exit sled: close the top no-hijack entry of `func` on this thread (entries above it
@@ -460,7 +499,7 @@ pub unsafe fn function_graph_exit_nohijack(func: u64, sp: u64, regs: &PtRegs) {
         if e.state == LIVE && e.flags & FL_NOHIJACK != 0 && e.func == func {
             let retp = e.retp;
             unwind::close_above(ss, i, retp, rettime, FgraphExit::Lost);
-            call_retfuncs(ss, i, regs, FgraphExit::Returned, rettime);
+            call_retfuncs(t, ss, i, regs, FgraphExit::Returned, rettime);
             ss.entries[i].state = HOLE;
             ss.shrink();
             return;
@@ -482,12 +521,13 @@ fn count_overrun(gops: &'static FgraphOps) {
     }
 }
 
-/// The shared entry path.
+/// The shared entry path; `t` is this thread's state, its stale guards repaired.
 ///
 /// # Safety
 /// As [`function_graph_enter_user`].
 #[inline(always)]
 unsafe fn enter(
+    t: &'static probe_state::ThreadState,
     gops: &'static FgraphOps,
     func: u64,
     retp: *mut u64,
@@ -495,8 +535,6 @@ unsafe fn enter(
     nohijack: bool,
 ) -> bool {
     let Some(u) = gops.slot() else { return false };
-    let t = probe_state::this_thread();
-    let _ = t.enter(Entry::Here(stack_pointer()));
     let Some(ss) = shadow_stack(t) else {
         count_overrun(gops);
         return false;
@@ -515,6 +553,7 @@ unsafe fn enter(
                 func,
                 depth: e.depth,
                 calltime: e.calltime,
+                thread: t,
             };
             e.data[u] = [0; FGRAPH_DATA_WORDS];
             // SAFETY: the user's callback, with its contract.
@@ -558,6 +597,7 @@ unsafe fn enter(
         func,
         depth,
         calltime,
+        thread: t,
     };
     // SAFETY: the user's callback, with its contract.
     let take = unsafe { (gops.entryfunc)(&ent, gops, regs, &mut e.data[u]) };
@@ -582,8 +622,17 @@ unsafe fn enter(
 /// parent call for this user) on the same stack: for an entryfunc that inherits state from
 /// its caller (the function_graph tracer's depth and `set_graph_function`). Probe path.
 pub fn parent_data(gops: &FgraphOps, retp: u64) -> Option<[u64; FGRAPH_DATA_WORDS]> {
+    parent_data_of(probe_state::this_thread(), gops, retp)
+}
+
+/// [`parent_data`] for thread state `t` (no TLS access).
+#[inline(always)]
+pub(crate) fn parent_data_of(
+    t: &probe_state::ThreadState,
+    gops: &FgraphOps,
+    retp: u64,
+) -> Option<[u64; FGRAPH_DATA_WORDS]> {
     let u = gops.slot()?;
-    let t = probe_state::this_thread();
     let p = t.fgraph.get();
     if p.is_null() {
         return None;
@@ -612,6 +661,7 @@ pub fn parent_data(gops: &FgraphOps, retp: u64) -> Option<[u64; FGRAPH_DATA_WORD
 /// Call the return callback of each user of entry `i` (then the caller frees it).
 #[inline(always)]
 pub(crate) fn call_retfuncs(
+    t: &probe_state::ThreadState,
     ss: &ShadowStack,
     i: usize,
     regs: &PtRegs,
@@ -630,6 +680,7 @@ pub(crate) fn call_retfuncs(
         exit,
         ret: e.ret,
         retp: e.retp,
+        thread: t,
     };
     let mut users = e.users;
     while users != 0 {
@@ -697,7 +748,7 @@ pub(crate) unsafe extern "C" fn ftprobe_fgraph_return(regs: &mut PtRegs) {
     if guard {
         t.in_ftrace.set(sp);
     }
-    call_retfuncs(ss, k, regs, FgraphExit::Returned, rettime);
+    call_retfuncs(t, ss, k, regs, FgraphExit::Returned, rettime);
     if guard {
         t.in_ftrace.set(0);
     }

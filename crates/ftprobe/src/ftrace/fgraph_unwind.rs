@@ -195,7 +195,7 @@ fn close_entry(ss: &mut ShadowStack, j: usize, exit: FgraphExit, rettime: u64, c
     if guard {
         t.in_ftrace.set(probe_state::stack_pointer());
     }
-    call_retfuncs(ss, j, &regs, exit, rettime);
+    call_retfuncs(t, ss, j, &regs, exit, rettime);
     if guard {
         t.in_ftrace.set(0);
     }

@@ -12,9 +12,10 @@
 //! frame-pointer unwinder (`rbp` chain: `[rbp]` the caller's `rbp`, `[rbp+8]` = `[retp]`) and
 //! a DWARF unwinder (the CFI below: CFA = `retp + 8`, return address at CFA - 8, `rbp` at
 //! CFA - 16) both see the real caller while the return callbacks run. The trampoline ends
-//! with `ret`, which pops that slot: `rsp = retp + 8`, `rip` = the real return address, as
-//! if the function had returned there. The flags are not preserved (dead after a `ret` by
-//! the ABI).
+//! by popping that slot and jumping to it: `rsp = retp + 8`, `rip` = the real return
+//! address, as if the function had returned there. The flags are not preserved (dead after a `ret` by
+//! the ABI). It leaves by `jmp` to that address, not `ret` (see the end of the code: the
+//! return stack buffer stays balanced).
 
 use std::arch::global_asm;
 
@@ -120,8 +121,17 @@ global_asm!(
     "pop rbp",
     ".cfi_def_cfa_offset 8",
     ".cfi_restore rbp",
-    // To [retp]: the real return address the handler wrote there.
-    "ret",
+    // To [retp], the real return address the handler wrote there, by an indirect `jmp`
+    // rather than `ret`: the traced function's `ret` into this trampoline consumed the
+    // return-stack-buffer entry of its call, so a `ret` here would be mispredicted and leave
+    // the buffer one entry off for every return above (each mispredicted in turn); the
+    // `jmp` is predicted by its last target and keeps the buffer balanced. The stack pointer
+    // is the caller's first (`lea` leaves the flags), then the slot is read from just below
+    // it: inside the red zone, which signal delivery skips. CFA = rsp, return address at
+    // CFA - 8 still.
+    "lea rsp, [rsp + 8]",
+    ".cfi_def_cfa_offset 0",
+    "jmp qword ptr [rsp - 8]",
     ".cfi_endproc",
     ".size ftprobe_return_trampoline, . - ftprobe_return_trampoline",
     ".globl ftprobe_return_trampoline_end",
