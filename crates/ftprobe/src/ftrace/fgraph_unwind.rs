@@ -567,14 +567,26 @@ fn after_unwinder(ss: &mut ShadowStack, retp: u64, is_return: bool) {
             close_entry(ss, j, exit, rettime, true);
             continue;
         }
+        // A tail call's entry (its `ret` is the trampoline) shares its slot with the call
+        // it replaced, below it, whose real return address the unwinder found there: it is
+        // live if that one is, and that one writes the trampoline back (the slot must
+        // still hold the real address when it is checked).
+        let (retp, expect) = if e.ret == return_trampoline() {
+            (e.retp, tail_base_ret(ss, j))
+        } else {
+            (e.retp, Some(e.ret))
+        };
         let mut b = [0u8; 8];
-        let holds_ret = crate::sys::read_nofault(e.retp, &mut b) == 8
-            && (u64::from_le_bytes(b) == e.ret || e.ret == return_trampoline());
+        let holds_ret = expect.is_some_and(|r| {
+            crate::sys::read_nofault(retp, &mut b) == 8 && u64::from_le_bytes(b) == r
+        });
         if holds_ret {
             let e = &mut ss.entries[j];
-            // SAFETY: the slot is readable (just read) and in a live frame above this
-            // event's; it holds the address this entry put back.
-            unsafe { *(e.retp as *mut u64) = return_trampoline() };
+            if e.ret != return_trampoline() {
+                // SAFETY: the slot is readable (just read) and in a live frame above this
+                // event's; it holds the address this entry put back.
+                unsafe { *(e.retp as *mut u64) = return_trampoline() };
+            }
             e.state = LIVE;
         } else {
             close_entry(ss, j, exit, rettime, true);
@@ -586,6 +598,17 @@ fn after_unwinder(ss: &mut ShadowStack, retp: u64, is_return: bool) {
         ss.unwinder_sp = 0;
     }
     ss.shrink();
+}
+
+/// For the tail call's entry `j` (its `ret` is the trampoline): the real return address of
+/// the restored call below it with the same slot, the one the tail call replaced.
+fn tail_base_ret(ss: &ShadowStack, j: usize) -> Option<u64> {
+    let retp = ss.entries[j].retp;
+    ss.entries[..j]
+        .iter()
+        .rev()
+        .find(|e| e.state == RESTORED && e.retp == retp && e.ret != return_trampoline())
+        .map(|e| e.ret)
 }
 
 /// The unwinder entry points of libgcc_s probed by [`arm_unwinder_probes`], and whether each

@@ -1,0 +1,176 @@
+//! A user's review of return hooks (function_graph and return events): each case is a
+//! program built at test time, run untraced for the truth, then traced.
+
+mod common;
+use common::{build_at_test_time, events, trace, untraced};
+
+/// The README's demo flags.
+const FG: [&str; 5] = [
+    "-pg",
+    "-mfentry",
+    "-mnop-mcount",
+    "-mrecord-mcount",
+    "-fno-pie",
+];
+
+fn build(compiler: &str, file: &str, source: &str, extra: &[&str]) -> String {
+    let mut flags: Vec<&str> = FG.to_vec();
+    flags.push("-no-pie");
+    flags.extend_from_slice(extra);
+    build_at_test_time(compiler, file, source, &flags)
+        .unwrap_or_else(|| panic!("{compiler} {file}"))
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The FUNCTION CALLS column of the graph's event lines.
+fn calls(text: &str) -> Vec<String> {
+    events(text)
+        .filter_map(|l| l.split_once("|  ").map(|(_, c)| c.trim().to_owned()))
+        .collect()
+}
+
+/// `outer_tail` ends in `jmp mid` (gcc -O2): mid's return slot is outer_tail's, holding the
+/// trampoline; the throw below is caught in `catcher`, above both.
+const TAIL_BELOW_CATCH: &str = r#"
+#include <cstdio>
+__attribute__((noinline)) int thrower(int x){ if (x) throw x; return x; }
+__attribute__((noinline)) int catcher(int x){ try { return thrower(x)+1; } catch(int v){ return -v; } }
+__attribute__((noinline)) int mid(int x){ int r = catcher(x); return r*2; }
+__attribute__((noinline)) int outer_tail(int x){ return mid(x+1); }
+int main(){ int a=outer_tail(0); printf("a=%d\n", a); return 0; }
+"#;
+
+/// Before: the catch re-hijacked the tail call's slot and closed `outer_tail` as unwound;
+/// mid's return then found no entry for that slot (abort, exit status 134).
+#[test]
+fn tail_call_below_a_catch_is_not_unwound_and_the_program_runs() {
+    let exe = build("g++", "tailx2.cpp", TAIL_BELOW_CATCH, &["-O2"]);
+    let plain = untraced(&[&exe]);
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "a=-2\n");
+    let (out, text) = trace(&["-t", "function_graph", "-O", "funcgraph-retval"], &[&exe]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "{text}");
+    let c = calls(&text);
+    // Only the frame between the throw and the catch is unwound.
+    let unwound: Vec<_> = c.iter().filter(|l| l.contains("unwound")).collect();
+    assert_eq!(unwound, ["} /* thrower: unwound */"], "{text}");
+    for closed in [
+        "} /* catcher ret=-1 */",
+        "} /* mid ret=-2 */",
+        "} /* outer_tail ret=-2 */",
+        "} /* main ret=0x0 */",
+    ] {
+        assert!(c.iter().any(|l| l == closed), "{closed}:\n{text}");
+    }
+}
+
+/// A tail-calling frame that stays live across several catches above it, then an exception
+/// through it (Lua built as C++: each `coroutine.yield` is a throw caught in `lua_resume`,
+/// then an error in the coroutine goes further).
+const TAIL_THEN_THROW_THROUGH: &str = r#"
+#include <cstdio>
+__attribute__((noinline)) int thrower(int x){ if (x) throw x; return x; }
+__attribute__((noinline)) int catcher(int x){ try { return thrower(x)+1; } catch(int v){ return -v; } }
+__attribute__((noinline)) int mid(int x){
+  int s = 0;
+  for (int i = 0; i < 3; i++) s += catcher(x+i);
+  if (x > 0) throw s;
+  return s;
+}
+__attribute__((noinline)) int outer_tail(int x){ return mid(x+1); }
+int main(){
+  try { outer_tail(0); } catch (int v) { printf("caught %d\n", v); }
+  try { outer_tail(5); } catch (int v) { printf("caught %d\n", v); }
+  return 0;
+}
+"#;
+
+/// Before: the first catch closed outer_tail's entry and left only the tail call's (whose
+/// `ret` is the trampoline); the next unwinder entry "restored" the trampoline into the
+/// slot, the unwinder found no FDE there: `std::terminate` (the Lua coroutine case).
+#[test]
+fn tail_call_frame_survives_a_catch_and_a_later_throw_through_it() {
+    let exe = build("g++", "tailthrough.cpp", TAIL_THEN_THROW_THROUGH, &["-O2"]);
+    let plain = untraced(&[&exe]);
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        "caught -6\ncaught -21\n"
+    );
+    let (out, text) = trace(&["-t", "function_graph", "-O", "funcgraph-retval"], &[&exe]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "{text}");
+    let c = calls(&text);
+    let count = |s: &str| c.iter().filter(|l| *l == s).count();
+    // Each outer_tail: 3 throws caught in catcher, then one through mid and outer_tail.
+    assert_eq!(count("} /* thrower: unwound */"), 6, "{text}");
+    assert_eq!(count("} /* mid: unwound */"), 2, "{text}");
+    assert_eq!(count("} /* outer_tail: unwound */"), 2, "{text}");
+    let caught = c
+        .iter()
+        .filter(|l| l.starts_with("} /* catcher ret=-"))
+        .count();
+    assert_eq!(caught, 6, "{text}");
+    assert_eq!(
+        c.iter().filter(|l| l.contains("unwound")).count(),
+        10,
+        "{text}"
+    );
+}
+
+/// The reviewer's qs.cpp: a `qsort` comparator throws, the caller catches; a return event
+/// on libc's qsort alone (no function_graph).
+const QSORT_THROWS: &str = r#"
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+static int calls;
+extern "C" __attribute__((noinline)) int cmp(const void*a,const void*b){ if(++calls==5) throw std::runtime_error("cmp"); return *(int*)a-*(int*)b; }
+__attribute__((noinline)) int sorter(int *v,int n){ qsort(v,n,sizeof(int),cmp); return v[0]; }
+__attribute__((noinline)) int wrap(int*v,int n){ try { return sorter(v,n); } catch(std::exception&e){ printf("caught %s after %d\n", e.what(), calls); return -5; } }
+int main(){ int v[]={5,3,9,1,7,2,8}; int r=wrap(v,7); calls=100; int r2=wrap(v,7); printf("r=%d r2=%d\n", r, r2); return 0; }
+"#;
+
+#[test]
+fn return_event_alone_on_qsort_survives_a_throwing_comparator() {
+    let exe = build("g++", "qs.cpp", QSORT_THROWS, &["-O1"]);
+    let plain = untraced(&[&exe]);
+    assert!(plain.status.success());
+    let (out, text) = trace(&["-e", "r:qr libc:qsort ret=$retval"], &[&exe]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout, "{text}");
+    // The unwound qsort did not return: only the second one is reported.
+    let hits: Vec<_> = events(&text).filter(|l| l.contains(" qr: (")).collect();
+    assert_eq!(hits.len(), 1, "{text}");
+    assert!(hits[0].contains("(sorter+"), "{text}");
+}
+
+/// The reviewer's bt.c: `backtrace()` under a return event on its caller's caller.
+const BACKTRACE: &str = r#"
+#include <stdio.h>
+#include <execinfo.h>
+__attribute__((noinline)) int bt(void){ void *b[32]; int n=backtrace(b,32); char**s=backtrace_symbols(b,n); for(int i=0;i<n;i++) printf("  %s\n", s[i]); return n; }
+__attribute__((noinline)) int b2(void){ return bt()+0; }
+__attribute__((noinline)) int b1(void){ return b2()+0; }
+int main(){ int n=b1(); printf("frames=%d\n", n); n=b1(); printf("frames=%d\n", n); return 0; }
+"#;
+
+#[test]
+fn return_event_alone_keeps_backtrace_whole() {
+    let exe = build("gcc", "bt.c", BACKTRACE, &["-O1", "-rdynamic"]);
+    let plain = untraced(&[&exe]);
+    let (out, text) = trace(&["-e", "r:b b2 $retval"], &[&exe]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+    // Addresses of libc differ between runs (ASLR): compare the frames' names.
+    let names = |o: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(o)
+            .lines()
+            .map(|l| l.split(" [").next().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&out.stdout), names(&plain.stdout), "{text}");
+    assert!(String::from_utf8_lossy(&plain.stdout).contains("(main+"));
+    let hits = events(&text).filter(|l| l.contains(" b: (b1+")).count();
+    assert_eq!(hits, 2, "{text}");
+}
