@@ -174,3 +174,55 @@ fn return_event_alone_keeps_backtrace_whole() {
     let hits = events(&text).filter(|l| l.contains(" b: (b1+")).count();
     assert_eq!(hits, 2, "{text}");
 }
+
+/// `f` called from `main`, both traced: each entry of `f` asks for its parent's data.
+const LOOP: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) int f(int x){ __asm__ volatile(""); return x+1; }
+int main(int c,char**v){ long n=c>1?atol(v[1]):1000000, s=0; for(long i=0;i<n;i++) s+=f(i); printf("s=%ld\n",s); }
+"#;
+
+/// `strace -f -c -e trace=sigaltstack` of a run: how many `sigaltstack` calls it made.
+fn sigaltstack_calls(args: &[&str], exe: &str, n: &str) -> Option<u64> {
+    let out = std::process::Command::new("strace")
+        .args(["-f", "-c", "-e", "trace=sigaltstack"])
+        .arg(env!("CARGO_BIN_EXE_ftprobe"))
+        .arg("trace")
+        .args(args)
+        .args(["-o", "/dev/null", "--", exe, n])
+        .output()
+        .ok()?;
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    // `% time seconds usecs/call calls [errors] syscall`: the calls column.
+    err.lines()
+        .find(|l| l.trim_end().ends_with(" sigaltstack"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+}
+
+/// Before: one `sigaltstack` system call per traced call made inside another traced call
+/// (the signal stack was asked for at each nested entry): 100003 for 100000 calls of `f`.
+#[test]
+fn nested_traced_calls_make_no_sigaltstack_system_call() {
+    let exe = build("gcc", "loop.c", LOOP, &["-O2"]);
+    if std::process::Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no strace");
+        return;
+    }
+    let calls = 100_000u64;
+    let n = calls.to_string();
+    let graph = sigaltstack_calls(&["-t", "function_graph"], &exe, &n).unwrap();
+    // The CLI's own (Rust's main thread sets one up: never 0) and one per traced thread;
+    // not one per call.
+    assert!(
+        graph > 0 && graph < 20,
+        "{graph} sigaltstack calls for {calls} calls"
+    );
+    let depth1 = sigaltstack_calls(&["-t", "function_graph", "--max-depth", "1"], &exe, &n);
+    assert!(depth1.is_some_and(|d| d < 20), "{depth1:?}");
+}

@@ -13,7 +13,9 @@
 //! - **Which stack.** Entries on another stack are never closed by an event on this one.
 //!   Stacks the program makes with `makecontext` are known (the agent interposes it and
 //!   calls [`note_stack`]); the thread's signal stack is asked for (`sigaltstack`) when a
-//!   decision needs it; every other address counts as the thread's own stack.
+//!   decision first needs it, then kept until the program calls `sigaltstack` (the agent
+//!   interposes it: [`signal_stack_changed`]); every other address counts as the thread's
+//!   own stack.
 //! - **Normal nesting.** A call's slot is below its caller's on the same stack; an event
 //!   (entry or return) at slot `R` proves that every entry on the same stack with a slot
 //!   below `R` (or equal, for an entry event whose slot does not hold the trampoline: the
@@ -134,17 +136,44 @@ fn known_stack_of(a: u64) -> u64 {
     0
 }
 
-/// The thread's signal stack `(lo, hi)`, if enabled (one raw `sigaltstack`).
+thread_local! {
+    /// This thread's signal stack as last asked: `(known, lo, hi)`, `lo == hi` when it has
+    /// none. Const-initialized, no destructor (the probe path reads it).
+    static ALT_STACK: std::cell::Cell<(bool, u64, u64)> = const { std::cell::Cell::new((false, 0, 0)) };
+}
+
+/// The thread's signal stack `(lo, hi)`, if enabled: asked (one raw `sigaltstack`) once per
+/// thread and again after the program changes it ([`signal_stack_changed`]), not per event.
+/// The range stays while a handler runs on it with `SS_AUTODISARM` (the kernel then answers
+/// "disabled" and restores it at `sigreturn`, past any interposer): it is still that stack.
+/// A thread whose first question is asked inside such a handler, or a program that calls
+/// the system call itself, keeps a stale answer until its next `sigaltstack` call.
 fn alt_stack() -> Option<(u64, u64)> {
+    let (known, lo, hi) = ALT_STACK.with(|c| c.get());
+    if known {
+        return (lo < hi).then_some((lo, hi));
+    }
     // SAFETY: a zeroed stack_t is a valid value to be overwritten.
     let mut st: libc::stack_t = unsafe { std::mem::zeroed() };
     // SAFETY: sigaltstack(NULL, &st) only writes st.
     let r = unsafe { crate::sys::raw_syscall2(libc::SYS_sigaltstack, 0, &mut st as *mut _ as u64) };
-    if r != 0 || st.ss_flags & libc::SS_DISABLE != 0 {
+    if r != 0 {
         return None;
     }
-    let lo = st.ss_sp as u64;
-    Some((lo, lo + st.ss_size as u64))
+    let (lo, hi) = if st.ss_flags & libc::SS_DISABLE != 0 {
+        (0, 0)
+    } else {
+        let lo = st.ss_sp as u64;
+        (lo, lo + st.ss_size as u64)
+    };
+    ALT_STACK.with(|c| c.set((true, lo, hi)));
+    (lo < hi).then_some((lo, hi))
+}
+
+/// The agent's `sigaltstack` interposer, after the program set its signal stack: the next
+/// question asks the kernel again.
+pub fn signal_stack_changed() {
+    ALT_STACK.with(|c| c.set((false, 0, 0)));
 }
 
 /// Whether `a` is on the thread's signal stack (and not on a stack of `makecontext`).
