@@ -226,3 +226,54 @@ fn nested_traced_calls_make_no_sigaltstack_system_call() {
     let depth1 = sigaltstack_calls(&["-t", "function_graph", "--max-depth", "1"], &exe, &n);
     assert!(depth1.is_some_and(|d| d < 20), "{depth1:?}");
 }
+
+/// Three calls of a leaf in `main`, then three in a new thread (each thread's first traced
+/// call is the one that claims its ring).
+const FIRST_CALLS: &str = r#"
+#include <stdio.h>
+#include <pthread.h>
+static volatile int v;
+__attribute__((noinline)) int leaf(int x){ v++; return x; }
+static void *three(void *a){ for(int i=0;i<3;i++) leaf(i); return a; }
+int main(){ three(0); pthread_t t; pthread_create(&t, 0, three, 0); pthread_join(t, 0); printf("v=%d\n", v); return 0; }
+"#;
+
+/// The durations (ns) of the graph's `leaf();` lines, in order.
+fn leaf_durations(text: &str) -> Vec<u64> {
+    events(text)
+        .filter(|l| l.ends_with("leaf();"))
+        .map(|l| {
+            let left = l.rsplit('|').nth(1).expect(l);
+            let w: Vec<_> = left.split_whitespace().collect();
+            let i = w.iter().position(|x| *x == "us").expect(l);
+            (w[i - 1].parse::<f64>().expect(l) * 1000.0) as u64
+        })
+        .collect()
+}
+
+/// Before: each thread's first traced call was charged the claim of its ring and the first
+/// page faults (24-40 us against 0.1-0.3 us for the next calls).
+#[test]
+fn first_traced_call_of_a_thread_is_not_charged_the_tracer_setup() {
+    let exe = build("gcc", "first.c", FIRST_CALLS, &["-O1", "-pthread"]);
+    let plain = untraced(&[&exe]);
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "v=6\n");
+    // The smallest of three runs, per position: a loaded machine may preempt one call, the
+    // set-up is in every run.
+    let mut best = [u64::MAX; 6];
+    for _ in 0..3 {
+        let (out, text) = trace(&["-t", "function_graph", "-F", "leaf"], &[&exe]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
+        let d = leaf_durations(&text);
+        assert_eq!(d.len(), 6, "{text}");
+        for (b, d) in best.iter_mut().zip(d) {
+            *b = (*b).min(d);
+        }
+    }
+    // A leaf that increments a variable: well under 5 us once ftprobe's set-up is out
+    // (before: about 25 us in main, 8 us in the second thread).
+    eprintln!("first calls {best:?} ns");
+    for first in [best[0], best[3]] {
+        assert!(first < 5_000, "first calls {best:?} ns");
+    }
+}
