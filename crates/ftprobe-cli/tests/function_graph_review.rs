@@ -277,3 +277,93 @@ fn first_traced_call_of_a_thread_is_not_charged_the_tracer_setup() {
         assert!(first < 5_000, "first calls {best:?} ns");
     }
 }
+
+/// Lua 5.4's sources from the `lua-src` crate (a dependency of ftprobe-dev) in cargo's
+/// registry, if there.
+fn lua54_sources() -> Option<std::path::PathBuf> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))?;
+    for index in std::fs::read_dir(home.join("registry/src")).ok()?.flatten() {
+        for krate in std::fs::read_dir(index.path()).ok()?.flatten() {
+            let name = krate.file_name();
+            if name.to_string_lossy().starts_with("lua-src-") {
+                let dir = krate.path().join("lua-5.4.9");
+                if dir.join("ldo.c").exists() {
+                    return Some(dir);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Lua built as C++ (`error` and `coroutine.yield` are C++ throws caught in
+/// `luaD_rawrunprotected`), one object per source file as its makefile does (so `f_call`
+/// ends in a tail call to `luaD_callnoyield`), with a 5-line driver.
+fn lua_as_cxx() -> Option<String> {
+    let dir = lua54_sources()?;
+    let files: Vec<String> = [
+        "lapi", "lauxlib", "lbaselib", "lcode", "lcorolib", "lctype", "ldblib", "ldebug", "ldo",
+        "ldump", "lfunc", "lgc", "linit", "liolib", "llex", "lmathlib", "lmem", "loadlib",
+        "lobject", "lopcodes", "loslib", "lparser", "lstate", "lstring", "lstrlib", "ltable",
+        "ltablib", "ltm", "lundump", "lutf8lib", "lvm", "lzio",
+    ]
+    .iter()
+    .map(|f| dir.join(format!("{f}.c")).to_str().unwrap().to_owned())
+    .collect();
+    let driver = r#"
+#include <stdio.h>
+#include "lua.h"
+#include "lauxlib.h"
+#include "lualib.h"
+int main(int argc, char **argv){ lua_State *L = luaL_newstate(); luaL_openlibs(L);
+  int rc = luaL_dofile(L, argv[1]); if (rc) { fprintf(stderr, "lua error: %s\n", lua_tostring(L,-1)); }
+  lua_close(L); return rc; }
+"#;
+    let inc = format!("-I{}", dir.display());
+    let mut flags = vec!["-O2", "-w", &inc, "-x", "c++"];
+    flags.extend(files.iter().map(String::as_str));
+    Some(build("g++", "luaxx.cpp", driver, &flags))
+}
+
+/// Before: `pcall(error, "x")` aborted (no shadow entry for f_call's slot, which its tail
+/// call to luaD_callnoyield shares), and an error in a coroutine after 5 yields reached
+/// `std::terminate`.
+#[test]
+fn lua_as_cxx_errors_and_coroutines_run_as_untraced() {
+    let Some(lua) = lua_as_cxx() else {
+        eprintln!("skipped: lua-src's Lua 5.4.9 sources not found in cargo's registry");
+        return;
+    };
+    let dir = std::path::Path::new(&lua).parent().unwrap();
+    let scripts = [
+        ("t3.lua", "print(pcall(error, \"x\"))\n", "false\tx\n"),
+        (
+            "t2.lua",
+            "local co = coroutine.wrap(function(a) for i=1,5 do a = coroutine.yield(a*2) end error(\"co err\") end)\n\
+             local s = 0\n\
+             for i=1,5 do s = s + co(i) end\n\
+             local ok2, m2 = pcall(co, 1)\n\
+             print(s, ok2, m2)\n",
+            "t2.lua:1: co err\n",
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (name, text, want) in scripts {
+        let script = dir.join(name);
+        std::fs::write(&script, text).unwrap();
+        let script = script.to_str().unwrap();
+        let plain = untraced(&[&lua, script]);
+        assert!(plain.status.success(), "{plain:?}");
+        assert!(
+            String::from_utf8_lossy(&plain.stdout).ends_with(want),
+            "{plain:?}"
+        );
+        let (out, _) = trace(&["-t", "function_graph"], &[&lua, script]);
+        if out.status.code() != Some(0) || out.stdout != plain.stdout {
+            failed.push(format!("{name}: {out:?}"));
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}
