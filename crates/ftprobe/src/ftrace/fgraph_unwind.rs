@@ -36,6 +36,10 @@
 //!   its return address, and is matched first (searching from the top); the trampoline then
 //!   returns into itself and closes the outer call (the kernel's behaviour). An entry event
 //!   at the same slot whose value is the trampoline is such a tail call, not a slot reuse.
+//!   After an unwinder restored the slots (below), the outer call's real address is in the
+//!   slot: the tail call's entry lives on with it, and the outer one writes the trampoline
+//!   back (`after_unwinder`; closing the outer call there left the tail call's return
+//!   with no entry, and the next throw with only the trampoline to restore).
 //! - **longjmp / siglongjmp / _longjmp / __longjmp_chk** (interposed by the agent, which
 //!   calls [`longjmp_unwind`] with the target's stack pointer from the `jmp_buf`): every
 //!   entry on the target's stack with a slot below the target stack pointer (and at or above
