@@ -83,12 +83,13 @@ enum Next {
     LongjmpChk,
     Setcontext,
     Swapcontext,
+    Sigaltstack,
 }
 
 /// Symbol names, in [`Next`]'s order. `signal` serves `bsd_signal` and `ssignal` (one
 /// function in glibc), `siglongjmp` serves `longjmp` and `_longjmp`, `__sigpause` serves
 /// `sigpause`.
-const NAMES: [&CStr; 22] = [
+const NAMES: [&CStr; 23] = [
     c"sigaction",
     c"signal",
     c"sysv_signal",
@@ -111,6 +112,7 @@ const NAMES: [&CStr; 22] = [
     c"__longjmp_chk",
     c"setcontext",
     c"swapcontext",
+    c"sigaltstack",
 ];
 
 /// Resolved addresses ([`UNRESOLVED`], [`ABSENT`], or the address).
@@ -850,6 +852,29 @@ pub unsafe extern "C" fn swapcontext(
     type F = unsafe extern "C" fn(*mut libc::ucontext_t, *mut libc::ucontext_t) -> libc::c_int;
     // SAFETY: glibc's swapcontext, of type F.
     unsafe { std::mem::transmute::<usize, F>(f)(oucp, ucp) }
+}
+
+/// Interposed `sigaltstack(2)`: return hooks keep the thread's signal stack (to tell its
+/// frames from the thread's stack) and ask again after it changed.
+///
+/// # Safety
+/// As `sigaltstack(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn sigaltstack(
+    ss: *const libc::stack_t,
+    old: *mut libc::stack_t,
+) -> libc::c_int {
+    let f = next(Next::Sigaltstack);
+    if f == 0 {
+        return enosys();
+    }
+    type F = unsafe extern "C" fn(*const libc::stack_t, *mut libc::stack_t) -> libc::c_int;
+    // SAFETY: the C library's sigaltstack, of type F, with the caller's arguments.
+    let r = unsafe { std::mem::transmute::<usize, F>(f)(ss, old) };
+    if r == 0 && !ss.is_null() {
+        ftprobe::ftrace::fgraph_unwind::signal_stack_changed();
+    }
+    r
 }
 
 #[cfg(test)]

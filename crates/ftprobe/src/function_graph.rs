@@ -19,8 +19,9 @@
 //!   function itself is hooked, unrecorded, so that its callees see it);
 //! - `max_graph_depth`: calls at depth >= N are not recorded (0: no limit).
 //!
-//! Per-call data words: `[flags, depth, 0, 0]`, flags bit 0: recorded, bit 1: under a
-//! `set_graph_notrace` function.
+//! Per-call data words: `[flags, depth, calltime, 0]`, flags bit 0: recorded, bit 1: under a
+//! `set_graph_notrace` function; calltime: 0, or for the thread's first recorded call the
+//! time after ftprobe's one-time set-up (its duration starts there).
 
 use std::sync::OnceLock;
 
@@ -89,6 +90,13 @@ unsafe fn graph_entry(
         return true;
     }
     data[1] = depth;
+    // The thread's first record claims its ring and faults in its first pages (tens of
+    // microseconds): a one-time set-up of ftprobe's, not part of this call. Its duration
+    // then starts after it (`data[2]`, the calltime that `graph_return` reports).
+    let setup = matches!(
+        ent.thread().ring.get(),
+        crate::probe_state::ThreadRing::Unclaimed
+    );
     let mut recorded = false;
     trace::with_ring_guarded_of(ent.thread(), |w| {
         // The shadow stack's calltime is the record's time: one clock read per event.
@@ -102,6 +110,9 @@ unsafe fn graph_entry(
     // A call whose entry was not recorded (ring full, a write in progress) is still hooked,
     // so that its callees see their depth, but records no exit either.
     data[0] = if recorded { RECORDED } else { 0 };
+    if setup {
+        data[2] = crate::ring::read_tsc();
+    }
     true
 }
 
@@ -127,10 +138,13 @@ unsafe fn graph_return(
         // Its rettime likewise.
         let cpu = trace::cpu();
         let aux = cpu | (ret.exit as u32) << 12 | depth << 16;
+        // data[2]: the call's start taken after this thread's ring claim (its first record),
+        // else the shadow stack's calltime.
+        let calltime = if data[2] != 0 { data[2] } else { ret.calltime };
         w.write_n_aux(
             rtype::FGRAPH_RET,
             aux,
-            [ret.rettime, ret.func, ret.calltime, ret.retval],
+            [ret.rettime, ret.func, calltime, ret.retval],
         );
     });
 }

@@ -13,7 +13,9 @@
 //! - **Which stack.** Entries on another stack are never closed by an event on this one.
 //!   Stacks the program makes with `makecontext` are known (the agent interposes it and
 //!   calls [`note_stack`]); the thread's signal stack is asked for (`sigaltstack`) when a
-//!   decision needs it; every other address counts as the thread's own stack.
+//!   decision first needs it, then kept until the program calls `sigaltstack` (the agent
+//!   interposes it: [`signal_stack_changed`]); every other address counts as the thread's
+//!   own stack.
 //! - **Normal nesting.** A call's slot is below its caller's on the same stack; an event
 //!   (entry or return) at slot `R` proves that every entry on the same stack with a slot
 //!   below `R` (or equal, for an entry event whose slot does not hold the trampoline: the
@@ -34,6 +36,10 @@
 //!   its return address, and is matched first (searching from the top); the trampoline then
 //!   returns into itself and closes the outer call (the kernel's behaviour). An entry event
 //!   at the same slot whose value is the trampoline is such a tail call, not a slot reuse.
+//!   After an unwinder restored the slots (below), the outer call's real address is in the
+//!   slot: the tail call's entry lives on with it, and the outer one writes the trampoline
+//!   back (`after_unwinder`; closing the outer call there left the tail call's return
+//!   with no entry, and the next throw with only the trampoline to restore).
 //! - **longjmp / siglongjmp / _longjmp / __longjmp_chk** (interposed by the agent, which
 //!   calls [`longjmp_unwind`] with the target's stack pointer from the `jmp_buf`): every
 //!   entry on the target's stack with a slot below the target stack pointer (and at or above
@@ -134,17 +140,44 @@ fn known_stack_of(a: u64) -> u64 {
     0
 }
 
-/// The thread's signal stack `(lo, hi)`, if enabled (one raw `sigaltstack`).
+thread_local! {
+    /// This thread's signal stack as last asked: `(known, lo, hi)`, `lo == hi` when it has
+    /// none. Const-initialized, no destructor (the probe path reads it).
+    static ALT_STACK: std::cell::Cell<(bool, u64, u64)> = const { std::cell::Cell::new((false, 0, 0)) };
+}
+
+/// The thread's signal stack `(lo, hi)`, if enabled: asked (one raw `sigaltstack`) once per
+/// thread and again after the program changes it ([`signal_stack_changed`]), not per event.
+/// The range stays while a handler runs on it with `SS_AUTODISARM` (the kernel then answers
+/// "disabled" and restores it at `sigreturn`, past any interposer): it is still that stack.
+/// A thread whose first question is asked inside such a handler, or a program that calls
+/// the system call itself, keeps a stale answer until its next `sigaltstack` call.
 fn alt_stack() -> Option<(u64, u64)> {
+    let (known, lo, hi) = ALT_STACK.with(|c| c.get());
+    if known {
+        return (lo < hi).then_some((lo, hi));
+    }
     // SAFETY: a zeroed stack_t is a valid value to be overwritten.
     let mut st: libc::stack_t = unsafe { std::mem::zeroed() };
     // SAFETY: sigaltstack(NULL, &st) only writes st.
     let r = unsafe { crate::sys::raw_syscall2(libc::SYS_sigaltstack, 0, &mut st as *mut _ as u64) };
-    if r != 0 || st.ss_flags & libc::SS_DISABLE != 0 {
+    if r != 0 {
         return None;
     }
-    let lo = st.ss_sp as u64;
-    Some((lo, lo + st.ss_size as u64))
+    let (lo, hi) = if st.ss_flags & libc::SS_DISABLE != 0 {
+        (0, 0)
+    } else {
+        let lo = st.ss_sp as u64;
+        (lo, lo + st.ss_size as u64)
+    };
+    ALT_STACK.with(|c| c.set((true, lo, hi)));
+    (lo < hi).then_some((lo, hi))
+}
+
+/// The agent's `sigaltstack` interposer, after the program set its signal stack: the next
+/// question asks the kernel again.
+pub fn signal_stack_changed() {
+    ALT_STACK.with(|c| c.set((false, 0, 0)));
 }
 
 /// Whether `a` is on the thread's signal stack (and not on a stack of `makecontext`).
@@ -567,14 +600,26 @@ fn after_unwinder(ss: &mut ShadowStack, retp: u64, is_return: bool) {
             close_entry(ss, j, exit, rettime, true);
             continue;
         }
+        // A tail call's entry (its `ret` is the trampoline) shares its slot with the call
+        // it replaced, below it, whose real return address the unwinder found there: it is
+        // live if that one is, and that one writes the trampoline back (the slot must
+        // still hold the real address when it is checked).
+        let (retp, expect) = if e.ret == return_trampoline() {
+            (e.retp, tail_base_ret(ss, j))
+        } else {
+            (e.retp, Some(e.ret))
+        };
         let mut b = [0u8; 8];
-        let holds_ret = crate::sys::read_nofault(e.retp, &mut b) == 8
-            && (u64::from_le_bytes(b) == e.ret || e.ret == return_trampoline());
+        let holds_ret = expect.is_some_and(|r| {
+            crate::sys::read_nofault(retp, &mut b) == 8 && u64::from_le_bytes(b) == r
+        });
         if holds_ret {
             let e = &mut ss.entries[j];
-            // SAFETY: the slot is readable (just read) and in a live frame above this
-            // event's; it holds the address this entry put back.
-            unsafe { *(e.retp as *mut u64) = return_trampoline() };
+            if e.ret != return_trampoline() {
+                // SAFETY: the slot is readable (just read) and in a live frame above this
+                // event's; it holds the address this entry put back.
+                unsafe { *(e.retp as *mut u64) = return_trampoline() };
+            }
             e.state = LIVE;
         } else {
             close_entry(ss, j, exit, rettime, true);
@@ -586,6 +631,17 @@ fn after_unwinder(ss: &mut ShadowStack, retp: u64, is_return: bool) {
         ss.unwinder_sp = 0;
     }
     ss.shrink();
+}
+
+/// For the tail call's entry `j` (its `ret` is the trampoline): the real return address of
+/// the restored call below it with the same slot, the one the tail call replaced.
+fn tail_base_ret(ss: &ShadowStack, j: usize) -> Option<u64> {
+    let retp = ss.entries[j].retp;
+    ss.entries[..j]
+        .iter()
+        .rev()
+        .find(|e| e.state == RESTORED && e.retp == retp && e.ret != return_trampoline())
+        .map(|e| e.ret)
 }
 
 /// The unwinder entry points of libgcc_s probed by [`arm_unwinder_probes`], and whether each
