@@ -215,10 +215,13 @@ unsafe fn kretprobe_return(
         return;
     }
     if let Some(h) = rp.handler {
+        // A tail-called function's own return address is the trampoline (it returns for
+        // the function that jumped to it): the real one is that caller's.
+        let ret_addr = fgraph::ftrace_graph_ret_addr(ret.ret, ret.retp as *const u64);
         let ri = KretprobeInstance {
             rp,
             func: ret.func,
-            ret_addr: ret.ret,
+            ret_addr,
             data: *data,
         };
         h(&ri, regs);
