@@ -4,7 +4,9 @@
 mod graph;
 mod output;
 mod record;
+mod recording;
 mod replay;
+mod report;
 mod session;
 mod signals;
 mod symbols;
@@ -35,6 +37,8 @@ enum Cmd {
     Record(Box<record::RecordArgs>),
     /// Print a recording as `trace` printed it live.
     Replay(replay::ReplayArgs),
+    /// Sum a recording up per function (calls, total, self time) or per kprobe event.
+    Report(report::ReportArgs),
     /// List things in a binary.
     List {
         #[command(subcommand)]
@@ -69,6 +73,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Trace(args) => trace::run(*args),
         Cmd::Record(args) => record::run(*args),
         Cmd::Replay(args) => replay::run(args),
+        Cmd::Report(args) => report::run(args),
         Cmd::List {
             what: ListWhat::Functions { bin },
         } => {

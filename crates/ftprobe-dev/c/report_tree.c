@@ -3,6 +3,7 @@
  * calls c(x) and c(3 x + 1); every function spins a little on its own. Then a thread named
  * "worker" calls a(100) once. Each thread counts its own calls and prints them, then every
  * argument c was called with: `T name a=A b=B c=C` per thread, then `C x` per call of c. */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
 
@@ -50,6 +51,8 @@ static void report(const char *name)
 static void *worker(void *arg)
 {
     (void)arg;
+    /* Named before its first traced call: its ring takes the name it has then. */
+    pthread_setname_np(pthread_self(), "worker");
     a(100);
     report("worker");
     return NULL;
@@ -62,7 +65,6 @@ int main(void)
     report("main");
     pthread_t t;
     pthread_create(&t, NULL, worker, NULL);
-    pthread_setname_np(t, "worker");
     pthread_join(t, NULL);
     for (int i = 0; i < ncargs; i++)
         printf("C %u\n", cargs[i]);
