@@ -1,6 +1,7 @@
 //! `ftprobe`: run a program with the agent and print its ftrace events (or record them, and
 //! replay the recording), or list the functions a binary has ftrace sites in.
 
+mod dump;
 mod graph;
 mod output;
 mod record;
@@ -39,6 +40,8 @@ enum Cmd {
     Replay(replay::ReplayArgs),
     /// Sum a recording up per function (calls, total, self time) or per kprobe event.
     Report(report::ReportArgs),
+    /// Export a recording: Chrome Trace Event JSON, folded stacks or a flame graph SVG.
+    Dump(dump::DumpArgs),
     /// List things in a binary.
     List {
         #[command(subcommand)]
@@ -74,6 +77,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Record(args) => record::run(*args),
         Cmd::Replay(args) => replay::run(args),
         Cmd::Report(args) => report::run(args),
+        Cmd::Dump(args) => dump::run(args),
         Cmd::List {
             what: ListWhat::Functions { bin },
         } => {

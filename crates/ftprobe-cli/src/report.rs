@@ -143,8 +143,13 @@ fn graph_table(o: &mut dyn Write, stats: FxHashMap<String, Stat>, key: SortKey) 
     Ok(())
 }
 
-fn count_table(o: &mut dyn Write, head: &str, stats: FxHashMap<String, Stat>) -> Result<()> {
-    writeln!(o, "       Calls  {head}")?;
+fn count_table(
+    o: &mut dyn Write,
+    col: &str,
+    head: &str,
+    stats: FxHashMap<String, Stat>,
+) -> Result<()> {
+    writeln!(o, "  {col:>10}  {head}")?;
     writeln!(o, "  ==========  ====================")?;
     // By count, largest first, unless sorted by name.
     for (name, s) in sorted(stats, SortKey::Call) {
@@ -300,7 +305,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
                         writeln!(o, "  {:>10}  {name}", s.calls)?;
                     }
                 } else {
-                    count_table(o, "Function", stats)?;
+                    count_table(o, "Calls", "Function", stats)?;
                 }
             }
             _ => {}
@@ -322,7 +327,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
             if tracer != "nop" {
                 writeln!(o)?;
             }
-            count_table(o, "Event", ev)?;
+            count_table(o, "Hits", "Event", ev)?;
             if let Some(arg) = &args.hist {
                 for (d, v) in events.iter().zip(&values) {
                     if d.args.iter().any(|a| &a.name == arg) {

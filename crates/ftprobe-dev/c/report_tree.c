@@ -51,8 +51,6 @@ static void report(const char *name)
 static void *worker(void *arg)
 {
     (void)arg;
-    /* Named before its first traced call: its ring takes the name it has then. */
-    pthread_setname_np(pthread_self(), "worker");
     a(100);
     report("worker");
     return NULL;
@@ -63,8 +61,12 @@ int main(void)
     for (unsigned i = 0; i < 3; i++)
         a(i);
     report("main");
+    /* The thread is named "worker" from its start: it inherits the name main has when it
+     * creates it (a thread's ring keeps the name the thread had when it claimed it). */
     pthread_t t;
+    pthread_setname_np(pthread_self(), "worker");
     pthread_create(&t, NULL, worker, NULL);
+    pthread_setname_np(pthread_self(), "report_tree");
     pthread_join(t, NULL);
     for (int i = 0; i < ncargs; i++)
         printf("C %u\n", cargs[i]);
