@@ -205,7 +205,6 @@ pub fn hist(o: &mut dyn Write, title: &str, values: &[i128]) -> Result<()> {
         let bar = "@".repeat((c * 52 / max) as usize);
         writeln!(o, "{label:<16}{c:>8} |{bar:<52}|")?;
     }
-    writeln!(o)?;
     Ok(())
 }
 
@@ -233,12 +232,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     }
     // Per group (all threads, or one per thread): the function stats, the kprobe hits per
     // event id, the hist values per event id.
-    type Group = (
-        String,
-        FxHashMap<String, Stat>,
-        Vec<u64>,
-        Vec<Vec<i128>>,
-    );
+    type Group = (String, FxHashMap<String, Stat>, Vec<u64>, Vec<Vec<i128>>);
     let mut groups: Vec<Group> = Vec::new();
     let ring_ids: Vec<u32> = rec.rings().map(|(i, _)| i).collect();
     for &i in &ring_ids {
@@ -341,9 +335,17 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     }
     if !args.task {
         for (id, d) in events.iter().enumerate() {
-            let (dropped, _) = rec.info.event_counters.get(id).map_or((0, 0), |c| (c[0], c[1]));
+            let (dropped, _) = rec
+                .info
+                .event_counters
+                .get(id)
+                .map_or((0, 0), |c| (c[0], c[1]));
             if dropped > 0 {
-                writeln!(o, "# {}: {dropped} more hits not recorded (ring full)", d.event)?;
+                writeln!(
+                    o,
+                    "# {}: {dropped} more hits not recorded (ring full)",
+                    d.event
+                )?;
             }
         }
     }
@@ -351,7 +353,10 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         + rec.info.lost_no_ring
         + rec.info.lost_recursion;
     if lost > 0 {
-        writeln!(o, "# {lost} events lost while recording: these counts miss them")?;
+        writeln!(
+            o,
+            "# {lost} events lost while recording: these counts miss them"
+        )?;
     }
     out.flush()?;
     Ok(0)
@@ -383,11 +388,19 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "@x:");
-        assert!(lines[1].starts_with("(..., 0)                1 |@"), "{text}");
-        assert!(lines[2].starts_with("[0]                     1 |"), "{text}");
-        assert!(lines[4].starts_with("[2, 4)                  2 |"), "{text}");
-        assert!(lines[5].starts_with("[4, 8)                  1 |"), "{text}");
-        assert!(lines.iter().any(|l| l.starts_with("[1K, 2K)                2 |")), "{text}");
+        assert!(
+            lines[1].starts_with("(..., 0)               1 |@"),
+            "{text}"
+        );
+        assert!(lines[2].starts_with("[0]                    1 |"), "{text}");
+        assert!(lines[4].starts_with("[2, 4)                 2 |"), "{text}");
+        assert!(lines[5].starts_with("[4, 8)                 1 |"), "{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("[1K, 2K)               2 |")),
+            "{text}"
+        );
         // The largest bucket's bar is 52 wide.
         assert!(text.contains(&format!("|{}|", "@".repeat(52))), "{text}");
     }

@@ -93,8 +93,8 @@ fn ns(num: &str, unit: &str) -> (u64, u64) {
         "s" => 1_000_000_000,
         u => panic!("unit {u}"),
     };
-    let v = int.trim().parse::<u64>().unwrap() * scale
-        + frac.parse::<u64>().unwrap() * scale / 1000;
+    let v =
+        int.trim().parse::<u64>().unwrap() * scale + frac.parse::<u64>().unwrap() * scale / 1000;
     (v, (scale / 1000).max(1))
 }
 
@@ -115,7 +115,12 @@ fn tables(report: &str) -> BTreeMap<String, BTreeMap<String, Line>> {
     for l in report.lines() {
         if let Some(t) = l.strip_prefix("# task ") {
             // `TID (comm)`: the comm.
-            task = t.split_once(" (").unwrap().1.trim_end_matches(')').to_owned();
+            task = t
+                .split_once(" (")
+                .unwrap()
+                .1
+                .trim_end_matches(')')
+                .to_owned();
             continue;
         }
         let t: Vec<&str> = l.split_whitespace().collect();
@@ -150,7 +155,11 @@ fn report_counts_equal_the_programs_own_and_times_add_up() {
     let names: Vec<&String> = per_task.keys().collect();
     assert_eq!(names, ["report_tree", "worker"], "{report}");
     for (task, counts) in &own {
-        let key = if task == "main" { "report_tree" } else { "worker" };
+        let key = if task == "main" {
+            "report_tree"
+        } else {
+            "worker"
+        };
         let t = &per_task[key];
         for (f, n) in counts {
             assert_eq!(t[f].calls, *n, "{task} {f}:\n{report}");
@@ -169,7 +178,10 @@ fn report_counts_equal_the_programs_own_and_times_add_up() {
         let children = child.map_or(0, |c| all[c].total);
         // Times are printed truncated to their resolution.
         let slack = p.res + child.map_or(0, |c| all[c].res);
-        assert!(p.total + slack >= p.self_ns + children, "{parent}:\n{report}");
+        assert!(
+            p.total + slack >= p.self_ns + children,
+            "{parent}:\n{report}"
+        );
         // Self time is what the children leave.
         assert!(
             p.total.abs_diff(p.self_ns + children) <= slack,
@@ -184,7 +196,12 @@ fn report_counts_equal_the_programs_own_and_times_add_up() {
     let mut leaves = 0;
     let mut sum = 0;
     for l in replayed.lines().filter(|l| l.ends_with("c();")) {
-        let d = l.split('|').nth(1).unwrap().trim().trim_start_matches(['+', '!', '#', '*', '@', '$', ' ']);
+        let d = l
+            .split('|')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .trim_start_matches(['+', '!', '#', '*', '@', '$', ' ']);
         let (num, unit) = d.split_once(' ').unwrap();
         sum += ns(num, unit.trim()).0;
         leaves += 1;
@@ -254,7 +271,9 @@ fn report_hits_and_hist_of_a_kprobe_arg_match_the_programs_arguments() {
     assert_eq!(args.len(), 16, "{program}");
     let report = run("report", &dir, &["--hist", "x"]);
     assert!(
-        report.lines().any(|l| l.split_whitespace().eq(["16", "pc"])),
+        report
+            .lines()
+            .any(|l| l.split_whitespace().eq(["16", "pc"])),
         "{report}"
     );
     let mut want: BTreeMap<String, u64> = BTreeMap::new();
@@ -388,11 +407,56 @@ fn flame_graph_folds_the_stacks_by_self_time_and_draws_an_svg() {
     assert!(data.contains("<svg"), "an svg element");
     // It is well-formed XML (when Python is here to say so).
     if let Ok(out) = Command::new("python3")
-        .args(["-c", "import sys, xml.dom.minidom; xml.dom.minidom.parse(sys.argv[1])"])
+        .args([
+            "-c",
+            "import sys, xml.dom.minidom; xml.dom.minidom.parse(sys.argv[1])",
+        ])
         .arg(&svg)
         .output()
     {
         assert!(out.status.success(), "{out:?}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn report_counts_calls_that_never_returned_and_says_so() {
+    // fgraph_deep: the parent calls exit(3) inside `finisher`, its forked child exit(0)
+    // inside `child_exit`; it prints every traced entry as `E depth name`.
+    let dir = tmp_dir("cut");
+    let out = ftprobe()
+        .arg("record")
+        .arg("-d")
+        .arg(dir.join("data"))
+        .args(["-t", "function_graph", "--"])
+        .arg(ftprobe_dev::fgraph_deep_fixture())
+        .arg("5")
+        .output()
+        .unwrap();
+    let program = String::from_utf8(out.stdout).unwrap();
+    let mut own: BTreeMap<String, u64> = BTreeMap::new();
+    for l in program.lines().filter_map(|l| l.strip_prefix("E ")) {
+        *own.entry(l.split(' ').nth(1).unwrap().into()).or_default() += 1;
+    }
+    assert!(own.contains_key("finisher"), "{program}");
+    let report = run("report", &dir, &[]);
+    let got: BTreeMap<String, u64> = tables(&report)[""]
+        .iter()
+        .map(|(f, l)| (f.clone(), l.calls))
+        .collect();
+    assert_eq!(got, own, "{report}");
+    let mut said: Vec<&str> = report
+        .lines()
+        .filter(|l| l.ends_with("did not return (cut off: counted to the cut)"))
+        .collect();
+    said.sort();
+    assert_eq!(
+        said,
+        [
+            "# child_exit: 1 of its calls did not return (cut off: counted to the cut)",
+            "# finisher: 1 of its calls did not return (cut off: counted to the cut)",
+        ],
+        "{report}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
