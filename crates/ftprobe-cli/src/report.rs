@@ -148,11 +148,17 @@ fn count_table(
     col: &str,
     head: &str,
     stats: FxHashMap<String, Stat>,
+    key: SortKey,
 ) -> Result<()> {
     writeln!(o, "  {col:>10}  {head}")?;
     writeln!(o, "  ==========  ====================")?;
-    // By count, largest first, unless sorted by name.
-    for (name, s) in sorted(stats, SortKey::Call) {
+    // By count, largest first, unless sorted by name (there are no times to sort by).
+    let key = if key == SortKey::Func {
+        key
+    } else {
+        SortKey::Call
+    };
+    for (name, s) in sorted(stats, key) {
         writeln!(o, "  {:>10}  {name}", s.calls)?;
     }
     Ok(())
@@ -289,19 +295,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         }
         match tracer {
             "function_graph" => graph_table(o, stats, args.sort)?,
-            "function" => {
-                let mut stats = stats;
-                if args.sort == SortKey::Func {
-                    let v = sorted(std::mem::take(&mut stats), SortKey::Func);
-                    writeln!(o, "       Calls  Function")?;
-                    writeln!(o, "  ==========  ====================")?;
-                    for (name, s) in v {
-                        writeln!(o, "  {:>10}  {name}", s.calls)?;
-                    }
-                } else {
-                    count_table(o, "Calls", "Function", stats)?;
-                }
-            }
+            "function" => count_table(o, "Calls", "Function", stats, args.sort)?,
             _ => {}
         }
         if !events.is_empty() {
@@ -321,7 +315,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
             if tracer != "nop" {
                 writeln!(o)?;
             }
-            count_table(o, "Hits", "Event", ev)?;
+            count_table(o, "Hits", "Event", ev, args.sort)?;
             if let Some(arg) = &args.hist {
                 for (d, v) in events.iter().zip(&values) {
                     if d.args.iter().any(|a| &a.name == arg) {
