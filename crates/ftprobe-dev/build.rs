@@ -50,6 +50,7 @@ fn main() {
         "c/fgraph_deep.c",
         "c/fgraph_swstk.c",
         "c/fgraph_panic.c",
+        "c/report_tree.c",
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
@@ -257,6 +258,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("fgraph_deep", &[], &[]),
         // fgraph_swstk: a stack switched by hand (inline asm).
         ("fgraph_swstk", &[], &["-pthread"]),
+        // report_tree: a known call tree in two threads (report, dump).
+        ("report_tree", &[], &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -1,10 +1,13 @@
 //! `ftprobe`: run a program with the agent and print its ftrace events (or record them, and
 //! replay the recording), or list the functions a binary has ftrace sites in.
 
+mod dump;
 mod graph;
 mod output;
 mod record;
+mod recording;
 mod replay;
+mod report;
 mod session;
 mod signals;
 mod symbols;
@@ -35,6 +38,10 @@ enum Cmd {
     Record(Box<record::RecordArgs>),
     /// Print a recording as `trace` printed it live.
     Replay(replay::ReplayArgs),
+    /// Sum a recording up per function (calls, total, self time) or per kprobe event.
+    Report(report::ReportArgs),
+    /// Export a recording: Chrome Trace Event JSON, folded stacks or a flame graph SVG.
+    Dump(dump::DumpArgs),
     /// List things in a binary.
     List {
         #[command(subcommand)]
@@ -69,6 +76,8 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Trace(args) => trace::run(*args),
         Cmd::Record(args) => record::run(*args),
         Cmd::Replay(args) => replay::run(args),
+        Cmd::Report(args) => report::run(args),
+        Cmd::Dump(args) => dump::run(args),
         Cmd::List {
             what: ListWhat::Functions { bin },
         } => {

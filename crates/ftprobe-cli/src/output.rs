@@ -110,6 +110,27 @@ pub fn kprobe_event(
     out.push(b'\n');
 }
 
+/// The fetch args of a record of `def`'s event: (name, value as `trace` prints it); empty
+/// when the record does not decode.
+pub fn kprobe_args(
+    def: &ProbeDef,
+    decoder: Option<&RecordDecoder>,
+    words: &[u64],
+    syms: &mut Symbols,
+) -> Vec<(String, String)> {
+    let Some(values) = decoder.and_then(|d| d.decode(def, words)) else {
+        return Vec::new();
+    };
+    def.args
+        .iter()
+        .zip(&values)
+        .map(|(a, v)| {
+            let text = format_value(&a.ty, v, syms);
+            (a.name.clone(), String::from_utf8_lossy(&text).into_owned())
+        })
+        .collect()
+}
+
 /// An address as the kernel's `%pS`: `sym+0xoff/0xsize`, or `0x%lx` when no function of the
 /// target covers it.
 fn push_symbolized(out: &mut Vec<u8>, addr: u64, syms: &mut Symbols) {

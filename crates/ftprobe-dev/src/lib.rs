@@ -154,6 +154,14 @@ pub fn fgraph_deep_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("fgraph_deep")
 }
 
+/// Path of `report_tree` (C; sites by attribute only, `-pthread`): a known call tree, `a`
+/// 3 times from `main` and once from the thread `worker`, each `a` calls `b` twice, each `b`
+/// calls `c` twice. Prints `T name a=A b=B c=C` per thread (its own counts), then `C x` for
+/// every argument `c` was called with.
+pub fn report_tree_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("report_tree")
+}
+
 /// Path of `fgraph_swstk below|above` (C; sites by attribute only, `-pthread`): a thread's
 /// traced `switcher` moves rsp to a buffer by inline asm and calls traced functions there,
 /// three times; the buffer is static data (`below` the thread's stack) or the upper half of

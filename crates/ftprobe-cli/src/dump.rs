@@ -1,0 +1,201 @@
+//! `ftprobe dump`: a recording ([`crate::recording`]) exported for other tools:
+//! - `--chrome FILE`: Chrome's Trace Event Format (JSON, through `serde_json`), which
+//!   chrome://tracing, ui.perfetto.dev and speedscope open: one complete event (`X`) per call
+//!   of a function_graph recording, with `ts` and `dur` in microseconds (fractions for the
+//!   nanoseconds); an instant event (`i`) per function-tracer entry and per kprobe event, a
+//!   kprobe event's fetch args as its `args`; each thread's name as a metadata event (`M`).
+//! - `--flame-graph FILE`: folded stacks (`a;b;c N`, one line per distinct stack, as
+//!   Brendan Gregg's `stackcollapse` scripts write them), N the self time in ns of the calls
+//!   with that stack, so that a stack's width is its total time; with `--svg` the flame graph
+//!   drawn from them by the `inferno` crate.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ftprobe::trace::rtype;
+use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
+use rustc_hash::FxHashMap;
+use serde_json::{json, Value};
+
+use crate::recording::Recording;
+use crate::report::name_of;
+use crate::trace::open_output;
+
+/// Arguments of `ftprobe dump`.
+#[derive(Args)]
+pub struct DumpArgs {
+    /// The recording's data directory (`-i DIR` too).
+    #[arg(
+        short = 'd',
+        short_alias = 'i',
+        long = "data",
+        value_name = "DIR",
+        default_value = "ftprobe.data"
+    )]
+    dir: PathBuf,
+    /// Write Chrome Trace Event JSON to FILE (`-` for standard output).
+    #[arg(long, value_name = "FILE")]
+    chrome: Option<PathBuf>,
+    /// Write folded stacks weighted by self time in ns to FILE (`-` for standard output).
+    #[arg(long = "flame-graph", value_name = "FILE")]
+    flame_graph: Option<PathBuf>,
+    /// With --flame-graph: write an SVG flame graph instead of the folded stacks.
+    #[arg(long, requires = "flame_graph")]
+    svg: bool,
+}
+
+/// FILE, or standard output for `-`.
+fn output(path: &PathBuf) -> Result<Box<dyn Write>> {
+    open_output((path.as_os_str() != "-").then_some(path))
+}
+
+/// Chrome Trace Event JSON of the recording.
+fn chrome(rec: &Recording) -> Result<Value> {
+    let events = rec.events()?;
+    let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
+    let mut syms = rec.symbols();
+    let pid = rec.info.end.pid;
+    let mono = crate::session::Source::clock(rec);
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let graph = rec.info.tracer == "function_graph";
+    let mut out: Vec<Value> = Vec::new();
+    out.push(json!({
+        "name": "process_name", "ph": "M", "pid": pid, "tid": pid,
+        "args": { "name": rec.info.command.join(" ") },
+    }));
+    for (i, ring) in rec.rings() {
+        let (comm, tid) = rec.thread(i);
+        out.push(json!({
+            "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+            "args": { "name": comm },
+        }));
+        if graph {
+            rec.calls(i, |c, _| {
+                let mut e = json!({
+                    "name": name_of(&mut syms, c.func),
+                    "cat": "function",
+                    "ph": "X",
+                    "ts": us(c.start_ns),
+                    "dur": us(c.dur_ns),
+                    "pid": pid,
+                    "tid": tid,
+                });
+                if c.cut {
+                    e["args"] = json!({ "cut": true });
+                }
+                out.push(e);
+            });
+        }
+        for (rt, aux, w) in ring.records() {
+            match rt {
+                rtype::FUNC if w.len() >= 3 && !graph => {
+                    let mut parent = Vec::new();
+                    syms.push_return_name(w[2], &mut parent);
+                    out.push(json!({
+                        "name": name_of(&mut syms, w[1]),
+                        "cat": "function",
+                        "ph": "i", "s": "t",
+                        "ts": us(mono.tsc_to_mono_ns(w[0])),
+                        "pid": pid, "tid": tid,
+                        "args": { "parent": String::from_utf8_lossy(&parent) },
+                    }));
+                }
+                rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
+                    let id = (aux >> 12) as usize;
+                    let Some(def) = events.get(id) else { continue };
+                    let dec = decoders.get(id).and_then(Option::as_ref);
+                    let args: serde_json::Map<String, Value> =
+                        crate::output::kprobe_args(def, dec, w, &mut syms)
+                            .into_iter()
+                            .map(|(n, t)| {
+                                // A number stays a number; the rest as `trace` prints it.
+                                let v = t
+                                    .parse::<i64>()
+                                    .map(Value::from)
+                                    .or_else(|_| t.parse::<u64>().map(Value::from))
+                                    .unwrap_or(Value::String(t));
+                                (n, v)
+                            })
+                            .collect();
+                    out.push(json!({
+                        "name": def.event,
+                        "cat": "kprobe",
+                        "ph": "i", "s": "t",
+                        "ts": us(mono.tsc_to_mono_ns(w[0])),
+                        "pid": pid, "tid": tid,
+                        "args": args,
+                    }));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(json!({ "traceEvents": out, "displayTimeUnit": "ns" }))
+}
+
+/// Folded stacks of a function_graph recording: (stack, self ns), sorted by stack.
+fn folded(rec: &Recording) -> Result<Vec<(String, u64)>> {
+    if rec.info.tracer != "function_graph" {
+        bail!(
+            "a flame graph needs a function_graph recording (this one is {}): record with -t function_graph",
+            rec.info.tracer
+        );
+    }
+    let mut syms = rec.symbols();
+    let mut stacks: FxHashMap<String, u64> = FxHashMap::default();
+    let ids: Vec<u32> = rec.rings().map(|(i, _)| i).collect();
+    for i in ids {
+        rec.calls(i, |c, callers| {
+            if c.self_ns == 0 {
+                return;
+            }
+            let mut s = String::new();
+            for &f in callers {
+                s.push_str(&name_of(&mut syms, f));
+                s.push(';');
+            }
+            s.push_str(&name_of(&mut syms, c.func));
+            *stacks.entry(s).or_default() += c.self_ns;
+        });
+    }
+    let mut v: Vec<(String, u64)> = stacks.into_iter().collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Write what was asked; returns the exit code.
+pub fn run(args: DumpArgs) -> Result<i32> {
+    if args.chrome.is_none() && args.flame_graph.is_none() {
+        bail!("nothing to dump: --chrome FILE and/or --flame-graph FILE");
+    }
+    let rec = Recording::open(&args.dir)?;
+    if let Some(path) = &args.chrome {
+        let doc = chrome(&rec)?;
+        let mut o = output(path)?;
+        serde_json::to_writer(&mut o, &doc)?;
+        writeln!(o)?;
+        o.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.flame_graph {
+        let stacks = folded(&rec)?;
+        let lines: Vec<String> = stacks.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        let mut o = output(path)?;
+        if args.svg {
+            let mut opts = inferno::flamegraph::Options::default();
+            opts.title = format!("ftprobe: {}", rec.info.command.join(" "));
+            opts.count_name = "ns".to_owned();
+            inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut o)
+                .context("drawing the flame graph")?;
+        } else {
+            for l in &lines {
+                writeln!(o, "{l}")?;
+            }
+        }
+        o.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(0)
+}

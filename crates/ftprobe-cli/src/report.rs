@@ -1,0 +1,401 @@
+//! `ftprobe report`: a recording ([`crate::recording`]) summed up per function, as
+//! `uftrace report` does: for a function_graph recording, per function its calls, total
+//! time (entry to return), self time (less its callees' time), and the average, minimum and
+//! maximum of its total; for a function-tracer recording (entries only), calls per function;
+//! for kprobe events, hits per event and, with `--hist ARG`, a log2 histogram of a numeric
+//! fetch arg laid out as bpftrace's `hist()`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use ftprobe::trace::rtype;
+use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
+use rustc_hash::FxHashMap;
+
+use crate::recording::Recording;
+use crate::trace::open_output;
+
+/// Arguments of `ftprobe report`.
+#[derive(Args)]
+pub struct ReportArgs {
+    /// The recording's data directory (`-i DIR` too).
+    #[arg(
+        short = 'd',
+        short_alias = 'i',
+        long = "data",
+        value_name = "DIR",
+        default_value = "ftprobe.data"
+    )]
+    dir: PathBuf,
+    /// Sort the functions by this column (largest first; `func`: by name).
+    #[arg(short = 's', long = "sort", value_enum, default_value = "total")]
+    sort: SortKey,
+    /// One table per thread.
+    #[arg(long)]
+    task: bool,
+    /// A log2 histogram of the kprobe events' fetch arg ARG (bpftrace's `hist()`).
+    #[arg(long, value_name = "ARG")]
+    hist: Option<String>,
+    /// Write the report to FILE instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SortKey {
+    Total,
+    #[value(name = "self")]
+    SelfTime,
+    Call,
+    Avg,
+    Func,
+}
+
+/// One function's line.
+#[derive(Default, Clone)]
+struct Stat {
+    calls: u64,
+    total: u64,
+    self_ns: u64,
+    min: u64,
+    max: u64,
+    /// Calls that did not return (counted with their time to the cut).
+    cut: u64,
+}
+
+impl Stat {
+    fn add(&mut self, dur: u64, self_ns: u64, cut: bool) {
+        if self.calls == 0 || dur < self.min {
+            self.min = dur;
+        }
+        self.max = self.max.max(dur);
+        self.calls += 1;
+        self.total += dur;
+        self.self_ns += self_ns;
+        self.cut += u64::from(cut);
+    }
+    fn avg(&self) -> u64 {
+        self.total.checked_div(self.calls).unwrap_or(0)
+    }
+}
+
+/// A time as uftrace prints one: three digits, three decimals and the unit (`  1.753 us`).
+pub fn time(ns: u64) -> String {
+    const UNITS: [&str; 4] = ["ns", "us", "ms", " s"];
+    let (mut t, mut rem, mut unit) = (ns, 0, 0);
+    while t >= 1000 && unit < UNITS.len() - 1 {
+        rem = t % 1000;
+        t /= 1000;
+        unit += 1;
+    }
+    format!("{t:>3}.{rem:03} {}", UNITS[unit])
+}
+
+/// The lines of `stats`, sorted by `key`.
+fn sorted(stats: FxHashMap<String, Stat>, key: SortKey) -> Vec<(String, Stat)> {
+    let mut v: Vec<(String, Stat)> = stats.into_iter().collect();
+    v.sort_by(|(na, a), (nb, b)| {
+        let by = match key {
+            SortKey::Total => b.total.cmp(&a.total),
+            SortKey::SelfTime => b.self_ns.cmp(&a.self_ns),
+            SortKey::Call => b.calls.cmp(&a.calls),
+            SortKey::Avg => b.avg().cmp(&a.avg()),
+            SortKey::Func => std::cmp::Ordering::Equal,
+        };
+        by.then_with(|| na.cmp(nb))
+    });
+    v
+}
+
+fn graph_table(o: &mut dyn Write, stats: FxHashMap<String, Stat>, key: SortKey) -> Result<()> {
+    writeln!(
+        o,
+        "  Total time   Self time       Calls     Average     Minimum     Maximum  Function"
+    )?;
+    writeln!(
+        o,
+        "  ==========  ==========  ==========  ==========  ==========  ==========  ===================="
+    )?;
+    let lines = sorted(stats, key);
+    for (name, s) in &lines {
+        writeln!(
+            o,
+            "  {}  {}  {:>10}  {}  {}  {}  {name}",
+            time(s.total),
+            time(s.self_ns),
+            s.calls,
+            time(s.avg()),
+            time(s.min),
+            time(s.max)
+        )?;
+    }
+    for (name, s) in &lines {
+        if s.cut > 0 {
+            writeln!(
+                o,
+                "# {name}: {} of its calls did not return (cut off: counted to the cut)",
+                s.cut
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn count_table(
+    o: &mut dyn Write,
+    col: &str,
+    head: &str,
+    stats: FxHashMap<String, Stat>,
+    key: SortKey,
+) -> Result<()> {
+    writeln!(o, "  {col:>10}  {head}")?;
+    writeln!(o, "  ==========  ====================")?;
+    // By count, largest first, unless sorted by name (there are no times to sort by).
+    let key = if key == SortKey::Func {
+        key
+    } else {
+        SortKey::Call
+    };
+    for (name, s) in sorted(stats, key) {
+        writeln!(o, "  {:>10}  {name}", s.calls)?;
+    }
+    Ok(())
+}
+
+/// A bucket's bound as bpftrace labels it (`1K`, `2M`, ...).
+fn bound(n: i128) -> String {
+    const UNITS: [&str; 7] = ["", "K", "M", "G", "T", "P", "E"];
+    let (mut n, mut u) = (n, 0);
+    while n >= 1024 && n % 1024 == 0 && u < UNITS.len() - 1 {
+        n /= 1024;
+        u += 1;
+    }
+    format!("{n}{}", UNITS[u])
+}
+
+/// bpftrace's log2 histogram of `values`: buckets `(..., 0)`, `[0]`, `[1]`, then `[2^k,
+/// 2^(k+1))`, from the first non-empty bucket to the last, with a bar of up to 52 `@`.
+pub fn hist(o: &mut dyn Write, title: &str, values: &[i128]) -> Result<()> {
+    // Bucket 0: negative; 1: zero; 2 + k: [2^k, 2^(k+1)).
+    let bucket = |v: i128| -> usize {
+        if v < 0 {
+            0
+        } else if v == 0 {
+            1
+        } else {
+            2 + (127 - v.leading_zeros()) as usize
+        }
+    };
+    let mut counts = vec![0u64; 2 + 128];
+    for &v in values {
+        counts[bucket(v)] += 1;
+    }
+    writeln!(o, "@{title}:")?;
+    let (Some(first), Some(last)) = (
+        counts.iter().position(|&c| c > 0),
+        counts.iter().rposition(|&c| c > 0),
+    ) else {
+        writeln!(o)?;
+        return Ok(());
+    };
+    let max = *counts.iter().max().expect("not empty");
+    for (b, &c) in counts.iter().enumerate().take(last + 1).skip(first) {
+        let label = match b {
+            0 => "(..., 0)".to_owned(),
+            1 => "[0]".to_owned(),
+            2 => "[1]".to_owned(),
+            k => format!("[{}, {})", bound(1 << (k - 2)), bound(1 << (k - 1))),
+        };
+        let bar = "@".repeat((c * 52 / max) as usize);
+        writeln!(o, "{label:<16}{c:>8} |{bar:<52}|")?;
+    }
+    Ok(())
+}
+
+/// A fetch arg's text as `trace` prints it, as a number (decimal, or `0x` hex).
+fn number(text: &str) -> Option<i128> {
+    match text.strip_prefix("0x") {
+        Some(h) => i128::from_str_radix(h, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+/// Print the report; returns the exit code.
+pub fn run(args: ReportArgs) -> Result<i32> {
+    let rec = Recording::open(&args.dir)?;
+    let events = rec.events()?;
+    let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
+    let mut syms = rec.symbols();
+    let mut out = open_output(args.output.as_ref())?;
+    let o: &mut dyn Write = &mut out;
+    let tracer = rec.info.tracer.as_str();
+    if let Some(arg) = &args.hist {
+        if !events.iter().any(|d| d.args.iter().any(|a| &a.name == arg)) {
+            bail!("no recorded kprobe event has a fetch arg named {arg:?}");
+        }
+    }
+    // Per group (all threads, or one per thread): the function stats, the kprobe hits per
+    // event id, the hist values per event id.
+    type Group = (String, FxHashMap<String, Stat>, Vec<u64>, Vec<Vec<i128>>);
+    let mut groups: Vec<Group> = Vec::new();
+    let ring_ids: Vec<u32> = rec.rings().map(|(i, _)| i).collect();
+    for &i in &ring_ids {
+        if groups.is_empty() || args.task {
+            let (comm, tid) = rec.thread(i);
+            groups.push((
+                format!("# task {tid} ({comm})"),
+                FxHashMap::default(),
+                vec![0; events.len()],
+                vec![Vec::new(); events.len()],
+            ));
+        }
+        let (_, stats, hits, values) = groups.last_mut().expect("pushed");
+        if tracer == "function_graph" {
+            rec.calls(i, |c, _| {
+                let name = name_of(&mut syms, c.func);
+                stats
+                    .entry(name)
+                    .or_default()
+                    .add(c.dur_ns, c.self_ns, c.cut);
+            });
+        }
+        let ring = rec.rings().find(|r| r.0 == i).expect("listed").1;
+        for (rt, aux, w) in ring.records() {
+            match rt {
+                rtype::FUNC if w.len() >= 2 && tracer == "function" => {
+                    let name = name_of(&mut syms, w[1]);
+                    stats.entry(name).or_default().add(0, 0, false);
+                }
+                rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
+                    let id = (aux >> 12) as usize;
+                    let Some(def) = events.get(id) else { continue };
+                    hits[id] += 1;
+                    if let Some(arg) = &args.hist {
+                        let dec = decoders.get(id).and_then(Option::as_ref);
+                        let v = crate::output::kprobe_args(def, dec, w, &mut syms)
+                            .into_iter()
+                            .find(|(n, _)| n == arg)
+                            .and_then(|(_, t)| number(&t));
+                        if let Some(v) = v {
+                            values[id].push(v);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let dir = args.dir.display();
+    writeln!(o, "# ftprobe report of {dir} ({tracer})")?;
+    for (title, stats, hits, values) in groups {
+        if args.task {
+            writeln!(o, "{title}")?;
+        }
+        match tracer {
+            "function_graph" => graph_table(o, stats, args.sort)?,
+            "function" => count_table(o, "Calls", "Function", stats, args.sort)?,
+            _ => {}
+        }
+        if !events.is_empty() {
+            let ev: FxHashMap<String, Stat> = events
+                .iter()
+                .zip(&hits)
+                .map(|(d, &n)| {
+                    (
+                        d.event.clone(),
+                        Stat {
+                            calls: n,
+                            ..Stat::default()
+                        },
+                    )
+                })
+                .collect();
+            if tracer != "nop" {
+                writeln!(o)?;
+            }
+            count_table(o, "Hits", "Event", ev, args.sort)?;
+            if let Some(arg) = &args.hist {
+                for (d, v) in events.iter().zip(&values) {
+                    if d.args.iter().any(|a| &a.name == arg) {
+                        writeln!(o)?;
+                        hist(o, &format!("{}.{arg}", d.event), v)?;
+                    }
+                }
+            }
+        }
+        writeln!(o)?;
+    }
+    if !args.task {
+        for (id, d) in events.iter().enumerate() {
+            let (dropped, _) = rec
+                .info
+                .event_counters
+                .get(id)
+                .map_or((0, 0), |c| (c[0], c[1]));
+            if dropped > 0 {
+                writeln!(
+                    o,
+                    "# {}: {dropped} more hits not recorded (ring full)",
+                    d.event
+                )?;
+            }
+        }
+    }
+    let lost: u64 = rec.info.rings.iter().map(|r| r.lost).sum::<u64>()
+        + rec.info.lost_no_ring
+        + rec.info.lost_recursion;
+    if lost > 0 {
+        writeln!(
+            o,
+            "# {lost} events lost while recording: these counts miss them"
+        )?;
+    }
+    out.flush()?;
+    Ok(0)
+}
+
+/// The function at `addr`, by name (or its address).
+pub fn name_of(syms: &mut crate::symbols::Symbols, addr: u64) -> String {
+    let mut v = Vec::new();
+    syms.push_name(addr, &mut v);
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{hist, time};
+
+    #[test]
+    fn times_as_uftrace_prints_them() {
+        assert_eq!(time(350), "350.000 ns");
+        assert_eq!(time(1753), "  1.753 us");
+        assert_eq!(time(10_293_000), " 10.293 ms");
+        assert_eq!(time(2_500_000_000), "  2.500  s");
+    }
+
+    #[test]
+    fn hist_buckets_as_bpftrace() {
+        let mut out = Vec::new();
+        hist(&mut out, "x", &[0, 1, 2, 3, 5, 1024, 1500, -4]).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "@x:");
+        assert!(
+            lines[1].starts_with("(..., 0)               1 |@"),
+            "{text}"
+        );
+        assert!(lines[2].starts_with("[0]                    1 |"), "{text}");
+        assert!(lines[4].starts_with("[2, 4)                 2 |"), "{text}");
+        assert!(lines[5].starts_with("[4, 8)                 1 |"), "{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("[1K, 2K)               2 |")),
+            "{text}"
+        );
+        // The largest bucket's bar is 52 wide.
+        assert!(text.contains(&format!("|{}|", "@".repeat(52))), "{text}");
+    }
+}
