@@ -19,22 +19,15 @@ use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
 use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 
-use crate::recording::Recording;
+use crate::recording::{DataDir, Recording};
 use crate::report::name_of;
 use crate::trace::open_output;
 
 /// Arguments of `ftprobe dump`.
 #[derive(Args)]
 pub struct DumpArgs {
-    /// The recording's data directory (`-i DIR` too).
-    #[arg(
-        short = 'd',
-        short_alias = 'i',
-        long = "data",
-        value_name = "DIR",
-        default_value = "ftprobe.data"
-    )]
-    dir: PathBuf,
+    #[command(flatten)]
+    data: DataDir,
     /// Write Chrome Trace Event JSON to FILE (`-` for standard output).
     #[arg(long, value_name = "FILE")]
     chrome: Option<PathBuf>,
@@ -170,7 +163,7 @@ pub fn run(args: DumpArgs) -> Result<i32> {
     if args.chrome.is_none() && args.flame_graph.is_none() {
         bail!("nothing to dump: --chrome FILE and/or --flame-graph FILE");
     }
-    let rec = Recording::open(&args.dir)?;
+    let rec = Recording::open(&args.data.dir)?;
     if let Some(path) = &args.chrome {
         let doc = chrome(&rec)?;
         let mut o = output(path)?;

@@ -22,6 +22,20 @@ use crate::record::{Info, FORMAT};
 use crate::session::Source;
 use crate::symbols::Symbols;
 
+/// The `-d DIR` (or `-i DIR`) of the commands that read a recording.
+#[derive(clap::Args)]
+pub struct DataDir {
+    /// The recording's data directory (`-i DIR` too).
+    #[arg(
+        short = 'd',
+        short_alias = 'i',
+        long = "data",
+        value_name = "DIR",
+        default_value = "ftprobe.data"
+    )]
+    pub dir: PathBuf,
+}
+
 /// Records per ring that bound a poll's time window (replay).
 const CHUNK: usize = 1 << 16;
 

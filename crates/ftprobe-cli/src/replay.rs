@@ -10,22 +10,15 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::recording::Recording;
+use crate::recording::{DataDir, Recording};
 use crate::session::{self, Sink};
 use crate::trace::{open_output, Printer};
 
 /// Arguments of `ftprobe replay`.
 #[derive(Args)]
 pub struct ReplayArgs {
-    /// The recording's data directory (`-i DIR` too).
-    #[arg(
-        short = 'd',
-        short_alias = 'i',
-        long = "data",
-        value_name = "DIR",
-        default_value = "ftprobe.data"
-    )]
-    dir: PathBuf,
+    #[command(flatten)]
+    data: DataDir,
     /// A tracer option (`trace_options`), applied after the recorded ones, e.g.
     /// `funcgraph-retval`, `nofuncgraph-cpu`. Repeatable.
     #[arg(short = 'O', long = "option", value_name = "OPT")]
@@ -37,7 +30,7 @@ pub struct ReplayArgs {
 
 /// Print the recording; returns the exit code (1 when the output could not be written).
 pub fn run(args: ReplayArgs) -> Result<i32> {
-    let mut rec = Recording::open(&args.dir)?;
+    let mut rec = Recording::open(&args.data.dir)?;
     let tracer = session::tracer_name(&rec.info.tracer)?;
     let events = rec.events()?;
     let mut graph_opts = crate::graph::Options::default();

@@ -14,21 +14,14 @@ use ftprobe::trace::rtype;
 use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
 use rustc_hash::FxHashMap;
 
-use crate::recording::Recording;
+use crate::recording::{DataDir, Recording};
 use crate::trace::open_output;
 
 /// Arguments of `ftprobe report`.
 #[derive(Args)]
 pub struct ReportArgs {
-    /// The recording's data directory (`-i DIR` too).
-    #[arg(
-        short = 'd',
-        short_alias = 'i',
-        long = "data",
-        value_name = "DIR",
-        default_value = "ftprobe.data"
-    )]
-    dir: PathBuf,
+    #[command(flatten)]
+    data: DataDir,
     /// Sort the functions by this column (largest first; `func`: by name).
     #[arg(short = 's', long = "sort", value_enum, default_value = "total")]
     sort: SortKey,
@@ -224,7 +217,7 @@ fn number(text: &str) -> Option<i128> {
 
 /// Print the report; returns the exit code.
 pub fn run(args: ReportArgs) -> Result<i32> {
-    let rec = Recording::open(&args.dir)?;
+    let rec = Recording::open(&args.data.dir)?;
     let events = rec.events()?;
     let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
     let mut syms = rec.symbols();
@@ -287,7 +280,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
             }
         }
     }
-    let dir = args.dir.display();
+    let dir = args.data.dir.display();
     writeln!(o, "# ftprobe report of {dir} ({tracer})")?;
     for (title, stats, hits, values) in groups {
         if args.task {
