@@ -844,6 +844,7 @@ fn kretprobe_dispatcher(ri: &KretprobeInstance, regs: &PtRegs) -> i32 {
 
 /// Probe path: one record of `tk`'s event at `addr` (a return event's: the function, and
 /// `ret_ip` where it returned to, the last word of the head).
+#[inline(always)]
 fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     let (w, _writing) = match trace::event_ring() {
         trace::EventRing::Ring(w, guard) => (w, guard),
