@@ -1,7 +1,7 @@
 //! The function_graph tracer (kernel/trace/trace_functions_graph.c), engine side: a graph
-//! user ([`FgraphOps`]) that writes one [`rtype::FGRAPH_ENT`](trace::rtype::FGRAPH_ENT)
+//! user ([`FgraphOps`]) that writes one [`rtype::FGRAPH_ENT`]
 //! record at each traced call's entry and one
-//! [`rtype::FGRAPH_RET`](trace::rtype::FGRAPH_RET) at its end (return, or the unwind,
+//! [`rtype::FGRAPH_RET`] at its end (return, or the unwind,
 //! longjmp or loss that ended it), into the thread's ring. The CLI prints ftrace's
 //! function_graph layout from them.
 //!

@@ -1160,7 +1160,7 @@ impl RingWriter<'_> {
 
     /// The ring's head plus its `lost` count: changes with every record this producer
     /// publishes or drops. Taken at the start of a write, it tells afterwards whether the
-    /// write reached its outcome (a repair after a non-local exit: [`crate::probe_state`]).
+    /// write reached its outcome (a repair after a non-local exit: `crate::probe_state`).
     /// Two loads of the producer's own cache line, which the write loads anyway.
     #[inline(always)]
     pub fn mark(&self) -> u64 {

@@ -1,10 +1,10 @@
 //! Return hooks: the function-graph shadow stack (the kernel's kernel/trace/fgraph.c, our
 //! code), shared by every user of function exits (the function_graph tracer, kretprobes).
 //!
-//! A hooked call pushes a [`ShadowEntry`] `{ret, retp, func, calltime, depth, users, data}`
+//! A hooked call pushes a `ShadowEntry` `{ret, retp, func, calltime, depth, users, data}`
 //! on its thread's shadow stack and replaces the return address in its slot `retp` with the
 //! return trampoline (`arch::x86_64::return_trampoline`). The function's `ret` lands there;
-//! [`ftprobe_fgraph_return`] finds the entry **by its slot** (searching from the top: an
+//! `ftprobe_fgraph_return` finds the entry **by its slot** (searching from the top: an
 //! entry is never popped blindly), puts the real return address back, calls the return
 //! callback of each user that took the call, and the trampoline returns to the real address.
 //!

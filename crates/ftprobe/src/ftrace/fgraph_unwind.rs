@@ -19,17 +19,17 @@
 //! - **Normal nesting.** A call's slot is below its caller's on the same stack; an event
 //!   (entry or return) at slot `R` proves that every entry on the same stack with a slot
 //!   below `R` (or equal, for an entry event whose slot does not hold the trampoline: the
-//!   slot was reused by a new call) belongs to a frame that is gone ([`before_event`],
-//!   [`close_above`]): closed as `Lost`, deepest first, before the event is handled.
+//!   slot was reused by a new call) belongs to a frame that is gone (`before_event`,
+//!   `close_above`): closed as `Lost`, deepest first, before the event is handled.
 //! - **A stack switched by hand** (no API: a coroutine library's own assembly) looks like the
 //!   thread's stack, so its entries can be judged gone when they are not. Such an entry is
 //!   never forgotten while its slot still holds the trampoline: it becomes a *zombie*
 //!   (reported `Lost`, kept with its real return address; a late return through it still
 //!   works and is counted in `late_returns`). Zombies whose slots no longer hold the
-//!   trampoline are reclaimed when the stack is full ([`reclaim`]).
+//!   trampoline are reclaimed when the stack is full (`reclaim`).
 //! - **A coroutine resumed on another thread**: its return finds no entry on this thread's
 //!   shadow stack; every thread's shadow stack is searched (`return_elsewhere`). Only if no
-//!   entry anywhere has the slot is it fatal ([`fatal_no_entry`]): the real address is lost,
+//!   entry anywhere has the slot is it fatal (`fatal_no_entry`): the real address is lost,
 //!   so the process is stopped with a clear message rather than jumping anywhere.
 //! - **Tail calls**: a hooked function that jumps to another hooked function passes on its
 //!   own slot, which already holds the trampoline: the new entry records the trampoline as
@@ -72,7 +72,7 @@
 //! - **The end of a thread** (`pthread_exit`, cancellation: a forced unwind that ends in
 //!   `start_thread` by glibc's internal longjmp, never returning through the thread's first
 //!   frames): the calls still on the thread's shadow stack are closed when the thread's
-//!   pthread key destructors run ([`init_thread_exit_key`]), deepest first:
+//!   pthread key destructors run (`init_thread_exit_key`), deepest first:
 //!   `Unwound` when an unwinder restored them, else `Lost`.
 //! - **Signal handlers** run on the same stack below the interrupted frame (or on the signal
 //!   stack, a known stack): their hooked calls nest normally; the first one on the signal
@@ -81,7 +81,7 @@
 //! - **fork** inside a hooked function: the child's memory is a copy, shadow stack included,
 //!   so its returns find their entries. **exit** inside one: the process ends, nothing to do.
 //! - **CET shadow stacks**: a hijacked return would fault (`#CP`) in a process whose shadow
-//!   stack is enabled: [`check_return_hooks_allowed`] refuses return hooks there (entry
+//!   stack is enabled: `check_return_hooks_allowed` refuses return hooks there (entry
 //!   tracing keeps working).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -282,7 +282,7 @@ pub(crate) fn before_event(ss: &mut ShadowStack, retp: u64, is_return: bool) {
     }
 }
 
-/// Slow part of [`before_event`] for an entry event: close the top entries on this stack
+/// Slow part of `before_event` for an entry event: close the top entries on this stack
 /// whose slot is below `retp` (or at it, unless it is a tail call).
 #[cold]
 #[inline(never)]
