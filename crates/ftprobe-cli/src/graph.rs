@@ -328,6 +328,14 @@ impl Graph {
         }
     }
 
+    /// A line up to its call: the prologue, the duration column (blank for `None`), the
+    /// indentation of `depth`.
+    fn line_start(&mut self, out: &mut Vec<u8>, ctx: Ctx<'_>, ns: Option<u64>, depth: u32) {
+        self.prologue(out, ctx);
+        self.push_duration_column(out, ns);
+        Self::indent(out, depth);
+    }
+
     fn indent(out: &mut Vec<u8>, depth: u32) {
         out.extend(std::iter::repeat_n(b' ', depth as usize * 2));
     }
@@ -353,9 +361,7 @@ impl Graph {
         if let Some(f) = t.open.get_mut(depth as usize) {
             *f = 0;
         }
-        self.prologue(out, ctx);
-        self.push_duration_column(out, Some(ns));
-        Self::indent(out, depth);
+        self.line_start(out, ctx, Some(ns), depth);
         syms.push_name(func, out);
         out.extend_from_slice(b"();");
         if self.opts.retval {
@@ -382,9 +388,7 @@ impl Graph {
             t.open.resize(d + 1, 0);
         }
         t.open[d] = func;
-        self.prologue(out, ctx);
-        self.push_duration_column(out, None);
-        Self::indent(out, depth);
+        self.line_start(out, ctx, None, depth);
         syms.push_name(func, out);
         out.extend_from_slice(b"() {\n");
     }
@@ -408,9 +412,7 @@ impl Graph {
             Some(f) => std::mem::replace(f, 0) == func,
             None => false,
         };
-        self.prologue(out, ctx);
-        self.push_duration_column(out, Some(ns));
-        Self::indent(out, depth);
+        self.line_start(out, ctx, Some(ns), depth);
         if self.opts.retval && exit == Exit::Returned {
             out.extend_from_slice(b"} /* ");
             syms.push_name(func, out);

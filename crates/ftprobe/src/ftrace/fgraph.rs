@@ -412,7 +412,7 @@ unsafe extern "C" fn fgraph_ftrace_entry(
         &*((op as *const FtraceOps as *const u8).sub(std::mem::offset_of!(FgraphOps, ops))
             as *const FgraphOps)
     };
-    let Some((func, place)) = super::site_info(ip) else {
+    let Some((func, place, nohijack)) = super::site_info(ip) else {
         return;
     };
     let retp = match place {
@@ -427,9 +427,8 @@ unsafe extern "C" fn fgraph_ftrace_entry(
     if now != parent_ip && now != return_trampoline() {
         return;
     }
-    // An XRay entry sled whose exit sleds ftrace patched with it (`super::xray`): the exits
-    // close the call, the return address stays the program's.
-    let nohijack = super::site_nohijack(ip);
+    // `nohijack`: an XRay entry sled whose exit sleds ftrace patched with it
+    // (`super::xray`): the exits close the call, the return address stays the program's.
     // FTRACE_OPS_FL_RECURSION's guard (`ftrace_ops_assist_func`), here so that the entry
     // looks the thread up once.
     let t = probe_state::this_thread();

@@ -673,9 +673,11 @@ fn publish_site_table(
     SITE_TABLE.store(Box::into_raw(Box::new(table)), Ordering::Release);
 }
 
-/// Probe path: the function holding the site at `ip` and where the site stands in it.
+/// Probe path: the function holding the site at `ip`, where the site stands in it, and
+/// whether it is an XRay entry sled whose exits ftrace patches for graph users (the graph
+/// then enters without touching the return address).
 #[inline]
-pub(crate) fn site_info(ip: u64) -> Option<(u64, SitePlace)> {
+pub(crate) fn site_info(ip: u64) -> Option<(u64, SitePlace, bool)> {
     // Acquire pairs with the Release store in `publish_site_table`.
     let t = SITE_TABLE.load(Ordering::Acquire);
     if t.is_null() {
@@ -688,35 +690,10 @@ pub(crate) fn site_info(ip: u64) -> Option<(u64, SitePlace)> {
     loop {
         let s = t[i];
         if s.ip == ip {
-            return Some((s.func, s.place));
+            return Some((s.func, s.place, s.nohijack));
         }
         if s.ip == 0 {
             return None;
-        }
-        i = (i + 1) & mask;
-    }
-}
-
-/// Probe path: whether the site at `ip` is an XRay entry sled whose exits ftrace patches for
-/// graph users (enter the graph without touching the return address).
-#[inline]
-pub(crate) fn site_nohijack(ip: u64) -> bool {
-    // Acquire pairs with the Release store in `publish_site_table`.
-    let t = SITE_TABLE.load(Ordering::Acquire);
-    if t.is_null() {
-        return false;
-    }
-    // SAFETY: published once, never freed.
-    let t = unsafe { &*t };
-    let mask = t.len() - 1;
-    let mut i = site_hash(ip, mask);
-    loop {
-        let s = t[i];
-        if s.ip == ip {
-            return s.nohijack;
-        }
-        if s.ip == 0 {
-            return false;
         }
         i = (i + 1) & mask;
     }

@@ -155,7 +155,7 @@ fn pre_handler_kretprobe(p: &Kprobe, regs: &mut PtRegs) -> i32 {
     // The return address: at the top of the stack at a function's first instruction; at a
     // site after `push %r10` one word above.
     let retp = if p.flags() & super::KPROBE_FLAG_FTRACE != 0 {
-        match ft::site_info(addr).map(|(_, place)| place) {
+        match ft::site_info(addr).map(|(_, place, _)| place) {
             Some(SitePlace::AfterPushR10) => regs.sp + 8,
             _ => regs.sp,
         }
