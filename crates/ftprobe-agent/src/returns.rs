@@ -17,10 +17,54 @@ static NEXT_DELETE_EXCEPTION: AtomicUsize = AtomicUsize::new(0);
 /// Called once return hooks are registered.
 pub fn start() {
     // Looked up now, in the constructor, so that the interposers do not call into the
-    // dynamic linker later.
-    next(&NEXT_BEGIN_CATCH, c"__cxa_begin_catch");
-    next(&NEXT_DELETE_EXCEPTION, c"_Unwind_DeleteException");
+    // dynamic linker later; only where a loaded object can define them: a failed `dlsym`
+    // allocates its error message with the program's `malloc` (a C program has no C++
+    // runtime), and the agent never calls the program's allocator.
+    if loaded(&[b"libstdc++.so", b"libc++abi.so", b"libc++.so"]) {
+        next(&NEXT_BEGIN_CATCH, c"__cxa_begin_catch");
+    }
+    if loaded(&[b"libgcc_s.so", b"libunwind.so"]) {
+        next(&NEXT_DELETE_EXCEPTION, c"_Unwind_DeleteException");
+    }
     ON.store(true, Ordering::Release);
+}
+
+/// Whether an object whose file name starts with one of `prefixes` is loaded
+/// (`dl_iterate_phdr`: the loader's list, read without allocating).
+fn loaded(prefixes: &[&[u8]]) -> bool {
+    struct Ask<'a> {
+        prefixes: &'a [&'a [u8]],
+        found: bool,
+    }
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the `Ask` passed below, alive for the whole iteration.
+        let ask = unsafe { &mut *(data as *mut Ask<'_>) };
+        // SAFETY: the loader passes a valid dl_phdr_info whose dlpi_name is null or a
+        // NUL-terminated path.
+        let name = unsafe { (*info).dlpi_name };
+        if name.is_null() {
+            return 0;
+        }
+        // SAFETY: as above.
+        let path = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+        let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        if ask.prefixes.iter().any(|p| base.starts_with(p)) {
+            ask.found = true;
+            return 1;
+        }
+        0
+    }
+    let mut ask = Ask {
+        prefixes,
+        found: false,
+    };
+    // SAFETY: the callback only reads what the loader hands it and writes `ask`.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut ask as *mut Ask<'_> as *mut libc::c_void) };
+    ask.found
 }
 
 // The landing points after an unwind: a C++ `catch` calls `__cxa_begin_catch`, a catch of
@@ -57,6 +101,8 @@ fn next(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
     if f != 0 {
         return f;
     }
+    // Called by an interposer: a C++ runtime or an unwinder is loaded (its code calls us),
+    // so the lookup succeeds.
     // SAFETY: dlsym(RTLD_NEXT, name) with a NUL-terminated name.
     let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
     cache.store(f, Ordering::Relaxed);
