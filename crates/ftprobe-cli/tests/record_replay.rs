@@ -264,5 +264,23 @@ fn record_keeps_the_lost_counts_and_stores_32_bytes_per_function_event() {
     // One header word and three payload words (timestamp, function, parent) per event.
     let size = std::fs::metadata(dir.join("ring-0.dat")).unwrap().len();
     assert_eq!(size, 32 * printed);
+    // `report` says so before its table: its count plus the lost ones are all the calls.
+    let out = ftprobe().args(["report", "-d"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = report.lines().collect();
+    assert_eq!(
+        lines[1],
+        format!("# {lost} events lost: the numbers below miss them"),
+        "{report}"
+    );
+    let calls: u64 = lines
+        .iter()
+        .find_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            (t.len() == 2 && t[1] == "work").then(|| t[0].parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(calls + lost, N, "{report}");
     let _ = std::fs::remove_dir_all(&dir);
 }
