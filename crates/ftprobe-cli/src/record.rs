@@ -2,7 +2,11 @@
 //! store the records unformatted in a data directory, for `ftprobe replay`.
 //!
 //! The directory (default `ftprobe.data`; an existing recording there is moved to
-//! `DIR.old`, as uftrace does with `uftrace.data`) holds:
+//! `DIR.old`, as uftrace does with `uftrace.data`) holds the records below. The run writes
+//! into a staging directory next to it (`DIR.new-PID`) and moves it to `DIR` only once the
+//! agent armed: a run that recorded nothing (the program cannot be run, nothing matches a
+//! filter, the agent did not start) leaves the existing recording, and `DIR.old`, alone.
+//! Neither `DIR` nor `DIR.old` is replaced unless it is a recording (or empty). It holds:
 //! - `ring-N.dat` per ring that was claimed: its records in the order drained, each one
 //!   little-endian word `rtype | payload words << 16 | aux << 32` and then its payload words,
 //!   as in the ring itself: 8 + 8 x payload bytes per record (32 for a function-tracer event);
@@ -123,34 +127,71 @@ pub fn record_header(rtype: u16, aux: u32, nwords: usize) -> u64 {
     u64::from(rtype) | ((nwords as u64 & 0xffff) << 16) | (u64::from(aux) << 32)
 }
 
-/// Move an existing recording at `dir` aside to `DIR.old`, and create `dir/objects`.
-fn make_dir(dir: &Path) -> Result<()> {
+/// `dir` with `suffix` appended to its name.
+fn sibling(dir: &Path, suffix: &str) -> PathBuf {
+    let mut s = dir.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Refuse unless `dir` is absent, empty or a recording (it is to be replaced).
+fn check_replaceable(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let empty = std::fs::read_dir(dir)
+        .with_context(|| format!("{} is not a directory", dir.display()))?
+        .next()
+        .is_none();
+    if !empty && !dir.join("info.json").exists() && !dir.join("objects").exists() {
+        bail!(
+            "{} exists and is not a recording: not replacing it",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Check that `dir` and `DIR.old` may be replaced, and create the staging directory (with
+/// its `objects/`) the run writes into: its path.
+fn make_staging(dir: &Path) -> Result<PathBuf> {
+    check_replaceable(dir)?;
     if dir.exists() {
-        let empty = std::fs::read_dir(dir)
-            .with_context(|| format!("reading {}", dir.display()))?
-            .next()
-            .is_none();
-        if !empty && !dir.join("info.json").exists() && !dir.join("objects").exists() {
-            bail!(
-                "{} exists and is not a recording: not replacing it",
-                dir.display()
-            );
-        }
-        let mut old = dir.as_os_str().to_owned();
-        old.push(".old");
-        let old = PathBuf::from(old);
+        check_replaceable(&sibling(dir, ".old"))?;
+    }
+    let staging = sibling(dir, &format!(".new-{}", std::process::id()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .with_context(|| format!("removing {}", staging.display()))?;
+    }
+    std::fs::create_dir_all(staging.join("objects"))
+        .with_context(|| format!("creating {}", staging.display()))?;
+    Ok(staging)
+}
+
+/// Move an existing recording at `dir` aside to `DIR.old` (checked again: it may have
+/// changed while the program started), then `staging` to `dir`.
+fn rotate(staging: &Path, dir: &Path) -> Result<()> {
+    check_replaceable(dir)?;
+    if dir.exists() {
+        let old = sibling(dir, ".old");
+        check_replaceable(&old)?;
         if old.exists() {
             std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
         }
         std::fs::rename(dir, &old)
             .with_context(|| format!("moving {} to {}", dir.display(), old.display()))?;
     }
-    std::fs::create_dir_all(dir.join("objects"))
-        .with_context(|| format!("creating {}", dir.display()))
+    std::fs::rename(staging, dir)
+        .with_context(|| format!("moving {} to {}", staging.display(), dir.display()))
 }
 
 struct Recorder {
+    /// Where the files go: the staging directory, then (once rotated) the data directory.
     dir: PathBuf,
+    /// The data directory, and whether the staging directory became it.
+    target: PathBuf,
+    rotated: bool,
     /// Per ring: its file (opened at its first record), records, bytes.
     files: Vec<Option<BufWriter<File>>>,
     records: Vec<u64>,
@@ -164,6 +205,21 @@ struct Recorder {
 }
 
 impl Recorder {
+    /// Once the agent armed (the run is recording): the staging directory becomes the data
+    /// directory. Open files keep writing to it.
+    fn rotate_once_armed<S: Source>(&mut self, src: &S) {
+        if self.rotated || self.error.is_some() || !src.armed() {
+            return;
+        }
+        match rotate(&self.dir, &self.target) {
+            Ok(()) => {
+                self.dir = self.target.clone();
+                self.rotated = true;
+            }
+            Err(e) => self.fail(format!("{e:#}")),
+        }
+    }
+
     fn fail(&mut self, what: String) {
         if self.error.is_none() {
             eprintln!("ftprobe: {what}");
@@ -232,6 +288,7 @@ fn hex(bytes: &[u8]) -> String {
 
 impl Sink for Recorder {
     fn poll<S: Source>(&mut self, src: &mut S, _final_poll: bool) {
+        self.rotate_once_armed(src);
         let table = src.objects();
         if table != self.table {
             self.copy_objects(table);
@@ -298,6 +355,11 @@ impl Sink for Recorder {
         for e in flush_errors {
             self.fail(e);
         }
+        self.rotate_once_armed(src);
+        if !self.rotated {
+            // Nothing recorded (or it could not be moved in place): `run` says so.
+            return Ok(());
+        }
         let info = &mut self.info;
         info.clock = src.clock().to_parts();
         info.tsc_hz = src.clock().tsc_hz();
@@ -363,7 +425,7 @@ impl Sink for Recorder {
 /// Run the command; returns the exit code to exit with.
 pub fn run(args: RecordArgs) -> Result<i32> {
     let plan = session::prepare(args.session)?;
-    make_dir(&args.dir)?;
+    let staging = make_staging(&args.dir)?;
     let a = &plan.args;
     let info = Info {
         format: FORMAT,
@@ -393,7 +455,9 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         objects: Vec::new(),
     };
     let mut recorder = Recorder {
-        dir: args.dir,
+        dir: staging.clone(),
+        target: args.dir,
+        rotated: false,
         files: Vec::new(),
         records: Vec::new(),
         bytes: Vec::new(),
@@ -402,5 +466,17 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         error: None,
         info,
     };
-    session::run(plan, &mut recorder)
+    let r = session::run(plan, &mut recorder);
+    if !recorder.rotated {
+        let _ = std::fs::remove_dir_all(&staging);
+        if recorder.error.is_none() {
+            eprintln!(
+                "ftprobe: nothing was recorded: {} left as it was",
+                recorder.target.display()
+            );
+        }
+        // A run that recorded nothing is a failure, whatever the program's exit code.
+        return r.map(|code| if code == 0 { 1 } else { code });
+    }
+    r
 }

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use ftprobe::events::FetchType;
 use ftprobe::trace::rtype;
 use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
 use rustc_hash::FxHashMap;
@@ -59,13 +60,19 @@ struct Stat {
 }
 
 impl Stat {
-    fn add(&mut self, dur: u64, self_ns: u64, cut: bool) {
+    /// One call of `dur` ns (`self_ns` of its own); `nested`: made while the same function
+    /// was already on the thread's stack (a recursive call), whose time is already in the
+    /// outer call's, so it adds to the calls and self time but not to the total, as
+    /// uftrace's report.
+    fn add(&mut self, dur: u64, self_ns: u64, cut: bool, nested: bool) {
         if self.calls == 0 || dur < self.min {
             self.min = dur;
         }
         self.max = self.max.max(dur);
         self.calls += 1;
-        self.total += dur;
+        if !nested {
+            self.total += dur;
+        }
         self.self_ns += self_ns;
         self.cut += u64::from(cut);
     }
@@ -207,6 +214,16 @@ pub fn hist(o: &mut dyn Write, title: &str, values: &[i128]) -> Result<()> {
     Ok(())
 }
 
+/// Whether a fetch arg of type `ty` prints as a number (decimal or hex).
+fn numeric(ty: &FetchType) -> bool {
+    use FetchType::*;
+    match ty {
+        U8 | U16 | U32 | U64 | S8 | S16 | S32 | S64 | X8 | X16 | X32 | X64 => true,
+        Bitfield { .. } => true,
+        Char | String | Ustring | Symbol | Symstr | Array { .. } => false,
+    }
+}
+
 /// A fetch arg's text as `trace` prints it, as a number (decimal, or `0x` hex).
 fn number(text: &str) -> Option<i128> {
     match text.strip_prefix("0x") {
@@ -228,6 +245,17 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         if !events.iter().any(|d| d.args.iter().any(|a| &a.name == arg)) {
             bail!("no recorded kprobe event has a fetch arg named {arg:?}");
         }
+        // A histogram is of numbers: a string (or symbol, char, array) arg has none.
+        if let Some(a) = events
+            .iter()
+            .flat_map(|d| &d.args)
+            .find(|a| &a.name == arg && !numeric(&a.ty))
+        {
+            bail!(
+                "fetch arg {arg:?} is not numeric (its type is {}): no histogram of it",
+                a.ty.name().unwrap_or("an array")
+            );
+        }
     }
     // Per group (all threads, or one per thread): the function stats, the kprobe hits per
     // event id, the hist values per event id.
@@ -246,12 +274,13 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         }
         let (_, stats, hits, values) = groups.last_mut().expect("pushed");
         if tracer == "function_graph" {
-            rec.calls(i, |c, _| {
+            rec.calls(i, |c, open| {
                 let name = name_of(&mut syms, c.func);
+                let nested = open.contains(&c.func);
                 stats
                     .entry(name)
                     .or_default()
-                    .add(c.dur_ns, c.self_ns, c.cut);
+                    .add(c.dur_ns, c.self_ns, c.cut, nested);
             });
         }
         let ring = rec.rings().find(|r| r.0 == i).expect("listed").1;
@@ -259,7 +288,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
             match rt {
                 rtype::FUNC if w.len() >= 2 && tracer == "function" => {
                     let name = name_of(&mut syms, w[1]);
-                    stats.entry(name).or_default().add(0, 0, false);
+                    stats.entry(name).or_default().add(0, 0, false, false);
                 }
                 rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
                     let id = (aux >> 12) as usize;
@@ -282,6 +311,20 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     }
     let dir = args.data.dir.display();
     writeln!(o, "# ftprobe report of {dir} ({tracer})")?;
+    // What the numbers below miss, first, so that they are never silently low.
+    let lost: u64 = rec.info.rings.iter().map(|r| r.lost).sum::<u64>()
+        + rec.info.lost_no_ring
+        + rec.info.lost_recursion;
+    if lost > 0 {
+        writeln!(o, "# {lost} events lost: the numbers below miss them")?;
+    }
+    if rec.info.fgraph_overrun > 0 {
+        writeln!(
+            o,
+            "# {} calls not hooked (the shadow stack was full): the numbers below miss them",
+            rec.info.fgraph_overrun
+        )?;
+    }
     for (title, stats, hits, values) in groups {
         if args.task {
             writeln!(o, "{title}")?;
@@ -335,15 +378,6 @@ pub fn run(args: ReportArgs) -> Result<i32> {
                 )?;
             }
         }
-    }
-    let lost: u64 = rec.info.rings.iter().map(|r| r.lost).sum::<u64>()
-        + rec.info.lost_no_ring
-        + rec.info.lost_recursion;
-    if lost > 0 {
-        writeln!(
-            o,
-            "# {lost} events lost while recording: these counts miss them"
-        )?;
     }
     out.flush()?;
     Ok(0)

@@ -264,5 +264,76 @@ fn record_keeps_the_lost_counts_and_stores_32_bytes_per_function_event() {
     // One header word and three payload words (timestamp, function, parent) per event.
     let size = std::fs::metadata(dir.join("ring-0.dat")).unwrap().len();
     assert_eq!(size, 32 * printed);
+    // `report` says so before its table: its count plus the lost ones are all the calls.
+    let out = ftprobe().args(["report", "-d"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = report.lines().collect();
+    assert_eq!(
+        lines[1],
+        format!("# {lost} events lost: the numbers below miss them"),
+        "{report}"
+    );
+    let calls: u64 = lines
+        .iter()
+        .find_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            (t.len() == 2 && t[1] == "work").then(|| t[0].parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(calls + lost, N, "{report}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failed_record_leaves_the_good_recording_alone() {
+    // A good recording (work 7 times), then runs that record nothing: a filter that matches
+    // no function, a program that does not exist, and a program with no ftrace site. Each
+    // fails, and the good recording still replays, with no `.old` made of it.
+    let exe = calls_exe();
+    let work = tmp_dir("failed");
+    let dir = work.join("data");
+    let good = record(&dir, &[], &[&exe, "7"]);
+    assert!(good.status.success(), "{good:?}");
+    let (_, before) = replay(&dir, &[]);
+    assert_eq!(count(&before, "work <-caller"), 7, "{before}");
+    let missing = work.join("no-such-program");
+    for (args, cmd) in [
+        (&["-F", "nosuchfunc"][..], vec![exe.as_str(), "7"]),
+        (&[][..], vec![missing.to_str().unwrap()]),
+        (&[][..], vec!["/bin/true"]),
+    ] {
+        let out = record(&dir, args, &cmd);
+        assert!(!out.status.success(), "{args:?} {cmd:?}: {out:?}");
+        let (out, after) = replay(&dir, &[]);
+        assert!(out.status.success(), "{args:?} {cmd:?}: {out:?}");
+        assert_eq!(normalize(&before), normalize(&after), "{args:?} {cmd:?}");
+    }
+    assert!(!work.join("data.old").exists());
+    // Only the data directory: no staging directory left behind.
+    let names: Vec<_> = std::fs::read_dir(&work)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["data"], "{names:?}");
+
+    // A second good run moves the first to `.old`; a `.old` that is not a recording is
+    // never deleted: the run is refused before it starts.
+    let again = record(&dir, &[], &[&exe, "3"]);
+    assert!(again.status.success(), "{again:?}");
+    let (_, old) = replay(&work.join("data.old"), &[]);
+    assert_eq!(normalize(&before), normalize(&old));
+    std::fs::remove_dir_all(work.join("data.old")).unwrap();
+    std::fs::create_dir(work.join("data.old")).unwrap();
+    std::fs::write(work.join("data.old/mine.txt"), "keep").unwrap();
+    let refused = record(&dir, &[], &[&exe, "5"]);
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("is not a recording"),
+        "{refused:?}"
+    );
+    assert!(work.join("data.old/mine.txt").exists());
+    let (_, now) = replay(&dir, &[]);
+    assert_eq!(count(&now, "work <-caller"), 3, "{now}");
+    let _ = std::fs::remove_dir_all(&work);
 }

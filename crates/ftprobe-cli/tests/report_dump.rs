@@ -460,3 +460,87 @@ fn report_counts_calls_that_never_returned_and_says_so() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ftprobe record -d DIR/data -t function_graph -- fgraph_deep N`: the program's own count
+/// of entries per function (its `E depth name` lines, parent and child).
+fn record_deep(dir: &Path, n: u32) -> BTreeMap<String, u64> {
+    let out = ftprobe()
+        .arg("record")
+        .arg("-d")
+        .arg(dir.join("data"))
+        .args(["-t", "function_graph", "--"])
+        .arg(ftprobe_dev::fgraph_deep_fixture())
+        .arg(n.to_string())
+        .output()
+        .unwrap();
+    let program = String::from_utf8(out.stdout).unwrap();
+    let mut own: BTreeMap<String, u64> = BTreeMap::new();
+    for l in program.lines().filter_map(|l| l.strip_prefix("E ")) {
+        *own.entry(l.split(' ').nth(1).unwrap().into()).or_default() += 1;
+    }
+    assert!(own.contains_key("finisher"), "{program}");
+    own
+}
+
+#[test]
+fn report_total_of_a_recursive_function_counts_only_its_outermost_calls() {
+    // fgraph_deep 200: `rec` recurses 201 deep from main (no site). Its total is the
+    // outermost call's time, so it cannot exceed all the traced time (the sum of every
+    // function's self time); counting each level again made it about 100 times that.
+    let dir = tmp_dir("recursion");
+    let own = record_deep(&dir, 200);
+    assert_eq!(own["rec"], 201);
+    let report = run("report", &dir, &[]);
+    let t = &tables(&report)[""];
+    assert_eq!(t["rec"].calls, 201, "{report}");
+    let traced: u64 = t.values().map(|l| l.self_ns).sum();
+    let slack: u64 = t.values().map(|l| l.res).sum();
+    assert!(
+        t["rec"].total <= traced + slack,
+        "rec total {} > traced {traced}\n{report}",
+        t["rec"].total
+    );
+    assert!(
+        t["rec"].self_ns <= t["rec"].total + t["rec"].res,
+        "{report}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn report_says_how_many_calls_the_full_shadow_stack_did_not_record() {
+    // fgraph_deep 2000: deeper than the shadow stack (1024); the calls beyond it are not
+    // hooked. The program's own entries less the report's calls are the ones the note
+    // counts, and it comes before the table.
+    let dir = tmp_dir("overrun");
+    let own = record_deep(&dir, 2000);
+    let report = run("report", &dir, &[]);
+    let reported: u64 = tables(&report)[""].values().map(|l| l.calls).sum();
+    let missed = own.values().sum::<u64>() - reported;
+    assert!(missed > 0, "{report}");
+    let note = format!(
+        "# {missed} calls not hooked (the shadow stack was full): the numbers below miss them"
+    );
+    let at = report.lines().position(|l| l == note);
+    let table = report.lines().position(|l| l.contains("Total time"));
+    assert!(at.is_some() && at < table, "{note}\n{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn report_hist_of_a_string_arg_is_an_error() {
+    let dir = tmp_dir("hist-string");
+    record(&dir, &["-e", "p:pc c s=$comm x=%di:u32"]);
+    let out = ftprobe()
+        .args(["report", "--hist", "s", "-d"])
+        .arg(dir.join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"s\" is not numeric"), "{err}");
+    // The numeric arg of the same event still has its histogram.
+    let report = run("report", &dir, &["--hist", "x"]);
+    assert!(report.contains("@pc.x:\n["), "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
