@@ -100,19 +100,7 @@ fn faulting_numbers_print_zero_as_the_kernel() {
     assert_eq!(ours.len(), 4, "{text}");
     assert_eq!(ours[2], "id=0 neg=0 c={'\0','\0'} bf=0 v={0,0} n=(fault)");
     assert_eq!(ours[2], ours[3], "a NULL and a wild pointer read alike");
-    let data = std::fs::read(&exe).unwrap();
-    let file = object::File::parse(&*data).unwrap();
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    let take = file
-        .symbols()
-        .find(|s| s.name() == Ok("take"))
-        .unwrap()
-        .address();
-    let seg = file
-        .segments()
-        .find(|s| take >= s.address() && take < s.address() + s.size())
-        .unwrap();
-    let offset = take - seg.address() + seg.file_range().0;
+    let offset = file_offset_of(&exe, "take").unwrap();
     let probes = match KernelUprobes::with_args(&[(&exe, offset, args)]) {
         Ok(p) => p,
         Err(why) => {
