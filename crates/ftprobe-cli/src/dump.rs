@@ -37,6 +37,8 @@ pub struct DumpArgs {
     /// With --flame-graph: write an SVG flame graph instead of the folded stacks.
     #[arg(long, requires = "flame_graph")]
     svg: bool,
+    #[command(flatten)]
+    selection: crate::replay::Selection,
 }
 
 /// FILE, or standard output for `-`.
@@ -45,12 +47,12 @@ fn output(path: &PathBuf) -> Result<Box<dyn Write>> {
 }
 
 /// Chrome Trace Event JSON of the recording.
-fn chrome(rec: &Recording) -> Result<Value> {
+fn chrome(rec: &mut Recording) -> Result<Value> {
     let events = rec.events()?;
     let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
     let mut syms = rec.symbols();
     let pid = rec.info.end.pid;
-    let mono = crate::session::Source::clock(rec);
+    let mono = crate::session::Source::clock(&*rec);
     let us = |ns: u64| ns as f64 / 1000.0;
     let graph = rec.info.tracer == "function_graph";
     let mut out: Vec<Value> = Vec::new();
@@ -58,7 +60,7 @@ fn chrome(rec: &Recording) -> Result<Value> {
         "name": "process_name", "ph": "M", "pid": pid, "tid": pid,
         "args": { "name": rec.info.command.join(" ") },
     }));
-    for (i, ring) in rec.rings() {
+    for i in rec.ring_ids() {
         let (comm, tid) = rec.thread(i);
         out.push(json!({
             "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
@@ -79,9 +81,9 @@ fn chrome(rec: &Recording) -> Result<Value> {
                     e["args"] = json!({ "cut": true });
                 }
                 out.push(e);
-            });
+            })?;
         }
-        for (rt, aux, w) in ring.records() {
+        rec.for_each(i, &mut |rt, aux, w| {
             match rt {
                 rtype::FUNC if w.len() >= 3 && !graph => {
                     let mut parent = Vec::new();
@@ -97,7 +99,7 @@ fn chrome(rec: &Recording) -> Result<Value> {
                 }
                 rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
                     let id = (aux >> 12) as usize;
-                    let Some(def) = events.get(id) else { continue };
+                    let Some(def) = events.get(id) else { return };
                     let dec = decoders.get(id).and_then(Option::as_ref);
                     let args: serde_json::Map<String, Value> =
                         crate::output::kprobe_args(def, dec, w, &mut syms)
@@ -123,13 +125,13 @@ fn chrome(rec: &Recording) -> Result<Value> {
                 }
                 _ => {}
             }
-        }
+        })?;
     }
     Ok(json!({ "traceEvents": out, "displayTimeUnit": "ns" }))
 }
 
 /// Folded stacks of a function_graph recording: (stack, self ns), sorted by stack.
-fn folded(rec: &Recording) -> Result<Vec<(String, u64)>> {
+fn folded(rec: &mut Recording) -> Result<Vec<(String, u64)>> {
     if rec.info.tracer != "function_graph" {
         bail!(
             "a flame graph needs a function_graph recording (this one is {}): record with -t function_graph",
@@ -138,7 +140,7 @@ fn folded(rec: &Recording) -> Result<Vec<(String, u64)>> {
     }
     let mut syms = rec.symbols();
     let mut stacks: FxHashMap<String, u64> = FxHashMap::default();
-    let ids: Vec<u32> = rec.rings().map(|(i, _)| i).collect();
+    let ids: Vec<u32> = rec.ring_ids();
     for i in ids {
         rec.calls(i, |c, callers| {
             if c.self_ns == 0 {
@@ -151,7 +153,7 @@ fn folded(rec: &Recording) -> Result<Vec<(String, u64)>> {
             }
             s.push_str(&name_of(&mut syms, c.func));
             *stacks.entry(s).or_default() += c.self_ns;
-        });
+        })?;
     }
     let mut v: Vec<(String, u64)> = stacks.into_iter().collect();
     v.sort();
@@ -163,9 +165,9 @@ pub fn run(args: DumpArgs) -> Result<i32> {
     if args.chrome.is_none() && args.flame_graph.is_none() {
         bail!("nothing to dump: --chrome FILE and/or --flame-graph FILE");
     }
-    let rec = Recording::open(&args.data.dir)?;
+    let mut rec = Recording::open_filtered(&args.data.dir, args.selection.filters())?;
     if let Some(path) = &args.chrome {
-        let doc = chrome(&rec)?;
+        let doc = chrome(&mut rec)?;
         let mut o = output(path)?;
         serde_json::to_writer(&mut o, &doc)?;
         writeln!(o)?;
@@ -173,7 +175,7 @@ pub fn run(args: DumpArgs) -> Result<i32> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.flame_graph {
-        let stacks = folded(&rec)?;
+        let stacks = folded(&mut rec)?;
         let lines: Vec<String> = stacks.iter().map(|(s, n)| format!("{s} {n}")).collect();
         let mut o = output(path)?;
         if args.svg {

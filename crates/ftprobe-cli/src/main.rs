@@ -2,7 +2,9 @@
 //! replay the recording), or list the functions a binary has ftrace sites in.
 
 mod dump;
+mod filter;
 mod graph;
+mod merge;
 mod output;
 mod record;
 mod recording;

@@ -9,7 +9,9 @@
 //! with its time to the cut and is marked `cut`. A call's self time is its duration less its
 //! children's.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use ftprobe::events::ProbeDef;
@@ -17,105 +19,123 @@ use ftprobe::ring::Clock;
 use ftprobe::trace::rtype;
 use ftprobe::trace_kprobe;
 
+use crate::filter::{Ctx as FilterCx, Filters, Names, ThreadFilter};
 use crate::graph::Exit;
 use crate::record::{Info, FORMAT};
 use crate::session::Source;
 use crate::symbols::Symbols;
 
+/// The data directory `ftprobe record` writes when no `-d` is given, and the readers read
+/// when none is given: the last recording made there.
+pub const DEFAULT_DIR: &str = "ftprobe.data";
+
 /// The `-d DIR` (or `-i DIR`) of the commands that read a recording.
 #[derive(clap::Args)]
 pub struct DataDir {
-    /// The recording's data directory (`-i DIR` too).
+    /// The recording's data directory (`-i DIR` too). Default: the last recording `ftprobe
+    /// record` made without `-d` (`ftprobe.data`).
     #[arg(
         short = 'd',
         short_alias = 'i',
         long = "data",
         value_name = "DIR",
-        default_value = "ftprobe.data"
+        default_value = DEFAULT_DIR
     )]
     pub dir: PathBuf,
 }
 
-/// Records per ring that bound a poll's time window (replay).
-const CHUNK: usize = 1 << 16;
+/// Records a drain of a recording hands out per ring at most (the merge's chunk).
+pub const CHUNK: usize = 1 << 12;
 
-/// A record of a ring file: rtype, aux, its payload in the ring's `words`.
-struct Rec {
-    rtype: u16,
-    aux: u32,
-    start: usize,
-    len: usize,
-}
-
-pub struct Ring {
+/// A ring file, read one record at a time through a buffer.
+pub struct RingFile {
+    r: BufReader<File>,
+    /// The current record's payload.
     words: Vec<u64>,
-    recs: Vec<Rec>,
-    /// The next record to hand out.
-    cursor: usize,
+    /// Words read so far (for errors).
+    at: u64,
 }
 
-impl Ring {
-    /// The timestamp of record `k`, for the records that have one (first payload word).
-    fn ts(&self, k: usize) -> Option<u64> {
-        let r = &self.recs[k];
-        matches!(
-            r.rtype,
-            rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
-        )
-        .then(|| self.words.get(r.start).copied())
-        .flatten()
-        .filter(|_| r.len > 0)
+impl RingFile {
+    fn open(path: &Path) -> std::io::Result<RingFile> {
+        Ok(RingFile {
+            r: BufReader::with_capacity(64 << 10, File::open(path)?),
+            words: Vec::new(),
+            at: 0,
+        })
     }
-}
 
-/// Parse a ring file.
-fn load_ring(data: &[u8]) -> Result<Ring> {
-    if data.len() % 8 != 0 {
-        bail!("{} bytes: not whole words", data.len());
-    }
-    let words: Vec<u64> = data
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect();
-    let mut recs = Vec::new();
-    let mut at = 0;
-    while at < words.len() {
-        let h = words[at];
-        let len = ((h >> 16) & 0xffff) as usize;
-        if at + 1 + len > words.len() {
-            bail!("a record at word {at} runs past the end");
+    /// The next record (rtype, aux; its payload in `self.words`), `None` at the end.
+    fn next(&mut self) -> Result<Option<(u16, u32)>> {
+        let mut b = [0u8; 8];
+        match self.r.read_exact(&mut b) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e.into()),
         }
-        recs.push(Rec {
-            rtype: (h & 0xffff) as u16,
-            aux: (h >> 32) as u32,
-            start: at + 1,
-            len,
-        });
-        at += 1 + len;
+        let h = u64::from_le_bytes(b);
+        let len = ((h >> 16) & 0xffff) as usize;
+        self.words.clear();
+        for _ in 0..len {
+            self.r.read_exact(&mut b).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    anyhow::anyhow!("a record at word {} runs past the end", self.at)
+                } else {
+                    e.into()
+                }
+            })?;
+            self.words.push(u64::from_le_bytes(b));
+        }
+        self.at += 1 + len as u64;
+        Ok(Some(((h & 0xffff) as u16, (h >> 32) as u32)))
     }
-    Ok(Ring {
-        words,
-        recs,
-        cursor: 0,
-    })
 }
 
-/// A recording, as a [`Source`].
+/// A ring of a recording being read.
+struct Cursor {
+    file: Option<RingFile>,
+    path: PathBuf,
+    filter: ThreadFilter,
+    done: bool,
+}
+
+/// A recording, as a [`Source`] that hands out each ring's records in chunks, through the
+/// filters: a reader holds O(rings x chunk) records, never the whole recording.
 pub struct Recording {
     pub info: Info,
-    /// By ring index (`None`: no file).
-    rings: Vec<Option<Ring>>,
+    dir: PathBuf,
+    /// By ring index (`None`: not read, or no such ring).
+    cursors: Vec<Option<Cursor>>,
     /// The objects table, the paths those of the copies.
     objects: Vec<(u64, Vec<u8>)>,
-    /// The current window's end: records with a timestamp up to it are handed out.
-    until: u64,
+    pub filters: Filters,
+    names: Names,
+    /// The time range, CLOCK_MONOTONIC ns.
+    range: (u64, u64),
+    /// The recording's first timestamp, CLOCK_MONOTONIC ns.
+    pub start_ns: u64,
+    /// The first read error.
+    error: Option<anyhow::Error>,
 }
 
 impl Recording {
-    pub fn open(dir: &std::path::Path) -> Result<Recording> {
+    /// Open the recording at `dir`, to be read through `filters`.
+    pub fn open_filtered(dir: &Path, filters: Filters) -> Result<Recording> {
         let path = dir.join("info.json");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {} (not a recording?)", path.display()))?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => {
+                bail!(
+                    "no recording at {}: run `ftprobe record -- CMD` first (it writes \
+                     {DEFAULT_DIR} by default), or name one with -i DIR",
+                    dir.display()
+                )
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("reading {} (not a recording?)", path.display()))
+            }
+        };
         let info: Info =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         if info.format != FORMAT {
@@ -124,24 +144,6 @@ impl Recording {
                 path.display(),
                 info.format
             );
-        }
-        let n = info.claimed.min(info.nr_rings) as usize;
-        let mut rings = Vec::with_capacity(n);
-        for i in 0..n {
-            let Some(r) = info.rings.iter().find(|r| r.index as usize == i) else {
-                rings.push(None);
-                continue;
-            };
-            let file = dir.join(&r.file);
-            let ring = match std::fs::read(&file) {
-                Ok(data) => load_ring(&data).with_context(|| format!("{}", file.display()))?,
-                // A ring with no record has no file.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && r.records == 0 => {
-                    load_ring(&[])?
-                }
-                Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
-            };
-            rings.push(Some(ring));
         }
         let objects = info
             .objects
@@ -155,25 +157,154 @@ impl Recording {
                 (o.bias, p.into_os_string().into_encoded_bytes())
             })
             .collect();
-        Ok(Recording {
+        let mut rec = Recording {
             info,
-            rings,
+            dir: dir.to_owned(),
+            cursors: Vec::new(),
             objects,
-            until: 0,
-        })
+            filters,
+            names: Names::new(None),
+            range: (0, u64::MAX),
+            start_ns: 0,
+            error: None,
+        };
+        rec.start_ns = rec.first_ns()?;
+        rec.range = rec.filters.range_ns(rec.start_ns);
+        if !rec.filters.filter.is_empty() || !rec.filters.notrace.is_empty() {
+            rec.names = Names::new(Some(rec.symbols()));
+        }
+        rec.rewind();
+        Ok(rec)
     }
 
-    /// Set the next window; `true` when it is the last (it takes everything left).
-    pub fn next_window(&mut self) -> bool {
-        let mut until = u64::MAX;
-        for r in self.rings.iter().flatten() {
-            let k = r.cursor + CHUNK;
-            if let Some(ts) = (k..r.recs.len()).find_map(|k| r.ts(k)) {
-                until = until.min(ts);
+    /// The rings read (claimed, with an entry in `info.json`, of a selected thread).
+    fn ring_paths(&self) -> Vec<(u32, PathBuf, u64)> {
+        let n = self.info.claimed.min(self.info.nr_rings);
+        self.info
+            .rings
+            .iter()
+            .filter(|r| r.index < n && self.filters.thread(r.tid))
+            .map(|r| (r.index, self.dir.join(&r.file), r.records))
+            .collect()
+    }
+
+    /// The first timestamp of the recording (CLOCK_MONOTONIC ns; 0 when there is none).
+    fn first_ns(&self) -> Result<u64> {
+        let clock = self.clock();
+        let mut first = u64::MAX;
+        for (_, path, _) in self.ring_paths() {
+            let Ok(mut f) = RingFile::open(&path) else {
+                continue;
+            };
+            while let Some((rt, _)) = f.next().with_context(|| format!("{}", path.display()))? {
+                if crate::merge::timed(rt) && !f.words.is_empty() {
+                    first = first.min(clock.tsc_to_mono_ns(f.words[0]));
+                    break;
+                }
             }
         }
-        self.until = until;
-        until == u64::MAX
+        Ok(if first == u64::MAX { 0 } else { first })
+    }
+
+    /// Start reading every ring from its beginning.
+    pub fn rewind(&mut self) {
+        let n = self.info.claimed.min(self.info.nr_rings) as usize;
+        let mut cursors: Vec<Option<Cursor>> = (0..n).map(|_| None).collect();
+        for (i, path, _) in self.ring_paths() {
+            cursors[i as usize] = Some(Cursor {
+                file: None,
+                path,
+                filter: ThreadFilter::default(),
+                done: false,
+            });
+        }
+        self.cursors = cursors;
+    }
+
+    /// Hand ring `i`'s next records, filtered, to `f`: up to `max` of them (then `true`),
+    /// or all that are left (then `false`: the ring is done).
+    fn read(&mut self, i: u32, max: usize, f: &mut dyn FnMut(u16, u32, &[u64])) -> bool {
+        let clock = self.clock();
+        let graph = self.info.tracer == "function_graph";
+        let Some(Some(c)) = self.cursors.get_mut(i as usize) else {
+            return false;
+        };
+        if c.done {
+            return false;
+        }
+        if c.file.is_none() {
+            match RingFile::open(&c.path) {
+                Ok(file) => c.file = Some(file),
+                // A ring with no record has no file.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    c.done = true;
+                    return false;
+                }
+                Err(e) => {
+                    self.error.get_or_insert(
+                        anyhow::Error::from(e).context(format!("reading {}", c.path.display())),
+                    );
+                    c.done = true;
+                    return false;
+                }
+            }
+        }
+        let file = c.file.as_mut().expect("opened");
+        let names = &mut self.names;
+        let n = std::cell::Cell::new(0usize);
+        let mut out = |rt: u16, aux: u32, w: &[u64]| {
+            n.set(n.get() + 1);
+            f(rt, aux, w);
+        };
+        loop {
+            let rec = match file.next() {
+                Ok(r) => r,
+                Err(e) => {
+                    self.error
+                        .get_or_insert(e.context(format!("{}", c.path.display())));
+                    None
+                }
+            };
+            let Some((rt, aux)) = rec else {
+                c.filter.finish(&mut out);
+                c.done = true;
+                c.file = None;
+                return false;
+            };
+            let mut cx = FilterCx {
+                filters: &self.filters,
+                names,
+                clock: &clock,
+                graph,
+                range: self.range,
+            };
+            c.filter.push(&mut cx, rt, aux, &file.words, &mut out);
+            if n.get() >= max {
+                return true;
+            }
+        }
+    }
+
+    /// The first error reading the files, if any.
+    pub fn take_error(&mut self) -> Option<anyhow::Error> {
+        self.error.take()
+    }
+
+    /// Ring `i`'s records in order, filtered (threads, time range): `f(rtype, aux, payload)`.
+    pub fn for_each(&mut self, i: u32, f: &mut dyn FnMut(u16, u32, &[u64])) -> Result<()> {
+        if let Some(Some(c)) = self.cursors.get_mut(i as usize) {
+            *c = Cursor {
+                file: None,
+                path: c.path.clone(),
+                filter: ThreadFilter::default(),
+                done: false,
+            };
+        }
+        while self.read(i, usize::MAX, f) {}
+        match self.take_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
@@ -191,19 +322,19 @@ impl Source for Recording {
         self.info.claimed
     }
     fn drain(&mut self, i: u32, mut f: impl FnMut(u16, u32, &[u64])) -> bool {
-        let until = self.until;
-        let Some(Some(r)) = self.rings.get_mut(i as usize) else {
+        if !matches!(self.cursors.get(i as usize), Some(Some(_))) {
             return false;
-        };
-        while r.cursor < r.recs.len() {
-            if r.ts(r.cursor).is_some_and(|ts| ts > until) {
-                break;
-            }
-            let rec = &r.recs[r.cursor];
-            f(rec.rtype, rec.aux, &r.words[rec.start..rec.start + rec.len]);
-            r.cursor += 1;
         }
+        self.read(i, CHUNK, &mut f);
         true
+    }
+    fn chunked(&self) -> bool {
+        true
+    }
+    fn done(&self, i: u32) -> bool {
+        self.cursors
+            .get(i as usize)
+            .is_none_or(|c| c.as_ref().is_none_or(|c| c.done))
     }
     fn task(&self, i: u32) -> Option<(Vec<u8>, u32)> {
         let r = self.info.rings.iter().find(|r| r.index == i)?;
@@ -243,15 +374,6 @@ impl Source for Recording {
     }
 }
 
-impl Ring {
-    /// Its records in order: (rtype, aux, payload words).
-    pub fn records(&self) -> impl Iterator<Item = (u16, u32, &[u64])> {
-        self.recs
-            .iter()
-            .map(|r| (r.rtype, r.aux, &self.words[r.start..r.start + r.len]))
-    }
-}
-
 /// A call rebuilt from function_graph records.
 #[derive(Clone, Copy, Debug)]
 pub struct Call {
@@ -273,12 +395,13 @@ struct Frame {
 }
 
 impl Recording {
-    /// The rings, by index, that have records.
-    pub fn rings(&self) -> impl Iterator<Item = (u32, &Ring)> {
-        self.rings
+    /// The rings read, by index (of the threads selected).
+    pub fn ring_ids(&self) -> Vec<u32> {
+        self.cursors
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| Some((i as u32, r.as_ref()?)))
+            .filter_map(|(i, c)| c.as_ref().map(|_| i as u32))
+            .collect()
     }
 
     /// The kprobe events' definitions, by id.
@@ -307,10 +430,7 @@ impl Recording {
 
     /// The calls of ring `i`'s thread, in the order they end: `f(call, callers)`, the callers
     /// outermost first.
-    pub fn calls(&self, i: u32, mut f: impl FnMut(&Call, &[u64])) {
-        let Some(Some(ring)) = self.rings.get(i as usize) else {
-            return;
-        };
+    pub fn calls(&mut self, i: u32, mut f: impl FnMut(&Call, &[u64])) -> Result<()> {
         let clock = self.clock();
         let mut stack: Vec<Frame> = Vec::new();
         let mut funcs: Vec<u64> = Vec::new();
@@ -340,7 +460,7 @@ impl Recording {
                 f(&call, funcs);
             }
         }
-        for (rt, aux, w) in ring.records() {
+        self.for_each(i, &mut |rt, aux, w| {
             match rt {
                 rtype::FGRAPH_ENT if w.len() >= 2 => {
                     let ns = clock.tsc_to_mono_ns(w[0]);
@@ -385,7 +505,8 @@ impl Recording {
                 }
                 _ => {}
             }
-        }
+        })?;
         close(&mut stack, &mut funcs, 0, last_ns, &mut f);
+        Ok(())
     }
 }

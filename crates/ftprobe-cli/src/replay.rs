@@ -1,18 +1,44 @@
 //! `ftprobe replay`: print a recording ([`crate::record`]) as `ftprobe trace` printed it live,
-//! through the same [`Printer`]: the recording is a [`Source`] like the live rings.
+//! through the same [`Printer`]: the recording is a [`Source`](crate::session::Source) like
+//! the live rings.
 //!
-//! The records are handed to the printer in windows of time: each poll takes, from every ring,
-//! the records up to the timestamp that bounds the next `CHUNK` records of some ring, so
-//! the threads are merged by timestamp across the whole recording and a poll stays bounded.
+//! Each ring file is read in chunks ([`crate::recording::CHUNK`] records) through the
+//! filters ([`crate::filter`]), and the printer merges the rings by timestamp (a k-way merge,
+//! [`crate::merge`]): memory is O(rings x chunk), whatever the recording's size.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use ftprobe::ftrace::glob::FilterEntry;
 
+use crate::filter::{parse_duration, parse_glob, parse_tids, Filters, TimeRange};
 use crate::recording::{DataDir, Recording};
-use crate::session::{self, Sink};
+use crate::session::{self, Sink, Source};
 use crate::trace::{open_output, Printer};
+
+/// `--tid` and `--time-range`, shared by the readers of a recording.
+#[derive(Args, Clone)]
+pub struct Selection {
+    /// Only these threads (`--tid 1234,1240`). Repeatable.
+    #[arg(long = "tid", value_name = "TID[,TID]", value_parser = parse_tids)]
+    pub tid: Vec<Vec<u32>>,
+    /// Only records in this time range, `START~END` as uftrace takes it: timestamps as
+    /// printed (`11439.845101~11439.9`), or times with a unit (`ns`, `us`, `ms`, `s`) after
+    /// the recording's first record (`10ms~25ms`); either side may be empty.
+    #[arg(long = "time-range", value_name = "START~END", value_parser = clap::value_parser!(TimeRange))]
+    pub time_range: Option<TimeRange>,
+}
+
+impl Selection {
+    pub fn filters(&self) -> Filters {
+        Filters {
+            tids: self.tid.iter().flatten().copied().collect(),
+            range: self.time_range,
+            ..Filters::default()
+        }
+    }
+}
 
 /// Arguments of `ftprobe replay`.
 #[derive(Args)]
@@ -26,12 +52,42 @@ pub struct ReplayArgs {
     /// Write the trace to FILE instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Only functions matching GLOB (`set_ftrace_filter` syntax); in a function_graph
+    /// recording, the matching functions and everything they call (as `set_graph_function`),
+    /// the graph starting at them. Repeatable.
+    #[arg(short = 'F', long = "filter", value_name = "GLOB", value_parser = parse_glob)]
+    filter: Vec<FilterEntry>,
+    /// Hide functions matching GLOB; in a function_graph recording, with everything they
+    /// call. Repeatable.
+    #[arg(short = 'N', long = "notrace", value_name = "GLOB", value_parser = parse_glob)]
+    notrace: Vec<FilterEntry>,
+    /// function_graph: only calls down to depth N (after -F: below the matching call; 1:
+    /// only the outermost calls).
+    #[arg(long = "max-depth", value_name = "N", default_value_t = 0)]
+    max_depth: u32,
+    /// function_graph: hide calls shorter than DUR (`10us`, `1.5ms`, `2s`; uftrace's `-t`).
+    #[arg(long = "min-duration", value_name = "DUR", value_parser = parse_duration)]
+    min_duration: Option<u64>,
+    #[command(flatten)]
+    selection: Selection,
 }
 
 /// Print the recording; returns the exit code (1 when the output could not be written).
 pub fn run(args: ReplayArgs) -> Result<i32> {
-    let mut rec = Recording::open(&args.data.dir)?;
+    let filters = Filters {
+        filter: args.filter.clone(),
+        notrace: args.notrace.clone(),
+        max_depth: args.max_depth,
+        min_duration_ns: args.min_duration.unwrap_or(0),
+        ..args.selection.filters()
+    };
+    let mut rec = Recording::open_filtered(&args.data.dir, filters)?;
     let tracer = session::tracer_name(&rec.info.tracer)?;
+    if tracer != "function_graph" && (args.max_depth > 0 || args.min_duration.is_some()) {
+        bail!(
+            "--max-depth and --min-duration are for function_graph recordings (this one is {tracer})"
+        );
+    }
     let events = rec.events()?;
     let mut graph_opts = crate::graph::Options::default();
     for o in rec.info.options.iter().chain(&args.options) {
@@ -47,14 +103,18 @@ pub fn run(args: ReplayArgs) -> Result<i32> {
         (tracer == "function_graph").then_some((graph_opts, ncpus)),
     );
     if rec.info.armed {
+        let n = rec.claimed().min(rec.nr_rings());
         loop {
-            let last = rec.next_window();
+            let last = (0..n).all(|i| rec.done(i));
             printer.poll(&mut rec, last);
             printer.flush();
             if last {
                 break;
             }
         }
+    }
+    if let Some(e) = rec.take_error() {
+        return Err(e);
     }
     let end = rec.info.end.clone();
     printer.finish(&mut rec, &end)?;

@@ -35,6 +35,8 @@ pub struct ReportArgs {
     /// Write the report to FILE instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    #[command(flatten)]
+    selection: crate::replay::Selection,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -234,13 +236,14 @@ fn number(text: &str) -> Option<i128> {
 
 /// Print the report; returns the exit code.
 pub fn run(args: ReportArgs) -> Result<i32> {
-    let rec = Recording::open(&args.data.dir)?;
+    let mut rec = Recording::open_filtered(&args.data.dir, args.selection.filters())?;
     let events = rec.events()?;
     let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
     let mut syms = rec.symbols();
     let mut out = open_output(args.output.as_ref())?;
     let o: &mut dyn Write = &mut out;
-    let tracer = rec.info.tracer.as_str();
+    let tracer = rec.info.tracer.clone();
+    let tracer = tracer.as_str();
     if let Some(arg) = &args.hist {
         if !events.iter().any(|d| d.args.iter().any(|a| &a.name == arg)) {
             bail!("no recorded kprobe event has a fetch arg named {arg:?}");
@@ -261,7 +264,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     // event id, the hist values per event id.
     type Group = (String, FxHashMap<String, Stat>, Vec<u64>, Vec<Vec<i128>>);
     let mut groups: Vec<Group> = Vec::new();
-    let ring_ids: Vec<u32> = rec.rings().map(|(i, _)| i).collect();
+    let ring_ids: Vec<u32> = rec.ring_ids();
     for &i in &ring_ids {
         if groups.is_empty() || args.task {
             let (comm, tid) = rec.thread(i);
@@ -281,33 +284,30 @@ pub fn run(args: ReportArgs) -> Result<i32> {
                     .entry(name)
                     .or_default()
                     .add(c.dur_ns, c.self_ns, c.cut, nested);
-            });
+            })?;
         }
-        let ring = rec.rings().find(|r| r.0 == i).expect("listed").1;
-        for (rt, aux, w) in ring.records() {
-            match rt {
-                rtype::FUNC if w.len() >= 2 && tracer == "function" => {
-                    let name = name_of(&mut syms, w[1]);
-                    stats.entry(name).or_default().add(0, 0, false, false);
-                }
-                rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
-                    let id = (aux >> 12) as usize;
-                    let Some(def) = events.get(id) else { continue };
-                    hits[id] += 1;
-                    if let Some(arg) = &args.hist {
-                        let dec = decoders.get(id).and_then(Option::as_ref);
-                        let v = crate::output::kprobe_args(def, dec, w, &mut syms)
-                            .into_iter()
-                            .find(|(n, _)| n == arg)
-                            .and_then(|(_, t)| number(&t));
-                        if let Some(v) = v {
-                            values[id].push(v);
-                        }
+        rec.for_each(i, &mut |rt, aux, w| match rt {
+            rtype::FUNC if w.len() >= 2 && tracer == "function" => {
+                let name = name_of(&mut syms, w[1]);
+                stats.entry(name).or_default().add(0, 0, false, false);
+            }
+            rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
+                let id = (aux >> 12) as usize;
+                let Some(def) = events.get(id) else { return };
+                hits[id] += 1;
+                if let Some(arg) = &args.hist {
+                    let dec = decoders.get(id).and_then(Option::as_ref);
+                    let v = crate::output::kprobe_args(def, dec, w, &mut syms)
+                        .into_iter()
+                        .find(|(n, _)| n == arg)
+                        .and_then(|(_, t)| number(&t));
+                    if let Some(v) = v {
+                        values[id].push(v);
                     }
                 }
-                _ => {}
             }
-        }
+            _ => {}
+        })?;
     }
     let dir = args.data.dir.display();
     writeln!(o, "# ftprobe report of {dir} ({tracer})")?;

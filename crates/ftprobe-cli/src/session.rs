@@ -364,6 +364,15 @@ pub trait Source {
     /// Called every so many records while a sink formats: keeps the live rings' pages
     /// faulted in ahead of their producers.
     fn prefault(&mut self) {}
+    /// A drain hands out a bounded chunk of the ring's records (a recording), not all that
+    /// it holds (the live rings): a reader drains a ring when it needs more of it.
+    fn chunked(&self) -> bool {
+        false
+    }
+    /// Ring `i` will hand out no more records (a recording's ring read to its end).
+    fn done(&self, _i: u32) -> bool {
+        false
+    }
 }
 
 /// The live shared rings.

@@ -13,6 +13,7 @@ use ftprobe::ring::Clock;
 use ftprobe::trace::rtype;
 use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
 
+use crate::merge::Merge;
 use crate::output;
 use crate::session::{self, End, SessionArgs, Sink, Source, PREFAULT_EVERY};
 use crate::symbols::Symbols;
@@ -56,15 +57,33 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     session::run(plan, &mut printer)
 }
 
-/// One record of a poll, its words in `Printer::arena`.
-struct Event {
-    ts: u64,
-    ring: u32,
-    aux: u32,
-    rtype: u16,
-    /// `arena[start..start + len]`: the record's payload (timestamp first).
-    start: usize,
-    len: usize,
+/// A change of a ring's owner, in the ring's merge queue (not a ring record type): words
+/// tid, then the comm's bytes in two words. The printer names a record's thread after the
+/// owner change before it in its ring, so a ring may pass from thread to thread.
+const OWNER: u16 = 0xfff0;
+/// An exec note of the agent's (TEXT_EXEC or TEXT_EXEC_FAILED, in aux), in the ring's merge
+/// queue where it happened: words the line's bytes.
+const NOTE: u16 = 0xfff1;
+
+/// The live trace prints a record once every ring has shown a timestamp at or past it (or
+/// will bring nothing more), or once it is this old: threads are merged strictly by
+/// timestamp, as the kernel's `trace` file is, at the cost of this delay at most.
+pub const MERGE_DELAY_NS: u64 = 100_000_000;
+
+/// Records the merge holds at most (all rings together, ~10 MiB): beyond it, the oldest held
+/// records are printed in order until half of it is left, whatever the rings still hold
+/// (order across threads may then slip; nothing is lost).
+pub const MAX_HELD: usize = 1 << 18;
+
+/// Text written to the output once it reaches this size (not a whole poll's text at once).
+const WRITE_EVERY: usize = 1 << 16;
+
+/// The thread a ring's records are printed as.
+struct Owner {
+    comm: Vec<u8>,
+    tid: u32,
+    /// `TASK-PID ` of the function layout.
+    prefix: Vec<u8>,
 }
 
 pub struct Printer {
@@ -77,12 +96,15 @@ pub struct Printer {
     events: Vec<ProbeDef>,
     /// Per event, its record layout (worked out once, not per record).
     decoders: Vec<Option<RecordDecoder>>,
-    batch: Vec<Event>,
-    /// Payload words of the records in `batch`, reused from poll to poll.
-    arena: Vec<u64>,
-    /// `TASK-PID ` per ring (a thread's comm and tid are fixed when it claims its ring).
-    tasks: Vec<Option<Vec<u8>>>,
-    /// The text of a poll, reused.
+    /// The rings' records not printed yet, merged by timestamp.
+    merge: Merge,
+    /// Per ring, the owner its printed records belong to.
+    owners: Vec<Option<Owner>>,
+    /// Per ring, the owner last put in its queue.
+    queued_owner: Vec<Option<(Vec<u8>, u32)>>,
+    /// Rings claimed at the last poll.
+    claimed: u32,
+    /// Text not written yet.
     lines: Vec<u8>,
     /// Records seen per event id.
     seen: Vec<u64>,
@@ -99,14 +121,11 @@ pub struct Printer {
     started: bool,
     /// The function_graph tracer's layout and state, when it is the tracer.
     graph: Option<crate::graph::Graph>,
-    /// function_graph: per ring, an entry that was the ring's last record at the end of a
-    /// poll (rtype, aux, words), kept for the next poll, where the thread's next record
-    /// tells whether it is a leaf.
-    carry: Vec<Option<(u16, u32, Vec<u64>)>>,
     /// The last poll: nothing is kept for later.
     final_poll: bool,
-    /// comm and tid per ring.
-    task_ids: Vec<Option<(Vec<u8>, u32)>>,
+    /// The source is a recording: every record is there to be read, none is held back for
+    /// its age.
+    recorded: bool,
 }
 
 impl Printer {
@@ -125,9 +144,10 @@ impl Printer {
             objects: Vec::new(),
             decoders: events.iter().map(RecordDecoder::new).collect(),
             events,
-            batch: Vec::new(),
-            arena: Vec::new(),
-            tasks: Vec::new(),
+            merge: Merge::default(),
+            owners: Vec::new(),
+            queued_owner: Vec::new(),
+            claimed: 0,
             lines: Vec::new(),
             seen: Vec::new(),
             printed: 0,
@@ -136,9 +156,8 @@ impl Printer {
             tracer,
             started: false,
             graph: graph.map(|(opts, ncpus)| crate::graph::Graph::new(opts, ncpus)),
-            carry: Vec::new(),
             final_poll: false,
-            task_ids: Vec::new(),
+            recorded: false,
         }
     }
 
@@ -160,7 +179,7 @@ impl Printer {
         self.write(|o| o.flush());
     }
 
-    /// Drain every ring, merge the records by timestamp, print them.
+    /// Drain the rings into the merge, print what may be printed.
     fn poll_source<S: Source>(&mut self, rings: &mut S) {
         if !self.started {
             if !rings.armed() {
@@ -180,42 +199,47 @@ impl Printer {
                 self.write(|o| output::header(o, tracer));
             }
         }
-        self.batch.clear();
-        self.arena.clear();
-        // (pid, line) of the execs noted in this poll.
-        let mut exec_notes: Vec<(u32, String)> = Vec::new();
-        for i in 0..rings.claimed().min(rings.nr_rings()) {
-            let batch = &mut self.batch;
-            let arena = &mut self.arena;
+        if self.symbols.is_none() {
+            // Before draining: a drain may have to print (the merge's bound).
+            self.objects = rings.objects();
+            self.symbols = Some(Symbols::new(&self.objects));
+        }
+        let n = rings.claimed().min(rings.nr_rings());
+        self.claimed = rings.claimed();
+        let chunked = rings.chunked();
+        self.recorded = chunked;
+        for i in 0..n {
+            let q = self.merge.queue(i);
+            if q.done || (chunked && q.len() >= crate::recording::CHUNK / 2) {
+                continue;
+            }
+            if let Some(task) = rings.task(i).filter(|t| t.1 != 0) {
+                let r = i as usize;
+                if self.queued_owner.len() <= r {
+                    self.queued_owner.resize(r + 1, None);
+                }
+                if self.queued_owner[r].as_ref() != Some(&task) {
+                    let mut comm = [0u8; 16];
+                    let len = task.0.len().min(16);
+                    comm[..len].copy_from_slice(&task.0[..len]);
+                    let w = [
+                        u64::from(task.1),
+                        u64::from_le_bytes(comm[..8].try_into().expect("8")),
+                        u64::from_le_bytes(comm[8..].try_into().expect("8")),
+                    ];
+                    self.merge.push(i, OWNER, 0, &w);
+                    self.queued_owner[r] = Some(task);
+                }
+            }
             let mut texts = Vec::new();
-            let first = batch.len();
-            if self.carry.len() <= i as usize {
-                self.carry.resize(i as usize + 1, None);
-            }
-            if let Some((rtype, aux, w)) = self.carry[i as usize].take() {
-                batch.push(Event {
-                    ts: w[0],
-                    ring: i,
-                    aux,
-                    rtype,
-                    start: arena.len(),
-                    len: w.len(),
-                });
-                arena.extend_from_slice(&w);
-            }
-            let readable = rings.drain(i, |rtype, aux, w| match rtype {
+            let readable = rings.drain(i, |rt, aux, w| match rt {
                 rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
                     if !w.is_empty() =>
                 {
-                    batch.push(Event {
-                        ts: w[0],
-                        ring: i,
-                        aux,
-                        rtype,
-                        start: arena.len(),
-                        len: w.len(),
-                    });
-                    arena.extend_from_slice(w);
+                    self.merge.push(i, rt, aux, w);
+                    if self.merge.held > MAX_HELD {
+                        self.emit(&mut || {}, MAX_HELD / 2);
+                    }
                 }
                 rtype::TEXT => texts.push((
                     aux,
@@ -226,118 +250,215 @@ impl Printer {
                 )),
                 _ => {}
             });
+            if chunked && rings.done(i) {
+                self.merge.queue(i).done = true;
+            }
             if !readable {
                 continue;
             }
-            // function_graph: an entry that is the thread's last record so far waits for the
-            // next poll (its return, if it is a leaf, is not written yet).
-            if self.graph.is_some()
-                && !self.final_poll
-                && batch.len() > first
-                && batch.last().is_some_and(|e| e.rtype == rtype::FGRAPH_ENT)
-            {
-                let e = batch.pop().expect("checked");
-                let w = arena[e.start..e.start + e.len].to_vec();
-                arena.truncate(e.start);
-                self.carry[i as usize] = Some((e.rtype, e.aux, w));
-            }
-            for (kind, t) in texts {
-                let text = String::from_utf8_lossy(&t).into_owned();
-                match kind {
-                    TEXT_KPROBES_LIST => self.write(|o| {
-                        writeln!(o, "# kprobes/list:")?;
-                        text.lines().try_for_each(|l| writeln!(o, "#   {l}"))
-                    }),
-                    TEXT_EXEC | TEXT_EXEC_FAILED => {
-                        let (pid, rest) = text.split_once('\t').unwrap_or((&text, ""));
-                        let pid: u32 = pid.parse().unwrap_or(0);
-                        if kind == TEXT_EXEC {
-                            self.execs.push((pid, rest.to_owned()));
-                            exec_notes.push((
-                                pid,
-                                format!("# pid {pid} exec'd {rest}: not traced after exec\n"),
-                            ));
-                        } else if let Some(at) = self.execs.iter().rposition(|e| e.0 == pid) {
-                            let (_, path) = self.execs.remove(at);
-                            // Its "exec'd" line, if not printed yet, is replaced by this one.
-                            if let Some(n) = exec_notes.iter().rposition(|n| n.0 == pid) {
-                                exec_notes.remove(n);
-                            }
-                            let err = std::io::Error::from_raw_os_error(rest.parse().unwrap_or(0))
-                                .to_string();
-                            let err = err.split(" (os error").next().unwrap_or_default();
-                            exec_notes.push((
-                                pid,
-                                format!(
-                                    "# pid {pid}: exec of {path} failed ({err}); still traced\n"
-                                ),
-                            ));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        // After this poll's events: an exec is the last thing its process did.
-        let exec_notes = std::mem::take(&mut exec_notes);
-        if self.batch.is_empty() {
-            for (_, n) in &exec_notes {
-                self.write(|o| o.write_all(n.as_bytes()));
-            }
-            return;
+            self.texts(i, texts);
         }
         let objects = rings.objects();
-        if self.symbols.is_none() || objects != self.objects {
+        if objects != self.objects {
             self.symbols = Some(Symbols::new(&objects));
             self.objects = objects;
         }
-        // Each ring is in time order already; with one thread (or threads that never
-        // overlapped in this poll) there is nothing to merge. The sort is stable: records of
-        // one ring with equal timestamps keep their order.
-        if !self.batch.windows(2).all(|p| p[0].ts <= p[1].ts) {
-            self.batch.sort_by_key(|e| e.ts);
+        if self.final_poll {
+            for q in &mut self.merge.queues {
+                q.done = true;
+            }
         }
-        let nr_rings = rings.nr_rings() as usize;
-        if self.tasks.len() < nr_rings {
-            self.tasks.resize(nr_rings, None);
+        self.emit(&mut || rings.prefault(), usize::MAX);
+    }
+
+    /// The agent's TEXT records of ring `i`: the armed-probes listing is printed at once,
+    /// the exec notes go in the ring's queue, after its records.
+    fn texts(&mut self, i: u32, texts: Vec<(u32, Vec<u8>)>) {
+        // (pid, kind, line) of the execs noted in this drain.
+        let mut notes: Vec<(u32, u32, String)> = Vec::new();
+        for (kind, t) in texts {
+            let text = String::from_utf8_lossy(&t).into_owned();
+            match kind {
+                TEXT_KPROBES_LIST => self.write(|o| {
+                    writeln!(o, "# kprobes/list:")?;
+                    text.lines().try_for_each(|l| writeln!(o, "#   {l}"))
+                }),
+                TEXT_EXEC | TEXT_EXEC_FAILED => {
+                    let (pid, rest) = text.split_once('\t').unwrap_or((&text, ""));
+                    let pid: u32 = pid.parse().unwrap_or(0);
+                    if kind == TEXT_EXEC {
+                        self.execs.push((pid, rest.to_owned()));
+                        notes.push((
+                            pid,
+                            kind,
+                            format!("# pid {pid} exec'd {rest}: not traced after exec\n"),
+                        ));
+                    } else if let Some(at) = self.execs.iter().rposition(|e| e.0 == pid) {
+                        let (_, path) = self.execs.remove(at);
+                        // Its "exec'd" line, if not printed yet, is replaced by this one.
+                        if let Some(n) = notes.iter().rposition(|n| n.0 == pid) {
+                            notes.remove(n);
+                        }
+                        let err = std::io::Error::from_raw_os_error(rest.parse().unwrap_or(0))
+                            .to_string();
+                        let err = err.split(" (os error").next().unwrap_or_default();
+                        notes.push((
+                            pid,
+                            kind,
+                            format!("# pid {pid}: exec of {path} failed ({err}); still traced\n"),
+                        ));
+                    }
+                }
+                _ => {}
+            }
         }
-        if self.graph.is_some() {
-            self.print_graph_batch(rings, exec_notes);
+        for (_, kind, line) in notes {
+            let words: Vec<u64> = line
+                .as_bytes()
+                .chunks(8)
+                .map(|c| {
+                    let mut b = [0u8; 8];
+                    b[..c.len()].copy_from_slice(c);
+                    u64::from_le_bytes(b)
+                })
+                .collect();
+            self.merge.push(i, NOTE, kind, &words);
+        }
+    }
+
+    /// Print the merged records that may be printed: those no ring can still bring an
+    /// earlier record than, and those [`MERGE_DELAY_NS`] old (live). `keep`: with fewer
+    /// records than `MAX_HELD`, print until only `keep` are held, whatever the rings may
+    /// still bring (the bound).
+    fn emit(&mut self, prefault: &mut dyn FnMut(), keep: usize) {
+        let nr = self.merge.queues.len() as u32;
+        let mut horizon = self.merge.horizon(nr);
+        let force = keep != usize::MAX;
+        let now_ns = ftprobe::ring::monotonic_ns();
+        let all_done = self.merge.queues.iter().all(|q| q.done);
+        let graph = self.graph.is_some();
+        let mut count = 0usize;
+        let mut started_lines = false;
+        while let Some((key, r)) = self.merge.peek() {
+            if force && self.merge.held <= keep {
+                break;
+            }
+            let q = &self.merge.queues[r as usize];
+            if !force && !all_done {
+                let aged = now_ns.saturating_sub(self.clock.tsc_to_mono_ns(key)) >= MERGE_DELAY_NS
+                    && !q.done
+                    && !self.recorded;
+                let later = key > horizon;
+                let head = q.head().expect("in the heap");
+                // function_graph: whether an entry is a leaf is its ring's next record.
+                let waits_next = graph && head.rtype == rtype::FGRAPH_ENT && q.len() < 2 && !q.done;
+                if (later || waits_next) && !aged {
+                    break;
+                }
+            }
+            if !started_lines {
+                started_lines = true;
+                if let Some(g) = self.graph.as_mut() {
+                    g.threads_seen(self.claimed as usize, &mut self.lines);
+                }
+            }
+            self.merge.take();
+            self.print_head(r);
+            let q = &self.merge.queues[r as usize];
+            if q.is_empty() && !q.done {
+                horizon = horizon.min(q.last_ts);
+            }
+            self.merge.reinsert(r);
+            count += 1;
+            if count % PREFAULT_EVERY == PREFAULT_EVERY - 1 {
+                prefault();
+            }
+            if self.lines.len() >= WRITE_EVERY {
+                self.write_lines();
+            }
+        }
+        self.write_lines();
+    }
+
+    fn write_lines(&mut self) {
+        if self.lines.is_empty() {
             return;
         }
-        let lines = &mut self.lines;
-        lines.clear();
-        let syms = self.symbols.as_mut().expect("set above");
-        for (n, e) in self.batch.iter().enumerate() {
-            if n % PREFAULT_EVERY == PREFAULT_EVERY - 1 {
-                rings.prefault();
+        let lines = std::mem::take(&mut self.lines);
+        self.write(|o| o.write_all(&lines));
+        self.lines = lines;
+        self.lines.clear();
+    }
+
+    /// Print the first record of ring `r` (and pop it; a leaf's return with it).
+    fn print_head(&mut self, r: u32) {
+        let ri = r as usize;
+        let head = self.merge.queues[ri].head().expect("taken from the heap");
+        let (rt, aux, key) = (head.rtype, head.aux, head.key);
+        if self.owners.len() <= ri {
+            self.owners.resize_with(ri + 1, || None);
+        }
+        match rt {
+            OWNER => {
+                let w = head.words;
+                let mut comm: Vec<u8> = w[1..]
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect::<Vec<u8>>();
+                let n = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+                comm.truncate(n);
+                let tid = w[0] as u32;
+                self.owners[ri] = Some(Owner {
+                    prefix: output::task_prefix(&comm, tid),
+                    comm,
+                    tid,
+                });
+                self.merge.pop_record(r);
+                return;
             }
-            let mark = lines.len();
-            let task = self.tasks[e.ring as usize].get_or_insert_with(|| {
-                let (comm, tid) = rings.task(e.ring).unwrap_or_default();
-                output::task_prefix(&comm, tid)
-            });
-            lines.extend_from_slice(task);
-            output::push_cpu_time(lines, e.aux & 0xfff, self.clock.tsc_to_mono_ns(e.ts));
-            let words = &self.arena[e.start..e.start + e.len];
-            match e.rtype {
-                rtype::FUNC if words.len() == 3 => {
-                    // kernel/trace/trace_output.c, print_fn_trace(): no parent when it is 0.
-                    syms.push_name(words[1], lines);
-                    if words[2] != 0 {
-                        lines.extend_from_slice(b" <-");
-                        syms.push_return_name(words[2], lines);
-                    }
-                    lines.push(b'\n');
-                    self.printed += 1;
+            NOTE => {
+                let bytes: Vec<u8> = head
+                    .words
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .filter(|&b| b != 0)
+                    .collect();
+                self.lines.extend_from_slice(&bytes);
+                self.merge.pop_record(r);
+                return;
+            }
+            _ => {}
+        }
+        let _ = key;
+        if self.graph.is_some() {
+            self.print_graph_head(r);
+            return;
+        }
+        let owner = self.owners[ri].get_or_insert_with(|| Owner {
+            comm: Vec::new(),
+            tid: 0,
+            prefix: output::task_prefix(b"<...>", 0),
+        });
+        let lines = &mut self.lines;
+        let syms = self.symbols.as_mut().expect("set before printing");
+        let words = head.words;
+        let mark = lines.len();
+        lines.extend_from_slice(&owner.prefix);
+        output::push_cpu_time(lines, aux & 0xfff, self.clock.tsc_to_mono_ns(words[0]));
+        match rt {
+            rtype::FUNC if words.len() == 3 => {
+                // kernel/trace/trace_output.c, print_fn_trace(): no parent when it is 0.
+                syms.push_name(words[1], lines);
+                if words[2] != 0 {
+                    lines.extend_from_slice(b" <-");
+                    syms.push_return_name(words[2], lines);
                 }
-                rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
-                    let id = (e.aux >> 12) as usize;
-                    let Some(def) = self.events.get(id) else {
-                        // Not an event of ours (a mismatched agent): no line.
-                        lines.truncate(mark);
-                        continue;
-                    };
+                lines.push(b'\n');
+                self.printed += 1;
+            }
+            rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
+                let id = (aux >> 12) as usize;
+                if let Some(def) = self.events.get(id) {
                     if self.seen.len() <= id {
                         self.seen.resize(id + 1, 0);
                     }
@@ -345,93 +466,72 @@ impl Printer {
                     let decoder = self.decoders.get(id).and_then(Option::as_ref);
                     output::kprobe_event(lines, def, decoder, words, syms);
                     self.printed += 1;
+                } else {
+                    // Not an event of ours (a mismatched agent): no line.
+                    lines.truncate(mark);
                 }
-                _ => lines.push(b'\n'),
             }
+            _ => lines.push(b'\n'),
         }
-        let mut lines = std::mem::take(&mut self.lines);
-        for (_, n) in &exec_notes {
-            lines.extend_from_slice(n.as_bytes());
-        }
-        self.write(|o| o.write_all(&lines));
-        self.lines = lines;
+        self.merge.pop_record(r);
     }
 
-    /// The function_graph tracer's lines for this poll's records (see [`crate::graph`]).
-    fn print_graph_batch<S: Source>(&mut self, rings: &mut S, exec_notes: Vec<(u32, String)>) {
-        let nr_rings = rings.nr_rings() as usize;
-        if self.task_ids.len() < nr_rings {
-            self.task_ids.resize(nr_rings, None);
-        }
-        // Per record, the index of its thread's next record in the batch.
-        let n = self.batch.len();
-        let mut next_of = vec![usize::MAX; n];
-        let mut last_seen = vec![usize::MAX; nr_rings];
-        for k in (0..n).rev() {
-            let r = self.batch[k].ring as usize;
-            next_of[k] = last_seen[r];
-            last_seen[r] = k;
-        }
-        let mut consumed = vec![false; n];
-        let mut lines = std::mem::take(&mut self.lines);
-        lines.clear();
+    /// The function_graph tracer's line for the first record of ring `r` (see
+    /// [`crate::graph`]); an entry whose return is the ring's next record is a leaf.
+    fn print_graph_head(&mut self, r: u32) {
+        let ri = r as usize;
+        let q = &self.merge.queues[ri];
+        let e = q.head().expect("taken from the heap");
+        let owner = self.owners[ri].get_or_insert_with(|| Owner {
+            comm: b"<...>".to_vec(),
+            tid: 0,
+            prefix: Vec::new(),
+        });
+        let ctx = crate::graph::Ctx {
+            cpu: e.aux & 0xfff,
+            pid: owner.tid,
+            comm: &owner.comm,
+        };
         let graph = self.graph.as_mut().expect("graph tracer");
-        graph.threads_seen(rings.claimed() as usize, &mut lines);
-        let syms = self.symbols.as_mut().expect("set by poll");
+        let syms = self.symbols.as_mut().expect("set before printing");
         let clock = &self.clock;
-        for k in 0..n {
-            if consumed[k] {
-                continue;
-            }
-            if k % PREFAULT_EVERY == PREFAULT_EVERY - 1 {
-                rings.prefault();
-            }
-            let e = &self.batch[k];
-            let (comm, tid) = self.task_ids[e.ring as usize]
-                .get_or_insert_with(|| rings.task(e.ring).unwrap_or_default());
-            let ctx = crate::graph::Ctx {
-                cpu: e.aux & 0xfff,
-                pid: *tid,
-                comm,
-            };
-            let words = &self.arena[e.start..e.start + e.len];
-            let depth = crate::graph::depth_of(e.aux);
-            match e.rtype {
-                rtype::FGRAPH_ENT if words.len() >= 2 => {
-                    let func = words[1];
-                    let leaf = next_of[k];
-                    let ret = (leaf != usize::MAX).then(|| &self.batch[leaf]).filter(|r| {
-                        r.rtype == rtype::FGRAPH_RET
-                            && r.len >= 4
-                            && crate::graph::Exit::from_aux(r.aux) == crate::graph::Exit::Returned
-                            && self.arena[r.start + 1] == func
-                    });
-                    match ret {
-                        Some(r) => {
-                            let rw = &self.arena[r.start..r.start + r.len];
-                            let ns = clock
-                                .tsc_to_mono_ns(rw[0])
-                                .saturating_sub(clock.tsc_to_mono_ns(rw[2]));
-                            graph.leaf(&mut lines, ctx, func, depth, ns, rw[3], syms);
-                            consumed[leaf] = true;
-                        }
-                        None => graph.nested(&mut lines, ctx, func, depth, syms),
+        let lines = &mut self.lines;
+        let words = e.words;
+        let depth = crate::graph::depth_of(e.aux);
+        let mut leaf = false;
+        match e.rtype {
+            rtype::FGRAPH_ENT if words.len() >= 2 => {
+                let func = words[1];
+                let ret = q.second().filter(|r| {
+                    r.rtype == rtype::FGRAPH_RET
+                        && r.words.len() >= 4
+                        && crate::graph::Exit::from_aux(r.aux) == crate::graph::Exit::Returned
+                        && r.words[1] == func
+                });
+                match ret {
+                    Some(r) => {
+                        let rw = r.words;
+                        let ns = clock
+                            .tsc_to_mono_ns(rw[0])
+                            .saturating_sub(clock.tsc_to_mono_ns(rw[2]));
+                        graph.leaf(lines, ctx, func, depth, ns, rw[3], syms);
+                        leaf = true;
                     }
-                    self.printed += 1;
+                    None => graph.nested(lines, ctx, func, depth, syms),
                 }
-                rtype::FGRAPH_RET if words.len() >= 4 => {
-                    let ns = clock
-                        .tsc_to_mono_ns(words[0])
-                        .saturating_sub(clock.tsc_to_mono_ns(words[2]));
-                    let exit = crate::graph::Exit::from_aux(e.aux);
-                    graph.ret(&mut lines, ctx, words[1], depth, ns, words[3], exit, syms);
-                    self.printed += 1;
-                }
-                rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
-                    let id = (e.aux >> 12) as usize;
-                    let Some(def) = self.events.get(id) else {
-                        continue;
-                    };
+                self.printed += 1;
+            }
+            rtype::FGRAPH_RET if words.len() >= 4 => {
+                let ns = clock
+                    .tsc_to_mono_ns(words[0])
+                    .saturating_sub(clock.tsc_to_mono_ns(words[2]));
+                let exit = crate::graph::Exit::from_aux(e.aux);
+                graph.ret(lines, ctx, words[1], depth, ns, words[3], exit, syms);
+                self.printed += 1;
+            }
+            rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
+                let id = (e.aux >> 12) as usize;
+                if let Some(def) = self.events.get(id) {
                     if self.seen.len() <= id {
                         self.seen.resize(id + 1, 0);
                     }
@@ -439,20 +539,26 @@ impl Printer {
                     let decoder = self.decoders.get(id).and_then(Option::as_ref);
                     let mut text = Vec::new();
                     output::kprobe_event(&mut text, def, decoder, words, syms);
-                    graph.comment(&mut lines, ctx, &text);
+                    graph.comment(lines, ctx, &text);
                     self.printed += 1;
                 }
-                _ => {}
             }
+            _ => {}
         }
-        for (_, n) in &exec_notes {
-            lines.extend_from_slice(n.as_bytes());
+        self.merge.pop_record(r);
+        if leaf {
+            self.merge.pop_record(r);
         }
-        self.write(|o| o.write_all(&lines));
-        self.lines = lines;
     }
 
     fn finish_source<S: Source>(&mut self, rings: &mut S, end: &End) {
+        // Whatever is still held (a source that ended without a final poll).
+        if self.started {
+            for q in &mut self.merge.queues {
+                q.done = true;
+            }
+            self.emit(&mut || rings.prefault(), usize::MAX);
+        }
         self.counters(rings, end);
         if let (Some(sig), true) = (end.signal, self.started) {
             // If it dies, the trace says how (the exit status alone is easy to miss).

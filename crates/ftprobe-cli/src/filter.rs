@@ -1,0 +1,437 @@
+//! What the readers of a recording keep of it (`replay`, `report`, `dump`): threads
+//! (`--tid`), a time range (`--time-range A~B`, uftrace's syntax), and for `replay` function
+//! globs (`-F`, `-N`), `--max-depth` and `--min-duration` (uftrace's `-t`).
+//!
+//! Filters work per thread, on its records in order ([`ThreadFilter`]), before the threads
+//! are merged, so that the function_graph layout sees the records a tracer with the same
+//! filter would have written (a call whose callees are all hidden is a leaf, `func();`).
+//! Their state is bounded: a depth or two, and for `--min-duration` the calls not yet known
+//! to be long enough (at most the thread's depth, and the kprobe events inside them).
+
+use std::str::FromStr;
+
+use ftprobe::ftrace::glob::FilterEntry;
+use ftprobe::ring::Clock;
+use ftprobe::trace::rtype;
+use rustc_hash::FxHashMap;
+
+use crate::graph::depth_of;
+use crate::symbols::Symbols;
+
+/// A point of `--time-range`: a timestamp as printed (`SECONDS.MICROS`), or a time with a
+/// unit (`ns`, `us`, `ms`, `s`) after the recording's first record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimePoint {
+    Abs(u64),
+    Rel(u64),
+}
+
+/// `A~B`, either side may be empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimeRange {
+    pub from: Option<TimePoint>,
+    pub to: Option<TimePoint>,
+}
+
+/// A duration with a unit: `10us`, `1.5ms`, `2s`, `300ns` (no unit: ns).
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let mult: f64 = match unit {
+        "" | "ns" => 1.0,
+        "us" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "m" => 60e9,
+        _ => return Err(format!("unknown unit {unit:?} (ns, us, ms, s, m)")),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number with a unit (e.g. 10us)"))?;
+    Ok((v * mult).round() as u64)
+}
+
+fn parse_point(s: &str) -> Result<Option<TimePoint>, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(None);
+    }
+    if s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        // As `trace` prints it: seconds and microseconds (more decimals are taken too).
+        let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
+        let sec: u64 = sec
+            .parse()
+            .map_err(|_| format!("{s:?} is not a timestamp (SECONDS.MICROS as printed)"))?;
+        if frac.len() > 9 {
+            return Err(format!("{s:?}: at most 9 decimals"));
+        }
+        let frac_ns: u64 = if frac.is_empty() {
+            0
+        } else {
+            format!("{frac:0<9}").parse().map_err(|_| format!("{s:?}"))?
+        };
+        return Ok(Some(TimePoint::Abs(sec * 1_000_000_000 + frac_ns)));
+    }
+    parse_duration(s).map(|ns| Some(TimePoint::Rel(ns)))
+}
+
+impl FromStr for TimeRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<TimeRange, String> {
+        let (a, b) = s
+            .split_once('~')
+            .ok_or_else(|| "expected START~END (either side may be empty)".to_owned())?;
+        let r = TimeRange {
+            from: parse_point(a)?,
+            to: parse_point(b)?,
+        };
+        if r.from.is_none() && r.to.is_none() {
+            return Err("an empty range: give START, END or both".to_owned());
+        }
+        Ok(r)
+    }
+}
+
+/// `--tid TID[,TID]`.
+pub fn parse_tids(s: &str) -> Result<Vec<u32>, String> {
+    s.split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{t:?} is not a thread id"))
+        })
+        .collect()
+}
+
+/// A function glob of `-F`/`-N` (`set_ftrace_filter` syntax), checked by clap.
+pub fn parse_glob(s: &str) -> Result<FilterEntry, String> {
+    FilterEntry::parse(s).map_err(|e| e.to_string())
+}
+
+/// The filters of one reading of a recording.
+#[derive(Clone, Default)]
+pub struct Filters {
+    /// Only these threads (empty: all).
+    pub tids: Vec<u32>,
+    pub range: Option<TimeRange>,
+    pub filter: Vec<FilterEntry>,
+    pub notrace: Vec<FilterEntry>,
+    /// function_graph: only calls down to this depth (0: no limit).
+    pub max_depth: u32,
+    /// function_graph: hide calls shorter than this (ns).
+    pub min_duration_ns: u64,
+}
+
+impl Filters {
+    /// Whether the records of thread `tid` are read at all.
+    pub fn thread(&self, tid: u32) -> bool {
+        self.tids.is_empty() || self.tids.contains(&tid)
+    }
+
+    /// The time range in CLOCK_MONOTONIC ns, `start_ns` being the recording's first record.
+    pub fn range_ns(&self, start_ns: u64) -> (u64, u64) {
+        let ns = |p: TimePoint| match p {
+            TimePoint::Abs(n) => n,
+            TimePoint::Rel(n) => start_ns.saturating_add(n),
+        };
+        match self.range {
+            None => (0, u64::MAX),
+            Some(r) => (
+                r.from.map_or(0, ns),
+                // `B` as printed covers its whole microsecond.
+                r.to.map_or(u64::MAX, |p| match p {
+                    TimePoint::Abs(n) => n + 999,
+                    TimePoint::Rel(n) => start_ns.saturating_add(n),
+                }),
+            ),
+        }
+    }
+
+    fn by_name(&self) -> bool {
+        !self.filter.is_empty() || !self.notrace.is_empty()
+    }
+}
+
+/// Whether function names pass `-F` and `-N`, by address (cached).
+pub struct Names {
+    /// None: no -F/-N (nothing is looked up).
+    syms: Option<Symbols>,
+    cache: FxHashMap<u64, (bool, bool)>,
+}
+
+impl Names {
+    pub fn new(syms: Option<Symbols>) -> Names {
+        Names {
+            syms,
+            cache: FxHashMap::default(),
+        }
+    }
+
+    /// (matches -F, matches -N) for the function at `addr`.
+    fn check(&mut self, f: &Filters, addr: u64) -> (bool, bool) {
+        if let Some(&v) = self.cache.get(&addr) {
+            return v;
+        }
+        let Some(syms) = self.syms.as_mut() else {
+            return (false, false);
+        };
+        let name = crate::report::name_of(syms, addr);
+        let matches = |list: &[FilterEntry]| {
+            // In order: a match adds, a `!` match removes (the kernel's order of writes).
+            let mut on = false;
+            for e in list {
+                if e.matches(&name, "") {
+                    on = !e.negate;
+                }
+            }
+            // Only `!` patterns: everything else.
+            if list.iter().all(|e| e.negate) && !list.is_empty() {
+                on = !list.iter().any(|e| e.matches(&name, ""));
+            }
+            on
+        };
+        let v = (matches(&f.filter), matches(&f.notrace));
+        self.cache.insert(addr, v);
+        v
+    }
+}
+
+/// A record on its way through a [`ThreadFilter`].
+type Owned = (u16, u32, Vec<u64>);
+
+/// The per-thread state of the filters.
+#[derive(Default)]
+pub struct ThreadFilter {
+    /// function_graph -F: the depth of the matching call the thread is in.
+    region: Option<u32>,
+    /// function_graph -N: the depth of the hidden call the thread is in.
+    hidden: Option<u32>,
+    /// --min-duration: calls not yet known to be long enough (entries), and the kprobe
+    /// events inside them, oldest first.
+    pending: Vec<Owned>,
+}
+
+/// What [`ThreadFilter::push`] needs besides the record.
+pub struct Ctx<'a> {
+    pub filters: &'a Filters,
+    pub names: &'a mut Names,
+    pub clock: &'a Clock,
+    pub graph: bool,
+    /// The time range, CLOCK_MONOTONIC ns.
+    pub range: (u64, u64),
+}
+
+impl ThreadFilter {
+    /// Take one record of the thread, hand on what is kept (in order) to `out`.
+    pub fn push(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        rt: u16,
+        mut aux: u32,
+        w: &[u64],
+        out: &mut dyn FnMut(u16, u32, &[u64]),
+    ) {
+        let f = cx.filters;
+        if crate::merge::timed(rt) && !w.is_empty() {
+            let ns = cx.clock.tsc_to_mono_ns(w[0]);
+            if ns < cx.range.0 || ns > cx.range.1 {
+                return;
+            }
+        }
+        if f.by_name() {
+            if cx.graph {
+                match self.graph_names(cx, rt, aux, w) {
+                    Some(a) => aux = a,
+                    None => return,
+                }
+            } else if matches!(rt, rtype::FUNC | rtype::KPROBE) && w.len() >= 2 {
+                let (inf, inn) = cx.names.check(f, w[1]);
+                if (!f.filter.is_empty() && !inf) || inn {
+                    return;
+                }
+            }
+        }
+        if cx.graph && f.max_depth > 0 && matches!(rt, rtype::FGRAPH_ENT | rtype::FGRAPH_RET) {
+            if depth_of(aux) >= f.max_depth {
+                return;
+            }
+        }
+        if cx.graph && f.min_duration_ns > 0 {
+            self.min_duration(cx, rt, aux, w, out);
+        } else {
+            out(rt, aux, w);
+        }
+    }
+
+    /// function_graph -F/-N: `None` to drop the record, else its aux (the depth made
+    /// relative to the -F call).
+    fn graph_names(&mut self, cx: &mut Ctx<'_>, rt: u16, aux: u32, w: &[u64]) -> Option<u32> {
+        let f = cx.filters;
+        let d = depth_of(aux);
+        match rt {
+            rtype::FGRAPH_ENT if w.len() >= 2 => {
+                if let Some(h) = self.hidden {
+                    if d > h {
+                        return None;
+                    }
+                    // Its return was never seen: the hidden call is over.
+                    self.hidden = None;
+                }
+                if self.region.is_some_and(|b| d <= b) {
+                    self.region = None;
+                }
+                let (inf, inn) = cx.names.check(f, w[1]);
+                if inn {
+                    self.hidden = Some(d);
+                    return None;
+                }
+                if !f.filter.is_empty() && self.region.is_none() {
+                    if !inf {
+                        return None;
+                    }
+                    self.region = Some(d);
+                }
+            }
+            rtype::FGRAPH_RET if w.len() >= 2 => {
+                if let Some(h) = self.hidden {
+                    if d >= h {
+                        if d == h {
+                            self.hidden = None;
+                        }
+                        return None;
+                    }
+                    self.hidden = None;
+                }
+                if !f.filter.is_empty() {
+                    let b = self.region?;
+                    if d < b {
+                        self.region = None;
+                        return None;
+                    }
+                    if d == b {
+                        self.region = None;
+                    }
+                    return Some(rebase(aux, d - b));
+                }
+            }
+            rtype::KPROBE => {
+                if self.hidden.is_some() || (!f.filter.is_empty() && self.region.is_none()) {
+                    return None;
+                }
+            }
+            _ => {}
+        }
+        Some(match self.region {
+            Some(b) if matches!(rt, rtype::FGRAPH_ENT | rtype::FGRAPH_RET) => {
+                rebase(aux, d.saturating_sub(b))
+            }
+            _ => aux,
+        })
+    }
+
+    /// --min-duration: hold an entry until its call is known to be long enough (its
+    /// return says so, or the thread's records went on past the duration); a short call
+    /// is dropped with its entry, a long one handed on with everything kept inside it.
+    fn min_duration(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        rt: u16,
+        aux: u32,
+        w: &[u64],
+        out: &mut dyn FnMut(u16, u32, &[u64]),
+    ) {
+        let min = cx.filters.min_duration_ns;
+        if crate::merge::timed(rt) && !w.is_empty() {
+            let now = cx.clock.tsc_to_mono_ns(w[0]);
+            // The innermost pending entry at least `min` old: it and the calls around it
+            // are long enough, with the events before the next pending entry.
+            let old = self.pending.iter().rposition(|(t, _, pw)| {
+                *t == rtype::FGRAPH_ENT && now.saturating_sub(cx.clock.tsc_to_mono_ns(pw[0])) >= min
+            });
+            if let Some(k) = old {
+                let end = self.pending[k + 1..]
+                    .iter()
+                    .position(|(t, _, _)| *t == rtype::FGRAPH_ENT)
+                    .map_or(self.pending.len(), |p| k + 1 + p);
+                for (t, a, pw) in self.pending.drain(..end) {
+                    out(t, a, &pw);
+                }
+            }
+        }
+        match rt {
+            rtype::FGRAPH_ENT if w.len() >= 2 => self.pending.push((rt, aux, w.to_vec())),
+            rtype::FGRAPH_RET if w.len() >= 4 => {
+                let d = depth_of(aux);
+                // Entries deeper than this return never returned: short, dropped.
+                while let Some(p) = self
+                    .pending
+                    .iter()
+                    .rposition(|(t, a, _)| *t == rtype::FGRAPH_ENT && depth_of(*a) > d)
+                {
+                    self.pending.remove(p);
+                }
+                let open = self.pending.iter().rposition(|(t, a, pw)| {
+                    *t == rtype::FGRAPH_ENT && depth_of(*a) == d && pw[1] == w[1]
+                });
+                if let Some(p) = open {
+                    // Still pending, so shorter than `min`: dropped with its entry (the
+                    // events inside stay, inside the call around it).
+                    self.pending.remove(p);
+                    return;
+                }
+                let dur = cx
+                    .clock
+                    .tsc_to_mono_ns(w[0])
+                    .saturating_sub(cx.clock.tsc_to_mono_ns(w[2]));
+                if dur >= min {
+                    out(rt, aux, w);
+                }
+            }
+            _ if self.pending.is_empty() => out(rt, aux, w),
+            _ => self.pending.push((rt, aux, w.to_vec())),
+        }
+    }
+
+    /// The thread has no more records: hand on what is held (calls still open at the end
+    /// are kept, as their length is not known).
+    pub fn finish(&mut self, out: &mut dyn FnMut(u16, u32, &[u64])) {
+        for (t, a, w) in self.pending.drain(..) {
+            out(t, a, &w);
+        }
+        self.region = None;
+        self.hidden = None;
+    }
+}
+
+/// `aux` with its depth replaced.
+fn rebase(aux: u32, depth: u32) -> u32 {
+    (aux & 0xffff) | (depth << 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_ranges_as_uftrace_writes_them() {
+        let r: TimeRange = "11439.845101~11439.9".parse().unwrap();
+        assert_eq!(r.from, Some(TimePoint::Abs(11_439_845_101_000)));
+        assert_eq!(r.to, Some(TimePoint::Abs(11_439_900_000_000)));
+        let r: TimeRange = "10ms~".parse().unwrap();
+        assert_eq!(r.from, Some(TimePoint::Rel(10_000_000)));
+        assert_eq!(r.to, None);
+        let r: TimeRange = "~1.5s".parse().unwrap();
+        assert_eq!(r.to, Some(TimePoint::Rel(1_500_000_000)));
+        assert!("10ms".parse::<TimeRange>().is_err());
+        assert!("~".parse::<TimeRange>().is_err());
+        assert!("10xs~".parse::<TimeRange>().is_err());
+        assert_eq!(parse_duration("10us"), Ok(10_000));
+        assert_eq!(parse_duration("250"), Ok(250));
+        assert!(parse_duration("us").is_err());
+        assert_eq!(parse_tids("12,34"), Ok(vec![12, 34]));
+        assert!(parse_tids("12,x").is_err());
+    }
+}

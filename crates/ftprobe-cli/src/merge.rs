@@ -1,0 +1,246 @@
+//! The k-way merge of per-ring record streams by timestamp, in bounded memory, shared by the
+//! live `trace` and `replay`.
+//!
+//! Each ring's records are in time order (one thread writes a ring); the merge keeps a
+//! [`Queue`] per ring and a heap of the queues' first records, and hands out the record with
+//! the smallest timestamp (ties: the lower ring first, then the ring's order). A record
+//! without a timestamp (TEXT, an owner change) sorts with the ring's record before it.
+//!
+//! What may be handed out is the caller's policy ([`crate::trace::Printer`]): a record is
+//! safe once no ring can still bring an earlier one: every ring either holds a record, or
+//! has shown a timestamp at or past it, or will bring nothing more (`done`).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use ftprobe::trace::rtype;
+
+/// A record of a queue, borrowed.
+#[derive(Clone, Copy)]
+pub struct Rec<'a> {
+    pub rtype: u16,
+    pub aux: u32,
+    /// Its merge key: its timestamp, or the timestamp of the ring's record before it.
+    pub key: u64,
+    pub words: &'a [u64],
+}
+
+/// Whether records of this type carry a timestamp (their first payload word).
+pub fn timed(rt: u16) -> bool {
+    matches!(
+        rt,
+        rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
+    )
+}
+
+/// One ring's records, stored as `[header, key, payload...]` in one vector (no allocation
+/// per record); the consumed front is dropped in blocks.
+#[derive(Default)]
+pub struct Queue {
+    words: Vec<u64>,
+    pos: usize,
+    count: usize,
+    /// The newest timestamp pushed (0: none yet).
+    pub last_ts: u64,
+    /// No more records will come.
+    pub done: bool,
+}
+
+impl Queue {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn push(&mut self, rt: u16, aux: u32, w: &[u64]) {
+        if timed(rt) && !w.is_empty() {
+            self.last_ts = self.last_ts.max(w[0]);
+        }
+        let key = if timed(rt) && !w.is_empty() {
+            w[0]
+        } else {
+            self.last_ts
+        };
+        self.words
+            .push(u64::from(rt) | ((w.len() as u64 & 0xffff) << 16) | (u64::from(aux) << 32));
+        self.words.push(key);
+        self.words.extend_from_slice(w);
+        self.count += 1;
+    }
+
+    fn at(&self, p: usize) -> Rec<'_> {
+        let h = self.words[p];
+        let len = ((h >> 16) & 0xffff) as usize;
+        Rec {
+            rtype: (h & 0xffff) as u16,
+            aux: (h >> 32) as u32,
+            key: self.words[p + 1],
+            words: &self.words[p + 2..p + 2 + len],
+        }
+    }
+
+    /// The first record.
+    pub fn head(&self) -> Option<Rec<'_>> {
+        (self.count > 0).then(|| self.at(self.pos))
+    }
+
+    /// The record after the first.
+    pub fn second(&self) -> Option<Rec<'_>> {
+        if self.count < 2 {
+            return None;
+        }
+        let len = ((self.words[self.pos] >> 16) & 0xffff) as usize;
+        Some(self.at(self.pos + 2 + len))
+    }
+
+    /// Drop the first record.
+    pub fn pop(&mut self) {
+        if self.count == 0 {
+            return;
+        }
+        let len = ((self.words[self.pos] >> 16) & 0xffff) as usize;
+        self.pos += 2 + len;
+        self.count -= 1;
+        if self.count == 0 {
+            self.words.clear();
+            self.pos = 0;
+        } else if self.pos >= 1 << 14 && self.pos * 2 >= self.words.len() {
+            self.words.drain(..self.pos);
+            self.pos = 0;
+        }
+        if self.words.capacity() > 1 << 16 && self.words.len() < self.words.capacity() / 4 {
+            self.words.shrink_to(self.words.len().max(1 << 12));
+        }
+    }
+}
+
+/// The queues of every ring and the heap of their first records.
+#[derive(Default)]
+pub struct Merge {
+    pub queues: Vec<Queue>,
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    in_heap: Vec<bool>,
+    /// Records held in all queues.
+    pub held: usize,
+}
+
+impl Merge {
+    fn grow(&mut self, ring: u32) {
+        let n = ring as usize + 1;
+        if self.queues.len() < n {
+            self.queues.resize_with(n, Queue::default);
+            self.in_heap.resize(n, false);
+        }
+    }
+
+    /// The queue of `ring` (created empty if need be).
+    pub fn queue(&mut self, ring: u32) -> &mut Queue {
+        self.grow(ring);
+        &mut self.queues[ring as usize]
+    }
+
+    pub fn push(&mut self, ring: u32, rt: u16, aux: u32, w: &[u64]) {
+        self.grow(ring);
+        self.queues[ring as usize].push(rt, aux, w);
+        self.held += 1;
+        self.reinsert(ring);
+    }
+
+    /// Put `ring`'s first record in the heap if it is not there and there is one.
+    pub fn reinsert(&mut self, ring: u32) {
+        let r = ring as usize;
+        if !self.in_heap[r] {
+            if let Some(h) = self.queues[r].head() {
+                let key = h.key;
+                self.heap.push(Reverse((key, ring)));
+                self.in_heap[r] = true;
+            }
+        }
+    }
+
+    /// The ring whose first record comes first, and that record's key.
+    pub fn peek(&self) -> Option<(u64, u32)> {
+        self.heap.peek().map(|Reverse(k)| *k)
+    }
+
+    /// Take the first ring off the heap: the caller pops its records from its queue
+    /// ([`Merge::pop_record`]) and then calls [`Merge::reinsert`].
+    pub fn take(&mut self) -> Option<u32> {
+        let Reverse((_, ring)) = self.heap.pop()?;
+        self.in_heap[ring as usize] = false;
+        Some(ring)
+    }
+
+    /// Drop the first record of `ring` (taken off the heap).
+    pub fn pop_record(&mut self, ring: u32) {
+        let q = &mut self.queues[ring as usize];
+        if !q.is_empty() {
+            q.pop();
+            self.held -= 1;
+        }
+    }
+
+    /// The smallest `last_ts` of the rings that hold nothing and may still bring records:
+    /// nothing later than it may be handed out yet (`u64::MAX`: no such ring).
+    pub fn horizon(&self, rings: u32) -> u64 {
+        (0..rings as usize)
+            .map(|r| self.queues.get(r))
+            .map(|q| match q {
+                Some(q) if q.done || !q.is_empty() => u64::MAX,
+                Some(q) => q.last_ts,
+                None => 0,
+            })
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_by_timestamp_ties_by_ring() {
+        let mut m = Merge::default();
+        m.push(1, rtype::FUNC, 0, &[5, 1, 0]);
+        m.push(0, rtype::FUNC, 0, &[5, 2, 0]);
+        m.push(0, rtype::TEXT, 0, &[0x41]);
+        m.push(0, rtype::FUNC, 0, &[9, 3, 0]);
+        m.push(1, rtype::FUNC, 0, &[7, 4, 0]);
+        let mut got = Vec::new();
+        while let Some(r) = m.take() {
+            let h = m.queues[r as usize].head().unwrap();
+            got.push((r, h.rtype, h.words[..1].to_vec()));
+            m.pop_record(r);
+            m.reinsert(r);
+        }
+        assert_eq!(
+            got,
+            vec![
+                (0, rtype::FUNC, vec![5]),
+                (0, rtype::TEXT, vec![0x41]),
+                (1, rtype::FUNC, vec![5]),
+                (1, rtype::FUNC, vec![7]),
+                (0, rtype::FUNC, vec![9]),
+            ]
+        );
+        assert_eq!(m.held, 0);
+    }
+
+    #[test]
+    fn a_queue_reuses_its_space() {
+        let mut q = Queue::default();
+        for i in 0..100_000u64 {
+            q.push(rtype::FUNC, 0, &[i, i, i]);
+            if i % 2 == 1 {
+                q.pop();
+                q.pop();
+            }
+        }
+        assert!(q.is_empty());
+        assert!(q.words.capacity() < 1 << 16, "{}", q.words.capacity());
+    }
+}
