@@ -162,6 +162,13 @@ pub fn report_tree_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("report_tree")
 }
 
+/// Path of `naps` (C; sites by attribute only): `main` calls `outer` then `nap(10)`;
+/// `outer` calls `quick`, `nap(50)`, `nap(1)`, `quick`; `nap(ms)` calls `quick` and sleeps
+/// `ms` milliseconds; `quick` takes well under a microsecond. Prints `quick=5`.
+pub fn naps_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("naps")
+}
+
 /// Path of `fgraph_swstk below|above` (C; sites by attribute only, `-pthread`): a thread's
 /// traced `switcher` moves rsp to a buffer by inline asm and calls traced functions there,
 /// three times; the buffer is static data (`below` the thread's stack) or the upper half of
