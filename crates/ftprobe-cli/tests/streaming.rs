@@ -1,0 +1,171 @@
+//! The CLI reads in bounded memory: its peak RSS (the `ftprobe` process's `VmHWM`) on a run with 10 times the events stays within 1.5 times the smaller run's, for
+//! the live `trace` and for `replay` and `report` of a recording; and the live trace of
+//! several threads is merged strictly by timestamp, as the kernel's `trace` file is.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+mod common;
+use common::{events, ftprobe, trace};
+
+use ftprobe_dev::{fixture, Flavour};
+
+/// A fresh directory of this test process.
+fn tmp_dir(what: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "ftprobe-st-{}-{what}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `threads N`: 4 threads, each calls `work` N times.
+fn threads_exe() -> String {
+    fixture("threads", Flavour::FentryNop)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Run `ftprobe ARGS` (output to /dev/null); its exit code and peak RSS in KiB: the
+/// `VmHWM` of its `/proc/PID/status`, read every millisecond until `wait4` reaps it.
+///
+/// Not `ru_maxrss`: on exec the kernel keeps, as the new program's maximum, the RSS of the
+/// memory it replaced, and `Command` spawns with `CLONE_VM`: that is this test process's
+/// (~15 MiB), more than `replay` ever uses. `VmHWM` is the high-water mark of the program's
+/// own memory (its private pages and the shared ring pages it touched).
+fn peak_rss_kib(args: &[&str]) -> (i32, u64) {
+    let child = ftprobe()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run ftprobe");
+    let pid = child.id() as libc::pid_t;
+    let hwm = || -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+        l.split_whitespace().nth(1)?.parse().ok()
+    };
+    let mut peak = 0;
+    let mut status = 0;
+    loop {
+        peak = peak.max(hwm().unwrap_or(0));
+        // SAFETY: waitpid on our own child with a valid status pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        assert_eq!(r, 0, "waitpid: {}", std::io::Error::last_os_error());
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(libc::WIFEXITED(status), "ftprobe {args:?}: status {status:#x}");
+    assert!(peak > 0, "no VmHWM read for ftprobe {args:?}");
+    (libc::WEXITSTATUS(status), peak)
+}
+
+/// Record `threads N` (`ARGS` for record) into `dir`; the size of its ring files.
+fn record_threads(dir: &Path, args: &[&str], n: u64) -> u64 {
+    let out = ftprobe()
+        .arg("record")
+        .arg("-d")
+        .arg(dir)
+        .args(args)
+        .arg("--")
+        .arg(threads_exe())
+        .arg(n.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ring-"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+fn assert_bounded(what: &str, small: u64, large: u64) {
+    eprintln!("{what}: peak RSS {small} KiB, with 10x the events {large} KiB");
+    assert!(
+        large * 2 <= small * 3,
+        "{what}: peak RSS {small} KiB, with 10x the events {large} KiB (more than 1.5x)"
+    );
+}
+
+#[test]
+fn cli_memory_is_bounded() {
+    let (small, large) = (20_000u64, 200_000u64);
+    let exe = threads_exe();
+    // The live trace (function tracer), to /dev/null.
+    let rss = |n: u64| {
+        let (code, kib) = peak_rss_kib(&["trace", "-o", "/dev/null", "--", &exe, &n.to_string()]);
+        assert_eq!(code, 0);
+        kib
+    };
+    assert_bounded("trace", rss(small), rss(large));
+    // replay and report of function_graph recordings (each call an entry and a return).
+    let dir = tmp_dir("mem");
+    let (ds, dl) = (dir.join("small"), dir.join("large"));
+    let bytes_small = record_threads(&ds, &["-t", "function_graph"], small);
+    let bytes_large = record_threads(&dl, &["-t", "function_graph"], large);
+    // 4 threads x N calls x (24 + 40 bytes).
+    assert!(bytes_large >= 4 * large * 64, "{bytes_large}");
+    assert!(bytes_small < bytes_large / 9, "{bytes_small} {bytes_large}");
+    for sub in ["replay", "report"] {
+        let rss = |d: &Path| {
+            let (code, kib) = peak_rss_kib(&[sub, "-d", d.to_str().unwrap()]);
+            assert_eq!(code, 0);
+            kib
+        };
+        assert_bounded(sub, rss(&ds), rss(&dl));
+    }
+    // And the function tracer's recording, replayed.
+    let (fs, fl) = (dir.join("fsmall"), dir.join("flarge"));
+    record_threads(&fs, &[], small);
+    record_threads(&fl, &[], large);
+    let rss = |d: &Path| peak_rss_kib(&["replay", "-d", d.to_str().unwrap()]).1;
+    assert_bounded("replay (function)", rss(&fs), rss(&fl));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The timestamp of an event line, in microseconds.
+fn ts_us(line: &str) -> u64 {
+    let ts = line.split("]  ").nth(1).unwrap().split(':').next().unwrap();
+    let (s, us) = ts.trim().split_once('.').unwrap();
+    s.parse::<u64>().unwrap() * 1_000_000 + us.parse::<u64>().unwrap()
+}
+
+#[test]
+fn live_trace_is_in_timestamp_order() {
+    let exe = threads_exe();
+    for _ in 0..3 {
+        let (out, text) = trace(&[], &[&exe, "20000"]);
+        assert!(out.status.success(), "{out:?}");
+        let lines: Vec<&str> = events(&text).collect();
+        // Every event is there: 4 threads x 20000 calls of work.
+        assert_eq!(
+            lines.iter().filter(|l| l.ends_with(": work <-thread_main")).count(),
+            80_000
+        );
+        let tids: std::collections::BTreeSet<&str> = lines
+            .iter()
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        assert!(tids.len() >= 4, "{tids:?}");
+        let back: Vec<(usize, &str, &str)> = lines
+            .windows(2)
+            .enumerate()
+            .filter(|(_, w)| ts_us(w[1]) < ts_us(w[0]))
+            .map(|(i, w)| (i, w[0], w[1]))
+            .take(5)
+            .collect();
+        assert!(back.is_empty(), "timestamps go backwards: {back:#?}");
+    }
+}
