@@ -52,6 +52,7 @@ fn main() {
         "c/fgraph_panic.c",
         "c/report_tree.c",
         "c/naps.c",
+        "c/pingpong.c",
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
@@ -263,6 +264,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("report_tree", &[], &["-pthread"]),
         // naps: calls of known durations (replay --min-duration).
         ("naps", &[], &[]),
+        // pingpong: two threads whose events alternate (the live trace's merge).
+        ("pingpong", &[], &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -70,10 +70,14 @@ const NOTE: u16 = 0xfff1;
 /// timestamp, as the kernel's `trace` file is, at the cost of this delay at most.
 pub const MERGE_DELAY_NS: u64 = 100_000_000;
 
-/// Records the merge holds at most (all rings together, ~10 MiB): beyond it, the oldest held
-/// records are printed in order until half of it is left, whatever the rings still hold
-/// (order across threads may then slip; nothing is lost).
-pub const MAX_HELD: usize = 1 << 18;
+/// Records the merge holds at most (all rings together, 20-25 MiB): beyond it, the oldest
+/// held records are printed in order until half of it is left, whatever the rings still
+/// hold (order across threads may then slip; nothing is lost), and the trace says so.
+pub const MAX_HELD: usize = 1 << 19;
+
+/// The live trace drains a ring only while its queue in the merge holds fewer records than
+/// this: a thread far ahead of the others waits in its own ring, not in the CLI's memory.
+const DRAIN_BELOW: usize = 1 << 15;
 
 /// Text written to the output once it reaches this size (not a whole poll's text at once).
 const WRITE_EVERY: usize = 1 << 16;
@@ -126,6 +130,8 @@ pub struct Printer {
     /// The source is a recording: every record is there to be read, none is held back for
     /// its age.
     recorded: bool,
+    /// Times the merge reached [`MAX_HELD`] and printed before every ring was seen.
+    forced: u64,
 }
 
 impl Printer {
@@ -158,6 +164,7 @@ impl Printer {
             graph: graph.map(|(opts, ncpus)| crate::graph::Graph::new(opts, ncpus)),
             final_poll: false,
             recorded: false,
+            forced: 0,
         }
     }
 
@@ -204,13 +211,44 @@ impl Printer {
             self.objects = rings.objects();
             self.symbols = Some(Symbols::new(&self.objects));
         }
+        let chunked = rings.chunked();
+        self.recorded = chunked;
+        if self.final_poll && !chunked {
+            // The writers are gone: drain every ring (a ring whose queue is full waits for
+            // the next round) and print, until nothing is left.
+            loop {
+                self.drain_round(rings, true);
+                self.emit(&mut || rings.prefault(), usize::MAX);
+                if self.merge.queues.iter().all(|q| q.done) && self.merge.held == 0 {
+                    break;
+                }
+            }
+            return;
+        }
+        self.drain_round(rings, false);
+        if self.final_poll {
+            for q in &mut self.merge.queues {
+                q.done = true;
+            }
+        }
+        self.emit(&mut || rings.prefault(), usize::MAX);
+    }
+
+    /// Drain the rings into the merge: each ring the merge needs more of (a recording's, in
+    /// chunks; a live one whose queue is not full). `last`: live rings whose writers are gone
+    /// (a ring drained is then done).
+    fn drain_round<S: Source>(&mut self, rings: &mut S, last: bool) {
         let n = rings.claimed().min(rings.nr_rings());
         self.claimed = rings.claimed();
         let chunked = rings.chunked();
-        self.recorded = chunked;
         for i in 0..n {
             let q = self.merge.queue(i);
-            if q.done || (chunked && q.len() >= crate::recording::CHUNK / 2) {
+            let limit = if chunked {
+                crate::recording::CHUNK / 2
+            } else {
+                DRAIN_BELOW
+            };
+            if q.done || q.len() >= limit {
                 continue;
             }
             if let Some(task) = rings.task(i).filter(|t| t.1 != 0) {
@@ -238,6 +276,7 @@ impl Printer {
                 {
                     self.merge.push(i, rt, aux, w);
                     if self.merge.held > MAX_HELD {
+                        self.forced += 1;
                         self.emit(&mut || {}, MAX_HELD / 2);
                     }
                 }
@@ -250,25 +289,24 @@ impl Printer {
                 )),
                 _ => {}
             });
-            if chunked && rings.done(i) {
+            if (chunked && rings.done(i)) || (last && !chunked) {
                 self.merge.queue(i).done = true;
             }
-            if !readable {
-                continue;
+            if readable {
+                self.texts(i, texts);
             }
-            self.texts(i, texts);
+        }
+        // Rings past the claimed ones (none in a live session) are done at the end.
+        if last {
+            for q in self.merge.queues.iter_mut().skip(n as usize) {
+                q.done = true;
+            }
         }
         let objects = rings.objects();
         if objects != self.objects {
             self.symbols = Some(Symbols::new(&objects));
             self.objects = objects;
         }
-        if self.final_poll {
-            for q in &mut self.merge.queues {
-                q.done = true;
-            }
-        }
-        self.emit(&mut || rings.prefault(), usize::MAX);
     }
 
     /// The agent's TEXT records of ring `i`: the armed-probes listing is printed at once,
@@ -621,6 +659,7 @@ impl Printer {
         );
         let execs = self.execs.clone();
         let printed = self.printed;
+        let forced = self.forced;
         self.write(|o| {
             for pid in &abandoned {
                 writeln!(o, "# pid {pid} was still running: its later events are not in this trace")?;
@@ -650,6 +689,14 @@ impl Printer {
                     o,
                     "# {} calls not hooked: the shadow stack was full",
                     fgraph_overrun
+                )?;
+            }
+            if forced > 0 {
+                writeln!(
+                    o,
+                    "# the merge of the threads held {MAX_HELD} records {forced} times and printed the \
+                     oldest before every thread was read: there, threads may be out of timestamp \
+                     order (no event was lost)"
                 )?;
             }
             writeln!(o, "# lost events: {total}")?;

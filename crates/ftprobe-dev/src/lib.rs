@@ -169,6 +169,14 @@ pub fn naps_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("naps")
 }
 
+/// Path of `pingpong ROUNDS BURST` (C; sites by attribute only, `-pthread`): the threads
+/// `ping` (main) and `pong` take turns ROUNDS times each (default 20000) through pipes,
+/// calling `ping` and `pong` BURST times (default 1) on their turns, so their events
+/// alternate every few microseconds. Prints `ping=N pong=N` (the calls).
+pub fn pingpong_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("pingpong")
+}
+
 /// Path of `fgraph_swstk below|above` (C; sites by attribute only, `-pthread`): a thread's
 /// traced `switcher` moves rsp to a buffer by inline asm and calls traced functions there,
 /// three times; the buffer is static data (`below` the thread's stack) or the upper half of
