@@ -71,7 +71,9 @@ fn parse_point(s: &str) -> Result<Option<TimePoint>, String> {
         let frac_ns: u64 = if frac.is_empty() {
             0
         } else {
-            format!("{frac:0<9}").parse().map_err(|_| format!("{s:?}"))?
+            format!("{frac:0<9}")
+                .parse()
+                .map_err(|_| format!("{s:?}"))?
         };
         return Ok(Some(TimePoint::Abs(sec * 1_000_000_000 + frac_ns)));
     }
@@ -254,10 +256,12 @@ impl ThreadFilter {
                 }
             }
         }
-        if cx.graph && f.max_depth > 0 && matches!(rt, rtype::FGRAPH_ENT | rtype::FGRAPH_RET) {
-            if depth_of(aux) >= f.max_depth {
-                return;
-            }
+        if cx.graph
+            && f.max_depth > 0
+            && matches!(rt, rtype::FGRAPH_ENT | rtype::FGRAPH_RET)
+            && depth_of(aux) >= f.max_depth
+        {
+            return;
         }
         if cx.graph && f.min_duration_ns > 0 {
             self.min_duration(cx, rt, aux, w, out);
@@ -317,10 +321,10 @@ impl ThreadFilter {
                     return Some(rebase(aux, d - b));
                 }
             }
-            rtype::KPROBE => {
-                if self.hidden.is_some() || (!f.filter.is_empty() && self.region.is_none()) {
-                    return None;
-                }
+            rtype::KPROBE
+                if self.hidden.is_some() || (!f.filter.is_empty() && self.region.is_none()) =>
+            {
+                return None;
             }
             _ => {}
         }

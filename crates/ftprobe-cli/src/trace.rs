@@ -383,9 +383,8 @@ impl Printer {
             }
             let q = &self.merge.queues[r as usize];
             if !force && !all_done {
-                let aged = now_ns.saturating_sub(self.clock.tsc_to_mono_ns(key)) >= MERGE_DELAY_NS
-                    && !q.done
-                    && !self.recorded;
+                let aged = !self.recorded
+                    && now_ns.saturating_sub(self.clock.tsc_to_mono_ns(key)) >= MERGE_DELAY_NS;
                 let later = key > horizon;
                 let head = q.head().expect("in the heap");
                 // function_graph: whether an entry is a leaf is its ring's next record.

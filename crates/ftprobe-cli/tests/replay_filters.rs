@@ -195,10 +195,7 @@ fn tid_selects_threads_in_replay_and_report() {
     let worker = threads.iter().find(|t| t.0 == "worker").unwrap().1;
     let main = threads.iter().find(|t| t.0 != "worker").unwrap().1;
     let all = a_tree(&|_, _| true);
-    assert_eq!(
-        calls(&replay(&data, &["--tid", &worker.to_string()])),
-        all
-    );
+    assert_eq!(calls(&replay(&data, &["--tid", &worker.to_string()])), all);
     assert_eq!(
         calls(&replay(&data, &["--tid", &main.to_string()])),
         times(3, &all)
@@ -225,7 +222,11 @@ fn tid_selects_threads_in_replay_and_report() {
         .collect();
     assert_eq!(
         counts,
-        vec![("a".to_owned(), 1), ("b".to_owned(), 2), ("c".to_owned(), 4)],
+        vec![
+            ("a".to_owned(), 1),
+            ("b".to_owned(), 2),
+            ("c".to_owned(), 4)
+        ],
         "{text}"
     );
     // A bad tid is refused by the option parser, with the option named.
@@ -290,22 +291,14 @@ fn function_filters_and_time_range_select_lines() {
     assert_eq!(events(&sel).collect::<Vec<_>>(), expect, "{range}");
     // Either side may be empty.
     let sel = replay(&data, &["--time-range", &format!("{}~", print_ts(from))]);
-    let expect: Vec<&str> = lines
-        .iter()
-        .copied()
-        .filter(|l| ts_us(l) >= from)
-        .collect();
+    let expect: Vec<&str> = lines.iter().copied().filter(|l| ts_us(l) >= from).collect();
     assert_eq!(events(&sel).collect::<Vec<_>>(), expect);
     // Relative to the first record, with a unit: everything up to line 20's time, give or
     // take the microsecond the printed timestamps cut.
     let rel = to - ts_us(lines[0]);
     let sel = replay(&data, &["--time-range", &format!("~{rel}us")]);
     let got: Vec<&str> = events(&sel).collect();
-    let sure: Vec<&str> = lines
-        .iter()
-        .copied()
-        .filter(|l| ts_us(l) < to)
-        .collect();
+    let sure: Vec<&str> = lines.iter().copied().filter(|l| ts_us(l) < to).collect();
     assert!(got.starts_with(&sure), "{got:?}");
     assert!(got.iter().all(|l| ts_us(l) <= to + 1), "{got:?}");
     // A bad range: the option parser's error.
@@ -403,7 +396,9 @@ fn replay_without_i_reads_the_last_recording() {
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
-        events(&text).filter(|l| l.ends_with(": work <-caller")).count(),
+        events(&text)
+            .filter(|l| l.ends_with(": work <-caller"))
+            .count(),
         5,
         "{text}"
     );
@@ -411,7 +406,8 @@ fn replay_without_i_reads_the_last_recording() {
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["5", "work"]),
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["5", "work"]),
         "{text}"
     );
     // The one before is kept as ftprobe.data.old, as uftrace keeps uftrace.data.old.
@@ -422,7 +418,9 @@ fn replay_without_i_reads_the_last_recording() {
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
-        events(&text).filter(|l| l.ends_with(": work <-caller")).count(),
+        events(&text)
+            .filter(|l| l.ends_with(": work <-caller"))
+            .count(),
         2,
         "{text}"
     );

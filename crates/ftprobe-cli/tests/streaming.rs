@@ -35,40 +35,35 @@ fn threads_exe() -> String {
 }
 
 /// Run `ftprobe ARGS` (output to /dev/null); its exit code and peak RSS in KiB: the
-/// `VmHWM` of its `/proc/PID/status`, read every millisecond until `wait4` reaps it.
+/// `VmHWM` of its `/proc/PID/status`, read every millisecond until it is reaped.
 ///
 /// Not `ru_maxrss`: on exec the kernel keeps, as the new program's maximum, the RSS of the
 /// memory it replaced, and `Command` spawns with `CLONE_VM`: that is this test process's
 /// (~15 MiB), more than `replay` ever uses. `VmHWM` is the high-water mark of the program's
 /// own memory (its private pages and the shared ring pages it touched).
 fn peak_rss_kib(args: &[&str]) -> (i32, u64) {
-    let child = ftprobe()
+    let mut child = ftprobe()
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("run ftprobe");
-    let pid = child.id() as libc::pid_t;
+    let pid = child.id();
     let hwm = || -> Option<u64> {
         let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
         l.split_whitespace().nth(1)?.parse().ok()
     };
     let mut peak = 0;
-    let mut status = 0;
-    loop {
+    let status = loop {
         peak = peak.max(hwm().unwrap_or(0));
-        // SAFETY: waitpid on our own child with a valid status pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
+        if let Some(status) = child.try_wait().expect("waitpid") {
+            break status;
         }
-        assert_eq!(r, 0, "waitpid: {}", std::io::Error::last_os_error());
         std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    assert!(libc::WIFEXITED(status), "ftprobe {args:?}: status {status:#x}");
+    };
     assert!(peak > 0, "no VmHWM read for ftprobe {args:?}");
-    (libc::WEXITSTATUS(status), peak)
+    (status.code().expect("exited"), peak)
 }
 
 /// Record `threads N` (`ARGS` for record) into `dir`; the size of its ring files.
@@ -158,7 +153,13 @@ fn live_trace_is_in_timestamp_order() {
         );
         let lines: Vec<&str> = events(&text).collect();
         // Every event is there, and nothing says the merge's bound was reached.
-        assert_eq!(lines.iter().filter(|l| l.ends_with(": ping <-main")).count(), 100_000);
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.ends_with(": ping <-main"))
+                .count(),
+            100_000
+        );
         assert_eq!(
             lines
                 .iter()
