@@ -44,6 +44,10 @@ pub struct Queue {
     pub last_ts: u64,
     /// No more records will come.
     pub done: bool,
+    /// Live rings: the TSC just before the ring was last drained (what was published by then
+    /// was read), and when a drain last brought records (CLOCK_MONOTONIC ns).
+    pub drained_tsc: u64,
+    pub arrival_ns: u64,
 }
 
 impl Queue {
@@ -79,6 +83,18 @@ impl Queue {
             aux: (h >> 32) as u32,
             key: self.words[p + 1],
             words: &self.words[p + 2..p + 2 + len],
+        }
+    }
+
+    /// Nothing later than this may be handed out while this queue is empty (and not done):
+    /// its ring's newest timestamp; for a live ring idle for `idle_ns` (no record for that
+    /// long, so none is on its way), also anything up to its last drain.
+    pub fn bound(&self, now_ns: u64, idle_ns: Option<u64>) -> u64 {
+        match idle_ns {
+            Some(idle) if now_ns.saturating_sub(self.arrival_ns) >= idle => {
+                self.last_ts.max(self.drained_tsc)
+            }
+            _ => self.last_ts,
         }
     }
 
@@ -183,16 +199,13 @@ impl Merge {
         }
     }
 
-    /// The smallest `last_ts` of the rings that hold nothing and may still bring records:
-    /// nothing later than it may be handed out yet (`u64::MAX`: no such ring).
-    pub fn horizon(&self, rings: u32) -> u64 {
-        (0..rings as usize)
-            .map(|r| self.queues.get(r))
-            .map(|q| match q {
-                Some(q) if q.done || !q.is_empty() => u64::MAX,
-                Some(q) => q.last_ts,
-                None => 0,
-            })
+    /// The smallest [`Queue::bound`] of the rings that hold nothing and may still bring
+    /// records: nothing later than it may be handed out yet (`u64::MAX`: no such ring).
+    pub fn horizon(&self, now_ns: u64, idle_ns: Option<u64>) -> u64 {
+        self.queues
+            .iter()
+            .filter(|q| !q.done && q.is_empty())
+            .map(|q| q.bound(now_ns, idle_ns))
             .min()
             .unwrap_or(u64::MAX)
     }

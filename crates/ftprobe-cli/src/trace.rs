@@ -65,9 +65,11 @@ const OWNER: u16 = 0xfff0;
 /// queue where it happened: words the line's bytes.
 const NOTE: u16 = 0xfff1;
 
-/// The live trace prints a record once every ring has shown a timestamp at or past it (or
-/// will bring nothing more), or once it is this old: threads are merged strictly by
-/// timestamp, as the kernel's `trace` file is, at the cost of this delay at most.
+/// The live trace prints a record once every ring has shown a timestamp at or past it, or
+/// has been idle this long (then up to the ring's last read), or once the record is this
+/// old: threads are merged strictly by timestamp, as the kernel's `trace` file is, at the
+/// cost of this delay at most (a thread preempted for longer between taking a timestamp
+/// and publishing its record may still come out of order).
 pub const MERGE_DELAY_NS: u64 = 100_000_000;
 
 /// Records the merge holds at most (all rings together, 20-25 MiB): beyond it, the oldest
@@ -270,10 +272,20 @@ impl Printer {
                 }
             }
             let mut texts = Vec::new();
+            let mut got = 0usize;
+            if !chunked {
+                let q = self.merge.queue(i);
+                if q.arrival_ns == 0 {
+                    // A ring seen for the first time counts as active from now.
+                    q.arrival_ns = ftprobe::ring::monotonic_ns();
+                }
+                q.drained_tsc = ftprobe::ring::read_tsc();
+            }
             let readable = rings.drain(i, |rt, aux, w| match rt {
                 rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
                     if !w.is_empty() =>
                 {
+                    got += 1;
                     self.merge.push(i, rt, aux, w);
                     if self.merge.held > MAX_HELD {
                         self.forced += 1;
@@ -291,6 +303,9 @@ impl Printer {
             });
             if (chunked && rings.done(i)) || (last && !chunked) {
                 self.merge.queue(i).done = true;
+            }
+            if !chunked && got > 0 {
+                self.merge.queue(i).arrival_ns = ftprobe::ring::monotonic_ns();
             }
             if readable {
                 self.texts(i, texts);
@@ -369,10 +384,10 @@ impl Printer {
     /// records than `MAX_HELD`, print until only `keep` are held, whatever the rings may
     /// still bring (the bound).
     fn emit(&mut self, prefault: &mut dyn FnMut(), keep: usize) {
-        let nr = self.merge.queues.len() as u32;
-        let mut horizon = self.merge.horizon(nr);
-        let force = keep != usize::MAX;
         let now_ns = ftprobe::ring::monotonic_ns();
+        let idle = (!self.recorded).then_some(MERGE_DELAY_NS);
+        let mut horizon = self.merge.horizon(now_ns, idle);
+        let force = keep != usize::MAX;
         let all_done = self.merge.queues.iter().all(|q| q.done);
         let graph = self.graph.is_some();
         let mut count = 0usize;
@@ -387,8 +402,13 @@ impl Printer {
                     && now_ns.saturating_sub(self.clock.tsc_to_mono_ns(key)) >= MERGE_DELAY_NS;
                 let later = key > horizon;
                 let head = q.head().expect("in the heap");
-                // function_graph: whether an entry is a leaf is its ring's next record.
-                let waits_next = graph && head.rtype == rtype::FGRAPH_ENT && q.len() < 2 && !q.done;
+                // function_graph: whether an entry is a leaf is its ring's next record (a
+                // live ring idle for the delay: the thread is inside the call).
+                let waits_next = graph
+                    && head.rtype == rtype::FGRAPH_ENT
+                    && q.len() < 2
+                    && !q.done
+                    && idle.is_none_or(|d| now_ns.saturating_sub(q.arrival_ns) < d);
                 if (later || waits_next) && !aged {
                     break;
                 }
@@ -403,7 +423,7 @@ impl Printer {
             self.print_head(r);
             let q = &self.merge.queues[r as usize];
             if q.is_empty() && !q.done {
-                horizon = horizon.min(q.last_ts);
+                horizon = horizon.min(q.bound(now_ns, idle));
             }
             self.merge.reinsert(r);
             count += 1;
@@ -695,7 +715,7 @@ impl Printer {
                     o,
                     "# the merge of the threads held {MAX_HELD} records {forced} times and printed the \
                      oldest before every thread was read: there, threads may be out of timestamp \
-                     order (no event was lost)"
+                     order (the merge itself drops nothing)"
                 )?;
             }
             writeln!(o, "# lost events: {total}")?;
