@@ -108,8 +108,12 @@ pub fn parse_tids(s: &str) -> Result<Vec<u32>, String> {
         .collect()
 }
 
-/// A function glob of `-F`/`-N` (`set_ftrace_filter` syntax), checked by clap.
+/// A function glob of `-F`/`-N` (`set_ftrace_filter` syntax, without `:mod:`), checked by
+/// clap.
 pub fn parse_glob(s: &str) -> Result<FilterEntry, String> {
+    if s.contains(":mod:") {
+        return Err("a function glob here: `:mod:` is for trace and record".to_owned());
+    }
     FilterEntry::parse(s).map_err(|e| e.to_string())
 }
 
@@ -418,6 +422,67 @@ fn rebase(aux: u32, depth: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Push `recs` (rtype, depth, words) through a filter with `filters`; what comes out,
+    /// as (rtype, depth, first payload words).
+    fn run(filters: &Filters, recs: &[(u16, u32, Vec<u64>)]) -> Vec<(u16, u32, u64)> {
+        // One TSC tick per ns.
+        let clock = Clock::from_parts([0, 0, 1 << 32]);
+        let mut names = Names::new(None);
+        let mut cx = Ctx {
+            filters,
+            names: &mut names,
+            clock: &clock,
+            graph: true,
+            range: filters.range_ns(0),
+        };
+        let mut f = ThreadFilter::default();
+        let mut out = Vec::new();
+        let mut sink = |rt: u16, aux: u32, w: &[u64]| out.push((rt, depth_of(aux), w[0]));
+        for (rt, d, w) in recs {
+            f.push(&mut cx, *rt, d << 16, w, &mut sink);
+        }
+        f.finish(&mut sink);
+        out
+    }
+
+    #[test]
+    fn min_duration_drops_short_calls_and_keeps_the_events_inside_them() {
+        let (ent, ret, kp) = (rtype::FGRAPH_ENT, rtype::FGRAPH_RET, rtype::KPROBE);
+        let recs = vec![
+            (ent, 0, vec![0, 0xa]),
+            (ent, 1, vec![10, 0xb]),
+            (kp, 0, vec![15, 0x1]),
+            (ret, 1, vec![20, 0xb, 10, 0]),
+            (ent, 1, vec![30, 0xc]),
+            (ret, 1, vec![500, 0xc, 30, 0]),
+            (ret, 0, vec![1000, 0xa, 0, 0]),
+            // Still open at the end: kept.
+            (ent, 0, vec![2000, 0xd]),
+        ];
+        let f = Filters {
+            min_duration_ns: 100,
+            ..Filters::default()
+        };
+        assert_eq!(
+            run(&f, &recs),
+            vec![
+                (ent, 0, 0),
+                (kp, 0, 15),
+                (ent, 1, 30),
+                (ret, 1, 500),
+                (ret, 0, 1000),
+                (ent, 0, 2000),
+            ]
+        );
+        // The time range cuts by timestamp; max-depth by depth.
+        let f = Filters {
+            range: Some("10ns~600ns".parse().unwrap()),
+            max_depth: 1,
+            ..Filters::default()
+        };
+        assert_eq!(run(&f, &recs), vec![(kp, 0, 15)]);
+    }
 
     #[test]
     fn time_ranges_as_uftrace_writes_them() {
