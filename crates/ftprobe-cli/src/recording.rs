@@ -50,8 +50,9 @@ pub const CHUNK: usize = 1 << 12;
 /// A ring file, read one record at a time through a buffer.
 pub struct RingFile {
     r: BufReader<File>,
-    /// The current record's payload.
+    /// The current record's payload, and its bytes as read.
     words: Vec<u64>,
+    bytes: Vec<u8>,
     /// Words read so far (for errors).
     at: u64,
 }
@@ -61,6 +62,7 @@ impl RingFile {
         Ok(RingFile {
             r: BufReader::with_capacity(64 << 10, File::open(path)?),
             words: Vec::new(),
+            bytes: Vec::new(),
             at: 0,
         })
     }
@@ -75,17 +77,20 @@ impl RingFile {
         }
         let h = u64::from_le_bytes(b);
         let len = ((h >> 16) & 0xffff) as usize;
+        self.bytes.resize(len * 8, 0);
+        self.r.read_exact(&mut self.bytes).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                anyhow::anyhow!("a record at word {} runs past the end", self.at)
+            } else {
+                e.into()
+            }
+        })?;
         self.words.clear();
-        for _ in 0..len {
-            self.r.read_exact(&mut b).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    anyhow::anyhow!("a record at word {} runs past the end", self.at)
-                } else {
-                    e.into()
-                }
-            })?;
-            self.words.push(u64::from_le_bytes(b));
-        }
+        self.words.extend(
+            self.bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+        );
         self.at += 1 + len as u64;
         Ok(Some(((h & 0xffff) as u16, (h >> 32) as u32)))
     }

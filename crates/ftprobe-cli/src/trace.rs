@@ -72,9 +72,10 @@ const NOTE: u16 = 0xfff1;
 /// and publishing its record may still come out of order).
 pub const MERGE_DELAY_NS: u64 = 100_000_000;
 
-/// Records the merge holds at most (all rings together, 20-25 MiB): beyond it, the oldest
-/// held records are printed in order until half of it is left, whatever the rings still
-/// hold (order across threads may then slip; nothing is lost), and the trace says so.
+/// Records the merge holds at most (all rings together, 20-25 MiB), plus what one drain of a
+/// ring brings (at most the ring's size): beyond it, the oldest held records are printed in
+/// order until half of it is left, whatever the rings still hold (order across threads may
+/// then slip; nothing is lost), and the trace says so.
 pub const MAX_HELD: usize = 1 << 19;
 
 /// The live trace drains a ring only while its queue in the merge holds fewer records than
@@ -208,11 +209,6 @@ impl Printer {
                 self.write(|o| output::header(o, tracer));
             }
         }
-        if self.symbols.is_none() {
-            // Before draining: a drain may have to print (the merge's bound).
-            self.objects = rings.objects();
-            self.symbols = Some(Symbols::new(&self.objects));
-        }
         let chunked = rings.chunked();
         self.recorded = chunked;
         if self.final_poll && !chunked {
@@ -228,6 +224,13 @@ impl Printer {
             return;
         }
         self.drain_round(rings, false);
+        if self.symbols.is_none() && self.merge.held > 0 {
+            // Loaded after the drain (it takes ~10 ms: before it, the ring would fill), and
+            // before the lines: the threads that claimed rings meanwhile count for the
+            // function_graph layout's TASK/PID column.
+            self.symbols = Some(Symbols::new(&self.objects));
+            self.claimed = rings.claimed();
+        }
         if self.final_poll {
             for q in &mut self.merge.queues {
                 q.done = true;
@@ -287,10 +290,6 @@ impl Printer {
                 {
                     got += 1;
                     self.merge.push(i, rt, aux, w);
-                    if self.merge.held > MAX_HELD {
-                        self.forced += 1;
-                        self.emit(&mut || {}, MAX_HELD / 2);
-                    }
                 }
                 rtype::TEXT => texts.push((
                     aux,
@@ -310,6 +309,12 @@ impl Printer {
             if readable {
                 self.texts(i, texts);
             }
+            // Printing waits for the drain to end: until then the ring's space is not
+            // handed back to its writer.
+            if self.merge.held > MAX_HELD {
+                self.forced += 1;
+                self.emit(&mut || rings.prefault(), MAX_HELD / 2);
+            }
         }
         // Rings past the claimed ones (none in a live session) are done at the end.
         if last {
@@ -317,9 +322,11 @@ impl Printer {
                 q.done = true;
             }
         }
+        // The symbols are loaded when first needed, after the drain (loading takes ~10 ms:
+        // before it, the ring would fill meanwhile).
         let objects = rings.objects();
-        if objects != self.objects {
-            self.symbols = Some(Symbols::new(&objects));
+        if objects != self.objects || self.symbols.is_none() {
+            self.symbols = None;
             self.objects = objects;
         }
     }
@@ -392,26 +399,31 @@ impl Printer {
         let graph = self.graph.is_some();
         let mut count = 0usize;
         let mut started_lines = false;
-        while let Some((key, r)) = self.merge.peek() {
-            if force && self.merge.held <= keep {
-                break;
+        let clock = Clock::from_parts(self.clock.to_parts());
+        // Whether ring `r`'s first record (key `key`) may be printed now.
+        let may_print = |m: &Merge, key: u64, r: u32, horizon: u64| -> bool {
+            if force {
+                return m.held > keep;
             }
-            let q = &self.merge.queues[r as usize];
-            if !force && !all_done {
-                let aged = !self.recorded
-                    && now_ns.saturating_sub(self.clock.tsc_to_mono_ns(key)) >= MERGE_DELAY_NS;
-                let later = key > horizon;
-                let head = q.head().expect("in the heap");
-                // function_graph: whether an entry is a leaf is its ring's next record (a
-                // live ring idle for the delay: the thread is inside the call).
-                let waits_next = graph
-                    && head.rtype == rtype::FGRAPH_ENT
-                    && q.len() < 2
-                    && !q.done
-                    && idle.is_none_or(|d| now_ns.saturating_sub(q.arrival_ns) < d);
-                if (later || waits_next) && !aged {
-                    break;
-                }
+            if all_done {
+                return true;
+            }
+            let q = &m.queues[r as usize];
+            let aged = idle.is_some_and(|d| now_ns.saturating_sub(clock.tsc_to_mono_ns(key)) >= d);
+            let later = key > horizon;
+            let head = q.head().expect("not empty");
+            // function_graph: whether an entry is a leaf is its ring's next record (a live
+            // ring idle for the delay: the thread is inside the call).
+            let waits_next = graph
+                && head.rtype == rtype::FGRAPH_ENT
+                && q.len() < 2
+                && !q.done
+                && idle.is_none_or(|d| now_ns.saturating_sub(q.arrival_ns) < d);
+            !(later || waits_next) || aged
+        };
+        while let Some((key, r)) = self.merge.peek() {
+            if !may_print(&self.merge, key, r, horizon) {
+                break;
             }
             if !started_lines {
                 started_lines = true;
@@ -420,19 +432,31 @@ impl Printer {
                 }
             }
             self.merge.take();
-            self.print_head(r);
-            let q = &self.merge.queues[r as usize];
-            if q.is_empty() && !q.done {
-                horizon = horizon.min(q.bound(now_ns, idle));
+            // The ring's records while they come first (no heap work per record).
+            loop {
+                self.print_head(r);
+                count += 1;
+                if count % PREFAULT_EVERY == PREFAULT_EVERY - 1 {
+                    prefault();
+                }
+                if self.lines.len() >= WRITE_EVERY {
+                    self.write_lines();
+                }
+                let q = &self.merge.queues[r as usize];
+                let Some(h) = q.head() else {
+                    if !q.done {
+                        horizon = horizon.min(q.bound(now_ns, idle));
+                    }
+                    break;
+                };
+                let key = h.key;
+                if self.merge.peek().is_some_and(|next| next < (key, r))
+                    || !may_print(&self.merge, key, r, horizon)
+                {
+                    break;
+                }
             }
             self.merge.reinsert(r);
-            count += 1;
-            if count % PREFAULT_EVERY == PREFAULT_EVERY - 1 {
-                prefault();
-            }
-            if self.lines.len() >= WRITE_EVERY {
-                self.write_lines();
-            }
         }
         self.write_lines();
     }
@@ -450,6 +474,9 @@ impl Printer {
     /// Print the first record of ring `r` (and pop it; a leaf's return with it).
     fn print_head(&mut self, r: u32) {
         let ri = r as usize;
+        if self.symbols.is_none() {
+            self.symbols = Some(Symbols::new(&self.objects));
+        }
         let head = self.merge.queues[ri].head().expect("taken from the heap");
         let (rt, aux, key) = (head.rtype, head.aux, head.key);
         if self.owners.len() <= ri {
