@@ -177,23 +177,33 @@ fn bound(n: i128) -> String {
     format!("{n}{}", UNITS[u])
 }
 
+/// The buckets of a log2 histogram ([`hist`]).
+pub const BUCKETS: usize = 2 + 128;
+
+/// The bucket of `v`: 0 negative; 1 zero; 2 + k: [2^k, 2^(k+1)).
+pub fn bucket(v: i128) -> usize {
+    if v < 0 {
+        0
+    } else if v == 0 {
+        1
+    } else {
+        2 + (127 - v.leading_zeros()) as usize
+    }
+}
+
 /// bpftrace's log2 histogram of `values`: buckets `(..., 0)`, `[0]`, `[1]`, then `[2^k,
 /// 2^(k+1))`, from the first non-empty bucket to the last, with a bar of up to 52 `@`.
+#[cfg(test)]
 pub fn hist(o: &mut dyn Write, title: &str, values: &[i128]) -> Result<()> {
-    // Bucket 0: negative; 1: zero; 2 + k: [2^k, 2^(k+1)).
-    let bucket = |v: i128| -> usize {
-        if v < 0 {
-            0
-        } else if v == 0 {
-            1
-        } else {
-            2 + (127 - v.leading_zeros()) as usize
-        }
-    };
-    let mut counts = vec![0u64; 2 + 128];
+    let mut counts = vec![0u64; BUCKETS];
     for &v in values {
         counts[bucket(v)] += 1;
     }
+    hist_counts(o, title, &counts)
+}
+
+/// [`hist`] of the counts per bucket (the values themselves are not kept).
+pub fn hist_counts(o: &mut dyn Write, title: &str, counts: &[u64]) -> Result<()> {
     writeln!(o, "@{title}:")?;
     let (Some(first), Some(last)) = (
         counts.iter().position(|&c| c > 0),
@@ -261,8 +271,8 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         }
     }
     // Per group (all threads, or one per thread): the function stats, the kprobe hits per
-    // event id, the hist values per event id.
-    type Group = (String, FxHashMap<String, Stat>, Vec<u64>, Vec<Vec<i128>>);
+    // event id, the hist counts per bucket per event id.
+    type Group = (String, FxHashMap<String, Stat>, Vec<u64>, Vec<Vec<u64>>);
     let mut groups: Vec<Group> = Vec::new();
     let ring_ids: Vec<u32> = rec.ring_ids();
     for &i in &ring_ids {
@@ -272,7 +282,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
                 format!("# task {tid} ({comm})"),
                 FxHashMap::default(),
                 vec![0; events.len()],
-                vec![Vec::new(); events.len()],
+                vec![vec![0; BUCKETS]; events.len()],
             ));
         }
         let (_, stats, hits, values) = groups.last_mut().expect("pushed");
@@ -302,7 +312,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
                         .find(|(n, _)| n == arg)
                         .and_then(|(_, t)| number(&t));
                     if let Some(v) = v {
-                        values[id].push(v);
+                        values[id][bucket(v)] += 1;
                     }
                 }
             }
@@ -356,7 +366,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
                 for (d, v) in events.iter().zip(&values) {
                     if d.args.iter().any(|a| &a.name == arg) {
                         writeln!(o)?;
-                        hist(o, &format!("{}.{arg}", d.event), v)?;
+                        hist_counts(o, &format!("{}.{arg}", d.event), v)?;
                     }
                 }
             }
