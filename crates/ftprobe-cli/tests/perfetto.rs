@@ -147,6 +147,8 @@ struct Slice {
     name: String,
     /// The name of the slice it is in (`None`: a root).
     parent: Option<String>,
+    /// Its begin says `cut: true` (the call did not return).
+    cut: bool,
 }
 
 /// The trace as read back: tracks, slices and instants per thread track, after checking the
@@ -164,8 +166,8 @@ struct Read {
 fn read(lines: &str) -> Read {
     let mut r = Read::default();
     let mut process_uuid: BTreeMap<u64, u32> = BTreeMap::new();
-    // Per track: the open slices (name), the last timestamp.
-    let mut open: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    // Per track: the open slices (name, cut), the last timestamp.
+    let mut open: BTreeMap<u64, Vec<(String, bool)>> = BTreeMap::new();
     let mut last: BTreeMap<u64, u64> = BTreeMap::new();
     let mut first = true;
     for l in lines.lines() {
@@ -212,14 +214,20 @@ fn read(lines: &str) -> Read {
                 match t[5] {
                     "TYPE_SLICE_BEGIN" => {
                         assert_eq!(cats, "function", "{l}");
-                        stack.push(name);
+                        let cut = match &t[9..] {
+                            [] => false,
+                            ["cut=True"] => true,
+                            args => panic!("begin args {args:?}: {l}"),
+                        };
+                        stack.push((name, cut));
                     }
                     "TYPE_SLICE_END" => {
                         assert_eq!(name, "-", "{l}");
-                        let name = stack.pop().expect("an end with no begin");
+                        let (name, cut) = stack.pop().expect("an end with no begin");
                         r.slices.entry(uuid).or_default().push(Slice {
                             name,
-                            parent: stack.last().cloned(),
+                            parent: stack.last().map(|(n, _)| n.clone()),
+                            cut,
                         });
                     }
                     "TYPE_INSTANT" => {
@@ -420,6 +428,53 @@ fn perfetto_trace_of_the_function_tracer_has_an_instant_per_call() {
         .map(|(ids, counts)| (ids[1].parse().unwrap(), counts))
         .collect();
     assert_eq!(got, want, "{program}\n{lines}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn perfetto_trace_ends_the_calls_that_never_returned_and_marks_them_cut() {
+    if let Some(why) = no_perfetto_protos() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // fgraph_deep 5: the parent calls exit(3) inside `finisher`, its forked child exit(0)
+    // inside `child_exit`; it prints every traced entry as `E depth name`.
+    let dir = tmp_dir("cut");
+    let out = ftprobe()
+        .arg("record")
+        .arg("-d")
+        .arg(dir.join("data"))
+        .args(["-t", "function_graph", "--"])
+        .arg(ftprobe_dev::fgraph_deep_fixture())
+        .arg("5")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let program = String::from_utf8(out.stdout).unwrap();
+    let mut own: BTreeMap<String, u64> = BTreeMap::new();
+    for l in program.lines().filter_map(|l| l.strip_prefix("E ")) {
+        *own.entry(l.split(' ').nth(1).unwrap().into()).or_default() += 1;
+    }
+    assert!(own.contains_key("child_exit"), "{program}");
+    let lines = perfetto_lines(&dump(&dir, "perfetto", "trace.pftrace"));
+    let r = read(&lines);
+    let mut got: BTreeMap<String, u64> = BTreeMap::new();
+    // The cut calls: (name, pid).
+    let mut cut = Vec::new();
+    for (uuid, slices) in &r.slices {
+        for s in slices {
+            *got.entry(s.name.clone()).or_default() += 1;
+            if s.cut {
+                cut.push((s.name.as_str(), r.threads[uuid].pid));
+            }
+        }
+    }
+    assert_eq!(got, own, "{lines}");
+    cut.sort();
+    let names: Vec<&str> = cut.iter().map(|c| c.0).collect();
+    assert_eq!(names, ["child_exit", "finisher"], "{lines}");
+    // The child's in its own process.
+    assert_ne!(cut[0].1, cut[1].1, "{lines}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
