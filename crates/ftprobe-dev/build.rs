@@ -51,6 +51,7 @@ fn main() {
         "c/fgraph_swstk.c",
         "c/fgraph_panic.c",
         "c/report_tree.c",
+        "c/procs_tree.c",
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
@@ -260,6 +261,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("fgraph_swstk", &[], &["-pthread"]),
         // report_tree: a known call tree in two threads (report, dump).
         ("report_tree", &[], &["-pthread"]),
+        // procs_tree: a known call tree in two processes of two threads (dump's pids).
+        ("procs_tree", &[], &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

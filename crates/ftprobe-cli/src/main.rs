@@ -4,6 +4,7 @@
 mod dump;
 mod graph;
 mod output;
+mod perfetto;
 mod record;
 mod recording;
 mod replay;
