@@ -140,7 +140,7 @@ fn sequences(tls: i32) -> [[Vec<u8>; 6]; 2] {
 }
 
 /// Where `pc` is (module docs), reading code bytes with `read` (`None`: not readable).
-/// Allocates: call it with patterns made ahead ([`Patterns`]) on the probe path.
+/// Allocates: the probe path uses patterns made ahead (`prepare`).
 pub fn classify(read: &impl Fn(u64) -> Option<u8>, pc: u64, tls: i32) -> Place {
     Patterns::new(tls).classify(read, pc)
 }
