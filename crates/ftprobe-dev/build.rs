@@ -53,6 +53,7 @@ fn main() {
         "c/report_tree.c",
         "c/naps.c",
         "c/pingpong.c",
+        "c/procs_tree.c",
         "c/sigstack.c",
         "c/mallocs.c",
         "c/spawns.c",
@@ -266,6 +267,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("naps", &[], &[]),
         // pingpong: two threads whose events alternate (the live trace's merge).
         ("pingpong", &[], &["-pthread"]),
+        // procs_tree: a known call tree in two processes of two threads (dump's pids).
+        ("procs_tree", &[], &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -4,6 +4,9 @@
 //!   of a function_graph recording, with `ts` and `dur` in microseconds (fractions for the
 //!   nanoseconds); an instant event (`i`) per function-tracer entry and per kprobe event, a
 //!   kprobe event's fetch args as its `args`; each thread's name as a metadata event (`M`).
+//! - `--perfetto FILE`: Perfetto's native protobuf trace ([`crate::perfetto`]): a track per
+//!   process and per thread, a begin and an end slice event per call, an instant event per
+//!   function-tracer entry and per kprobe event.
 //! - `--flame-graph FILE`: folded stacks (`a;b;c N`, one line per distinct stack, as
 //!   Brendan Gregg's `stackcollapse` scripts write them), N the self time in ns of the calls
 //!   with that stack, so that a stack's width is its total time; with `--svg` the flame graph
@@ -31,6 +34,9 @@ pub struct DumpArgs {
     /// Write Chrome Trace Event JSON to FILE (`-` for standard output).
     #[arg(long, value_name = "FILE")]
     chrome: Option<PathBuf>,
+    /// Write a Perfetto protobuf trace to FILE (`-` for standard output).
+    #[arg(long, value_name = "FILE")]
+    perfetto: Option<PathBuf>,
     /// Write folded stacks weighted by self time in ns to FILE (`-` for standard output).
     #[arg(long = "flame-graph", value_name = "FILE")]
     flame_graph: Option<PathBuf>,
@@ -51,17 +57,25 @@ fn chrome(rec: &mut Recording) -> Result<Value> {
     let events = rec.events()?;
     let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
     let mut syms = rec.symbols();
-    let pid = rec.info.end.pid;
     let mono = crate::session::Source::clock(&*rec);
     let us = |ns: u64| ns as f64 / 1000.0;
     let graph = rec.info.tracer == "function_graph";
     let mut out: Vec<Value> = Vec::new();
-    out.push(json!({
-        "name": "process_name", "ph": "M", "pid": pid, "tid": pid,
-        "args": { "name": rec.info.command.join(" ") },
-    }));
+    // Each process's name: the command for the target, its main thread's comm for a forked
+    // child (threads of a process share its pid: a forked child's have their own).
+    let mut named = std::collections::BTreeSet::new();
+    for i in rec.ring_ids() {
+        let pid = rec.pid_of(i);
+        if named.insert(pid) {
+            out.push(json!({
+                "name": "process_name", "ph": "M", "pid": pid, "tid": pid,
+                "args": { "name": process_name(rec, pid) },
+            }));
+        }
+    }
     for i in rec.ring_ids() {
         let (comm, tid) = rec.thread(i);
+        let pid = rec.pid_of(i);
         out.push(json!({
             "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
             "args": { "name": comm },
@@ -130,6 +144,26 @@ fn chrome(rec: &mut Recording) -> Result<Value> {
     Ok(json!({ "traceEvents": out, "displayTimeUnit": "ns" }))
 }
 
+/// The name of process `pid` of the recording: the command for the target, else the comm of
+/// its main thread (tid = pid) if it has a ring, else its first thread's.
+pub(crate) fn process_name(rec: &Recording, pid: u32) -> String {
+    if pid == rec.info.end.pid {
+        return rec.info.command.join(" ");
+    }
+    let threads: Vec<(String, u32)> = rec
+        .ring_ids()
+        .into_iter()
+        .filter(|&i| rec.pid_of(i) == pid)
+        .map(|i| rec.thread(i))
+        .collect();
+    threads
+        .iter()
+        .find(|(_, tid)| *tid == pid)
+        .or(threads.first())
+        .map(|(comm, _)| comm.clone())
+        .unwrap_or_default()
+}
+
 /// Folded stacks of a function_graph recording: (stack, self ns), sorted by stack.
 fn folded(rec: &mut Recording) -> Result<Vec<(String, u64)>> {
     if rec.info.tracer != "function_graph" {
@@ -162,8 +196,8 @@ fn folded(rec: &mut Recording) -> Result<Vec<(String, u64)>> {
 
 /// Write what was asked; returns the exit code.
 pub fn run(args: DumpArgs) -> Result<i32> {
-    if args.chrome.is_none() && args.flame_graph.is_none() {
-        bail!("nothing to dump: --chrome FILE and/or --flame-graph FILE");
+    if args.chrome.is_none() && args.perfetto.is_none() && args.flame_graph.is_none() {
+        bail!("nothing to dump: --chrome FILE, --perfetto FILE and/or --flame-graph FILE");
     }
     let mut rec = Recording::open_filtered(&args.data.dir, args.selection.filters())?;
     if let Some(path) = &args.chrome {
@@ -171,6 +205,12 @@ pub fn run(args: DumpArgs) -> Result<i32> {
         let mut o = output(path)?;
         serde_json::to_writer(&mut o, &doc)?;
         writeln!(o)?;
+        o.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.perfetto {
+        let mut o = output(path)?;
+        crate::perfetto::write(&mut rec, &mut o)?;
         o.flush()
             .with_context(|| format!("writing {}", path.display()))?;
     }

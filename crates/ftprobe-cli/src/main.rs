@@ -6,6 +6,7 @@ mod filter;
 mod graph;
 mod merge;
 mod output;
+mod perfetto;
 mod record;
 mod recording;
 mod replay;

@@ -92,6 +92,9 @@ pub struct Info {
 pub struct RingInfo {
     pub index: u32,
     pub tid: u32,
+    /// The thread's process id (a forked child's own); absent in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
     /// The thread's comm (without NULs), when it is UTF-8 ...
     pub comm: String,
     /// ... else its bytes.
@@ -372,6 +375,7 @@ impl Sink for Recorder {
                 Some(RingInfo {
                     index: i,
                     tid,
+                    pid: src.pid(i),
                     comm: String::from_utf8_lossy(&comm).into_owned(),
                     comm_bytes: std::str::from_utf8(&comm).is_err().then_some(comm),
                     lost: src.lost(i),

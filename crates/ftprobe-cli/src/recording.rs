@@ -349,6 +349,9 @@ impl Source for Recording {
             .unwrap_or_else(|| r.comm.clone().into_bytes());
         Some((comm, r.tid))
     }
+    fn pid(&self, i: u32) -> Option<u32> {
+        self.info.rings.iter().find(|r| r.index == i)?.pid
+    }
     fn lost(&self, i: u32) -> u64 {
         self.info
             .rings
@@ -425,6 +428,12 @@ impl Recording {
     /// A symbolizer over the recorded objects (their copies).
     pub fn symbols(&self) -> Symbols {
         Symbols::new(&self.objects)
+    }
+
+    /// The process of ring `i`'s thread: its own pid (a forked child's), or for a recording
+    /// that does not say, the target's.
+    pub fn pid_of(&self, i: u32) -> u32 {
+        self.pid(i).unwrap_or(self.info.end.pid)
     }
 
     /// The thread of ring `i`: its comm (lossy) and tid.

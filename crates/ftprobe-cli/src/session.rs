@@ -350,6 +350,8 @@ pub trait Source {
     fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool;
     /// The comm (without its NULs) and tid of the thread that claimed ring `i`.
     fn task(&self, i: u32) -> Option<(Vec<u8>, u32)>;
+    /// The process id of the thread that claimed ring `i`, when known.
+    fn pid(&self, i: u32) -> Option<u32>;
     /// Records ring `i` lost (full).
     fn lost(&self, i: u32) -> u64;
     /// The objects table: (load bias, the path to read the object's symbols from).
@@ -406,6 +408,10 @@ impl Source for Live<'_> {
         let c = r.comm();
         let n = c.iter().position(|&b| b == 0).unwrap_or(16);
         Some((c[..n].to_vec(), r.tid()))
+    }
+    fn pid(&self, i: u32) -> Option<u32> {
+        let r = self.rings.reader(i)?;
+        (r.tid() != 0 && r.pid() != 0).then(|| r.pid())
     }
     fn lost(&self, i: u32) -> u64 {
         self.rings.reader(i).map_or(0, |r| r.lost())

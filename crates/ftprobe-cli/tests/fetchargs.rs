@@ -227,10 +227,12 @@ fn refusals_name_the_kernel_error_and_nothing_runs() {
 }
 
 /// The probe path reads strings and arrays straight into the ring: its stack use stays
-/// within the budget that `trace.rs` checks for scalar arguments (1 KiB of a signal stack).
+/// within the budget that `trace.rs` checks for scalar arguments (1 KiB of a signal stack,
+/// plus the ~100 bytes of ftprobe's wrapper of the program's handler, which holds a signal
+/// that arrives in a trampoline: `tramp_signals`).
 #[test]
 fn strings_and_arrays_fit_on_a_small_signal_stack() {
-    const BUDGET: usize = 1024;
+    const BUDGET: usize = 1024 + 128;
     let exe = fixture("sigstack", Flavour::FentryCallPieRecord).unwrap();
     let exe = exe.to_str().unwrap();
     let used = common::signal_stack_used;

@@ -790,10 +790,11 @@ fn lua_kprobe_with_args() {
 /// on the stack (~1.7 KiB in all), and overflowed a small signal stack that the untraced
 /// program fit in (found by a user). The probe path now needs ~500-650 bytes in the agent
 /// `cargo build` makes, ~830 in the one `cargo test` builds (unwinding enabled); the kernel's
-/// own signal frame takes ~3.4 KiB of the stack on this AVX-512 machine.
+/// own signal frame takes ~3.4 KiB of the stack on this AVX-512 machine. ftprobe's wrapper of
+/// the program's handler (it holds a signal that arrives in a trampoline) adds ~100 bytes.
 #[test]
 fn regression_probes_fit_on_a_small_signal_stack() {
-    const BUDGET: usize = 1024;
+    const BUDGET: usize = 1024 + 128;
     let exe = fixture("sigstack", Flavour::FentryCallPieRecord).unwrap();
     let exe = exe.to_str().unwrap();
     let used = common::signal_stack_used;

@@ -24,7 +24,8 @@
  *                  and, of those, the ones cut after the probe point (fired, from the
  *                  interrupted PC), of which in ftprobe's code (in_probe: a PC outside the
  *                  program's); the monotonic time the threads stopped (t_end); then
- *                  final_call() 5 times
+ *                  final_call() 5 times, and how many deliveries had a siginfo that
+ *                  was not the timer's (bad_siginfo)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -191,10 +192,14 @@ extern const char __start_stress_caller[], __stop_stress_caller[];
 extern const char __executable_start[], etext[];
 static const char fetched[16] __attribute__((aligned(16))) = "fetched";
 
+/* Deliveries whose siginfo is not the timer's (a signal ftprobe held must keep it). */
+static long bad_siginfo;
+
 static void on_thread_alarm(int s, siginfo_t *si, void *ucv)
 {
     (void)s;
-    (void)si;
+    if (si->si_code != SI_TIMER)
+        __atomic_fetch_add(&bad_siginfo, 1, __ATOMIC_RELAXED);
     if (!tjumping)
         return;
     int k = which;
@@ -419,7 +424,7 @@ int main(int argc, char **argv)
         for (int k = 0; k < 3; k++)
             printf("%s: done=%ld cut=%ld fired=%ld in_probe=%ld\n", names[k], sum.done[k],
                    sum.cut[k], sum.fired[k], sum.in_probe[k]);
-        printf("t_end=%.6f final_call=5 s=%ld\n", t_end, s);
+        printf("t_end=%.6f final_call=5 s=%ld bad_siginfo=%ld\n", t_end, s, bad_siginfo);
         return 0;
     }
     fprintf(stderr, "unknown mode %s\n", mode);

@@ -177,6 +177,14 @@ pub fn pingpong_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("pingpong")
 }
 
+/// Path of `procs_tree` (C; sites by attribute only, `-pthread`): a known call tree in two
+/// threads of the program and two of its forked child (`a` calls `b` `x % 3 + 1` times, `b`
+/// calls `c` twice). Prints `T pid tid name a=A b=B c=C` per thread (its own ids, name and
+/// counts).
+pub fn procs_tree_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("procs_tree")
+}
+
 /// Path of `fgraph_swstk below|above` (C; sites by attribute only, `-pthread`): a thread's
 /// traced `switcher` moves rsp to a buffer by inline asm and calls traced functions there,
 /// three times; the buffer is static data (`below` the thread's stack) or the upper half of

@@ -29,7 +29,7 @@
 //!   |       0 dropped u64 (hits whose record was lost), 8 nmissed u64                |
 //!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
 //!   |  +0 line 0, written by the producer: 0 head u64, 8 lost u64,                   |
-//!   |          16 tail_cache u64, 24 tid u32, 28 reserved u32, 32 comm[16]           |
+//!   |          16 tail_cache u64, 24 tid u32, 28 pid u32 (its process), 32 comm[16]  |
 //!   | +64 line 1, written by the reader: 64 tail u64                                 |
 //!   +-- Data at data_offset = DESC_OFFSET + round_up(nr_rings * 128, 4096) ----------+
 //!   | ring 0: ring_bytes | ring 1: ring_bytes | ...  | ring nr_rings-1               |
@@ -65,7 +65,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// The first 8 bytes of the memfd.
 pub const MAGIC: [u8; 8] = *b"FTPRING1";
 /// Layout version; bumped on any change of the layout above.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Smallest data area of one ring, in bytes.
 pub const MIN_RING_BYTES: u32 = 4096;
 /// Largest data area of one ring, in bytes.
@@ -160,7 +160,8 @@ struct ProducerLine {
     /// when this one says the ring is too full, so it rarely touches the reader's cache line.
     tail_cache: AtomicU64,
     tid: AtomicU32,
-    _reserved: AtomicU32,
+    /// The owner's process (thread group) id: a forked child's threads have their own.
+    pid: AtomicU32,
     comm: [AtomicU8; 16],
 }
 
@@ -787,7 +788,7 @@ impl SharedRings {
     }
 
     /// Probe path, async-signal-safe: takes the next free ring for thread `tid` (never 0) named
-    /// `comm`. `None` when all rings are taken; the caller then counts each event it drops with
+    /// `comm`, of the calling process (its pid is stored with the tid, one raw syscall). `None` when all rings are taken; the caller then counts each event it drops with
     /// [`note_lost_no_ring`](Self::note_lost_no_ring).
     ///
     /// The writer is for this thread only, and must not be re-entered from a signal handler
@@ -801,7 +802,8 @@ impl SharedRings {
         for (slot, byte) in desc.prod.0.comm.iter().zip(comm) {
             slot.store(byte, Relaxed);
         }
-        // Release: publishes `comm`; pairs with the Acquire load in `RingReader::tid`.
+        desc.prod.0.pid.store(crate::sys::getpid(), Relaxed);
+        // Release: publishes `comm` and `pid`; pairs with the Acquire load in `RingReader::tid`.
         desc.prod.0.tid.store(tid, Release);
         Some(RingWriter {
             desc: &desc.prod.0,
@@ -1340,6 +1342,12 @@ impl RingReader<'_> {
         out
     }
 
+    /// The owner's process id (valid once `tid() != 0`; 0 from an agent that did not say).
+    pub fn pid(&self) -> u32 {
+        // Relaxed: published by `tid`'s Release store (load `tid()` first).
+        self.prod.pid.load(Relaxed)
+    }
+
     /// Records the producer dropped because the ring was full.
     pub fn lost(&self) -> u64 {
         // Relaxed: a statistic (see `RingWriter::drop_one`).
@@ -1687,7 +1695,8 @@ mod tests {
         unsafe { libc::_exit(code) }
     }
 
-    fn fork_child(fd: i32, n: u64, tid: u32, kill_self: bool) -> libc::c_int {
+    /// The child's pid and wait status.
+    fn fork_child(fd: i32, n: u64, tid: u32, kill_self: bool) -> (u32, libc::c_int) {
         // SAFETY: the child runs only `child_write` (syscalls, atomics, no allocation on
         // the success path) and leaves with `_exit`/SIGKILL.
         let pid = unsafe { libc::fork() };
@@ -1699,7 +1708,7 @@ mod tests {
         // SAFETY: waits for our own child; `status` is a valid out-pointer.
         let ret = unsafe { libc::waitpid(pid, &mut status, 0) };
         assert_eq!(ret, pid);
-        status
+        (pid as u32, status)
     }
 
     #[test]
@@ -1715,9 +1724,9 @@ mod tests {
         let fd_flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
         assert_eq!(fd_flags & libc::FD_CLOEXEC, 0);
 
-        let status = fork_child(fd.as_raw_fd(), N, 4242, false);
+        let (_, status) = fork_child(fd.as_raw_fd(), N, 4242, false);
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-        let status = fork_child(fd.as_raw_fd(), 100, 4343, true);
+        let (_, status) = fork_child(fd.as_raw_fd(), 100, 4343, true);
         assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
 
         assert_eq!(sr.claimed(), 2);
@@ -1730,6 +1739,22 @@ mod tests {
         assert_eq!(r1.tid(), 4343);
         assert_eq!(drain_all(&mut r1).len(), 100);
         assert_eq!((r0.lost(), r1.lost()), (0, 0));
+    }
+
+    #[test]
+    fn a_ring_says_the_pid_of_the_process_that_claimed_it() {
+        let (sr, fd) = SharedRings::create(RingConfig {
+            nr_rings: 2,
+            ring_bytes: 4096,
+        })
+        .unwrap();
+        let (child, status) = fork_child(fd.as_raw_fd(), 1, 4242, false);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        let _w = sr.claim(4343, COMM).unwrap();
+        let (r0, r1) = (sr.reader(0).unwrap(), sr.reader(1).unwrap());
+        assert_eq!((r0.tid(), r0.pid()), (4242, child));
+        assert_eq!((r1.tid(), r1.pid()), (4343, std::process::id()));
+        assert_ne!(child, std::process::id());
     }
 
     #[test]

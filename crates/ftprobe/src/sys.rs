@@ -226,6 +226,13 @@ pub fn gettid() -> u32 {
     unsafe { raw_syscall2(libc::SYS_gettid, 0, 0) as u32 }
 }
 
+/// The calling process's id (its thread group id). *Probe path*: one raw syscall (glibc's
+/// `getpid` may be interposed or cached across a raw `fork`).
+pub fn getpid() -> u32 {
+    // SAFETY: getpid has no arguments and cannot fail.
+    unsafe { raw_syscall2(libc::SYS_getpid, 0, 0) as u32 }
+}
+
 /// The calling thread's name (`comm`, 16 bytes, NUL-padded). *Probe path*: one raw syscall.
 #[inline(never)]
 pub fn thread_comm() -> [u8; 16] {

@@ -30,6 +30,7 @@ use crate::arch::x86_64::nops::{self, NOP1, NOP5, SITE_LEN};
 use crate::arch::x86_64::sites::{SiteKind, SitePlace};
 use crate::arch::x86_64::text_poke::{self, Poke, TextPokeError};
 use crate::arch::x86_64::tramp_area::TrampArea;
+use crate::arch::x86_64::tramp_signals;
 pub use crate::arch::x86_64::trampoline::PtRegs;
 use crate::arch::x86_64::trampoline::{ParentAt, TrampolineFunc, Variant};
 use crate::elf::{ElfError, ElfImage, SiteSource};
@@ -1087,6 +1088,10 @@ impl State {
         if let Some(&t) = self.tramps.get(&key) {
             return Ok(t);
         }
+        // A program's signal that arrives in a trampoline is held until it returns
+        // (`tramp_signals`): the program's handlers are wrapped from the first one on.
+        tramp_signals::prepare();
+        text_poke::wrap_program_handlers(None)?;
         let code = variant.instantiate(ops, func);
         let o = &mut self.objects[obj];
         let addr = match o

@@ -283,7 +283,8 @@ pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
         // A fault in a slot is shown at the probed instruction, and resets the slot state.
         text_poke::install_fault_handlers(abort_xol).map_err(|e| KprobeError::Ftrace(e.into()))?;
         // An asynchronous signal in a slot is shown at the probed instruction too.
-        text_poke::wrap_program_handlers(shown_pc).map_err(|e| KprobeError::Ftrace(e.into()))?;
+        text_poke::wrap_program_handlers(Some(shown_pc))
+            .map_err(|e| KprobeError::Ftrace(e.into()))?;
     }
     let orig = code[(addr - func.addr) as usize];
     c.armed.insert(

@@ -8,4 +8,5 @@ pub mod sigframe;
 pub mod sites;
 pub mod text_poke;
 pub mod tramp_area;
+pub mod tramp_signals;
 pub mod trampoline;

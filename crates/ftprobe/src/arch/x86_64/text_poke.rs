@@ -223,6 +223,8 @@ pub fn install_fault_handlers(hook: FaultHook) -> Result<(), TextPokeError> {
 pub type PcHook = fn(u64) -> u64;
 
 static PC_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+/// [`wrap_program_handlers`] ran.
+static WRAPPING: AtomicBool = AtomicBool::new(false);
 /// Per signal: the kernel's action is (or was, before an `SA_RESETHAND` reset) ftprobe's
 /// wrapper with `SA_SIGINFO` the program's action did not have.
 static ADDED_SIGINFO: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
@@ -230,17 +232,23 @@ static ADDED_SIGINFO: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 /// Whether the program's handlers for `sig` are wrapped ([`wrap_program_handlers`] ran):
 /// catchable signals but SIGTRAP, the fault signals and the C library's own two (32, 33).
 pub fn wraps(sig: libc::c_int) -> bool {
-    !PC_HOOK.load(Ordering::Acquire).is_null()
+    WRAPPING.load(Ordering::Acquire)
         && (1..=64).contains(&sig)
         && !matches!(sig, libc::SIGKILL | libc::SIGSTOP | libc::SIGTRAP | 32 | 33)
         && !FAULT_SIGNALS.contains(&sig)
 }
 
 /// Wrap the handlers the program has installed, and those it installs from now on
-/// (through the agent's `sigaction`, [`sigaction_wrapped`]). Idempotent.
-pub fn wrap_program_handlers(hook: PcHook) -> Result<(), TextPokeError> {
-    // Release pairs with the Acquire loads in `wraps` and `wrapper`.
-    if !PC_HOOK.swap(hook as *mut (), Ordering::AcqRel).is_null() {
+/// (through the agent's `sigaction`, [`sigaction_wrapped`]); with `hook`, the wrapper shows
+/// PCs in XOL slots as the probed instruction's. Idempotent. Ftrace trampolines need the
+/// wrapper too (`tramp_signals`: a signal is held while a trampoline runs).
+pub fn wrap_program_handlers(hook: Option<PcHook>) -> Result<(), TextPokeError> {
+    if let Some(hook) = hook {
+        // Release pairs with the Acquire load in `wrapper`.
+        PC_HOOK.store(hook as *mut (), Ordering::Release);
+    }
+    // Release pairs with the Acquire loads in `wraps`.
+    if WRAPPING.swap(true, Ordering::AcqRel) {
         return Ok(());
     }
     for sig in 1..=64 {
@@ -340,22 +348,18 @@ pub fn program_handler(sig: libc::c_int, h: libc::sighandler_t) -> libc::sighand
 /// has already applied the program's action (stack, mask, reset); only the PC is shown as
 /// the program's own when the thread was in an XOL slot.
 extern "C" fn wrapper(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let act = chained(sig);
-    let h = act.sa_sigaction;
+    // The handler and flags only: the wrapper's frame stays small (it is below the program's
+    // handler on a signal stack that may be small).
+    let (h, flags) = chained_handler(sig);
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
-        // Only when the program's action changed under a signal in flight: as that action.
-        if h == libc::SIG_DFL {
-            // SAFETY: sigaction and raise are async-signal-safe; the signal is held (blocked
-            // in this handler unless SA_NODEFER) until the kernel's default action takes it.
-            unsafe {
-                sys::real_sigaction(sig, &DFL_ACTION, std::ptr::null_mut());
-                libc::raise(sig);
-            }
-        }
+        wrapped_default(sig, h);
         return;
     }
     // SAFETY: the kernel passes a valid ucontext_t to an SA_SIGINFO handler; this thread's.
     let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
+    if held_for_trampoline(sig, info, uc, flags) {
+        return;
+    }
     let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize];
     let hook = PC_HOOK.load(Ordering::Acquire);
     let shown = if hook.is_null() {
@@ -368,7 +372,7 @@ extern "C" fn wrapper(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     if shown != 0 {
         uc.uc_mcontext.gregs[libc::REG_RIP as usize] = shown;
     }
-    if act.sa_flags & libc::SA_SIGINFO != 0 {
+    if flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed this handler for `sig` with SA_SIGINFO.
         let f: Handler = unsafe { std::mem::transmute(h) };
         f(sig, info, ctx);
@@ -382,6 +386,58 @@ extern "C" fn wrapper(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     if shown != 0 && uc.uc_mcontext.gregs[libc::REG_RIP as usize] == shown {
         uc.uc_mcontext.gregs[libc::REG_RIP as usize] = pc;
     }
+}
+
+/// The program's handler and flags for `sig` as ftprobe keeps them, without copying the
+/// whole action (SIG_DFL if none).
+fn chained_handler(sig: libc::c_int) -> (libc::sighandler_t, libc::c_int) {
+    // Acquire pairs with the Release stores in `replace_chained` and where it is installed.
+    match chained_slot(sig).map(|c| c.load(Ordering::Acquire)) {
+        // SAFETY: CHAINED holds leaked, never-freed Boxes.
+        Some(p) if !p.is_null() => unsafe { ((*p).sa_sigaction, (*p).sa_flags) },
+        _ => (libc::SIG_DFL, 0),
+    }
+}
+
+/// The wrapper found the program's action reset to `h` (SIG_DFL or SIG_IGN) under a signal
+/// in flight: as that action.
+#[cold]
+#[inline(never)]
+fn wrapped_default(sig: libc::c_int, h: libc::sighandler_t) {
+    if h == libc::SIG_DFL {
+        // SAFETY: sigaction and raise are async-signal-safe; the signal is held (blocked in
+        // this handler unless SA_NODEFER) until the kernel's default action takes it.
+        unsafe {
+            sys::real_sigaction(sig, &DFL_ACTION, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+    }
+}
+
+/// A signal in an ftrace trampoline waits until the trampoline is done (`tramp_signals`):
+/// whether it was held (the program's handler is then not called now). Out of line: its
+/// frame is gone when the program's handler runs.
+#[inline(never)]
+fn held_for_trampoline(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uc: &mut libc::ucontext_t,
+    flags: libc::c_int,
+) -> bool {
+    if super::tramp_signals::on_program_signal(sig, info, uc)
+        != super::tramp_signals::Verdict::Deferred
+    {
+        return false;
+    }
+    if flags & libc::SA_RESETHAND != 0 {
+        // The kernel reset the action for this delivery: the held one must find it.
+        let mut w = chained(sig);
+        w.sa_sigaction = wrapper as *const () as usize;
+        w.sa_flags |= libc::SA_SIGINFO;
+        // SAFETY: the program's action with the wrapper in its place, as installed.
+        unsafe { sys::real_sigaction(sig, &w, std::ptr::null_mut()) };
+    }
+    true
 }
 
 /// Make the pages of `[start, start+len)` readable, writable and executable.
@@ -512,6 +568,10 @@ fn sigtrap_work(info: *mut libc::siginfo_t, ctx: *mut libc::c_void) -> bool {
     }
     // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler; this thread owns it.
     let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
+    // The end of a trampoline that held a program's signal.
+    if super::tramp_signals::on_trap(uc) {
+        return true;
+    }
     let ip = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
     let addr = ip.wrapping_sub(1);
     let mut handled = emulate_if_in_batch(uc, addr);

@@ -2,6 +2,8 @@
 //! them. Trampolines are never freed: a thread may be inside one at any time, and a handful of
 //! pages per object is a small price for never having to prove quiescence.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
 use crate::sys::{self, SyscallError};
 
 /// Size of one area, bytes.
@@ -34,10 +36,11 @@ impl TrampArea {
             };
             match sys::mmap_anon_at(addr as usize, AREA_SIZE as usize, prot) {
                 Ok(base) => {
+                    register(base as u64);
                     return Ok(TrampArea {
                         base: base as u64,
                         used: 0,
-                    })
+                    });
                 }
                 Err(e) => last_err = Some(e),
             }
@@ -89,6 +92,36 @@ impl TrampArea {
         self.used += len;
         Some(at)
     }
+}
+
+/// Bases of every area mapped (areas are never unmapped), for [`area_of`]: a signal handler
+/// asks whether a PC is in trampoline code without taking a lock.
+static AREAS: [AtomicU64; MAX_AREAS] = [const { AtomicU64::new(0) }; MAX_AREAS];
+static NR_AREAS: AtomicUsize = AtomicUsize::new(0);
+/// Areas [`area_of`] knows; more are still usable, but a signal in them is not recognised
+/// as one in a trampoline (see `arch::x86_64::tramp_signals`).
+const MAX_AREAS: usize = 512;
+
+fn register(base: u64) {
+    // Relaxed: only the index is claimed here; the Release store below publishes the base.
+    let i = NR_AREAS.fetch_add(1, Ordering::Relaxed);
+    if let Some(slot) = AREAS.get(i) {
+        // Release pairs with the Acquire loads in `area_of`.
+        slot.store(base, Ordering::Release);
+    }
+}
+
+/// `[base, base + AREA_SIZE)` of the trampoline area that holds `addr`, if any.
+/// Async-signal-safe: loads only.
+pub fn area_of(addr: u64) -> Option<(u64, u64)> {
+    let base = addr & !(AREA_SIZE - 1);
+    // Relaxed: an area registered after this load is one no thread of this signal ran in.
+    let n = NR_AREAS.load(Ordering::Relaxed).min(MAX_AREAS);
+    AREAS[..n]
+        .iter()
+        // Acquire pairs with the Release store in `register`.
+        .any(|a| a.load(Ordering::Acquire) == base)
+        .then_some((base, base + AREA_SIZE))
 }
 
 /// `[start, end)` of every mapping in a `/proc/PID/maps` text, sorted.

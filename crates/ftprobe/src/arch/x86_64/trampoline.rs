@@ -20,6 +20,10 @@
 //!
 //! Stack: the template pushes `rbp`, aligns `rsp` down to 16 and builds the frame below, so a
 //! frame-pointer unwinder walks through it; nothing is written above the return address.
+//! Between the pushed `rbp` and the frame it keeps the thread's trampoline frame word (a TLS
+//! word that points at the innermost running trampoline frame), and it ends with a check of
+//! that word: `arch::x86_64::tramp_signals` uses both to hold a program's signal until the
+//! trampoline is done, so that no program handler runs (and jumps out) in the middle of a hit.
 
 use std::arch::global_asm;
 
@@ -68,15 +72,18 @@ const _: () = assert!(std::mem::size_of::<PtRegs>() == 168 && FRAME == 176 + 8 *
 /// The callback a trampoline calls: `func(ip, parent_ip, ops, regs)`.
 pub type TrampolineFunc = unsafe extern "C" fn(u64, u64, *const (), *mut PtRegs);
 
+/// The placeholder of the trampoline frame word's TLS offset in the templates
+/// ([`Variant::instantiate`] writes the real one, `tramp_signals::tls_offset`).
+pub(crate) const TLS_PLACEHOLDER: u32 = 0x5a5a_5a5a;
+
 macro_rules! trampoline_template {
     ($name:literal, prologue: $prologue:literal, parent: $parent:literal,
-     save: $save:literal, restore: $restore:literal, epilogue: $epilogue:literal) => {
+     save: $save:literal, restore: $restore:literal) => {
         trampoline_template!($name, prologue: $prologue, parent: $parent, save: $save,
-                             restore: $restore, epilogue: $epilogue, resume: "");
+                             restore: $restore, resume: "");
     };
     ($name:literal, prologue: $prologue:literal, parent: $parent:literal,
-     save: $save:literal, restore: $restore:literal, epilogue: $epilogue:literal,
-     resume: $resume:literal) => {
+     save: $save:literal, restore: $restore:literal, resume: $resume:literal) => {
         global_asm!(
             ".pushsection .text.ftprobe_trampolines,\"ax\",@progbits",
             ".balign 16",
@@ -85,6 +92,10 @@ macro_rules! trampoline_template {
             concat!($name, "_start:"),
             "push rbp",
             "mov rbp, rsp",
+            // The thread's frame word (`tramp_signals`): the enclosing trampoline frame's
+            // word saved at [rbp - 8], this frame's rbp in its place.
+            "push qword ptr fs:[{tls}]",
+            "mov qword ptr fs:[{tls}], rbp",
             $prologue,
             "sub rsp, {frame}",
             "and rsp, -16",
@@ -141,9 +152,16 @@ macro_rules! trampoline_template {
             "mov r8, [rsp + 72]",
             "mov r9, [rsp + 64]",
             "mov r10, [rsp + 56]",
-            $epilogue,
+            "lea rsp, [rbp - 8]",
+            "pop qword ptr fs:[{tls}]",
             "pop rbp",
+            // A signal deferred while this frame ran (`tramp_signals`; flags are dead at a
+            // call site): ftprobe's SIGTRAP handler returns for us with the program's mask.
+            "test byte ptr fs:[{tls}], 1",
+            "jnz 3f",
             "ret",
+            "3:",
+            "int3",
             ".balign 8",
             concat!($name, "_ops: .quad 0"),
             concat!($name, "_func: .quad 0"),
@@ -152,14 +170,14 @@ macro_rules! trampoline_template {
             concat!($name, "_end:"),
             ".popsection",
             frame = const FRAME,
+            tls = const TLS_PLACEHOLDER,
         );
     };
 }
 
 macro_rules! args_template {
     ($name:literal, $parent:literal) => {
-        trampoline_template!($name, prologue: "", parent: $parent, save: "", restore: "",
-                             epilogue: "mov rsp, rbp");
+        trampoline_template!($name, prologue: "", parent: $parent, save: "", restore: "");
     };
 }
 
@@ -178,7 +196,7 @@ macro_rules! regs_template {
                    mov [rsp + 16], r13
                    mov [rsp + 8], r14
                    mov [rsp], r15
-                   mov rax, [rbp - 8]
+                   mov rax, [rbp - 16]
                    mov [rsp + 144], rax
                    xor eax, eax
                    mov [rsp + 120], rax
@@ -192,7 +210,6 @@ macro_rules! regs_template {
                       mov r13, [rsp + 16]
                       mov r14, [rsp + 8]
                       mov r15, [rsp]",
-            epilogue: "mov rsp, rbp",
             resume: $resume
         );
     };
@@ -220,7 +237,7 @@ regs_template!(
 // regs.ip elsewhere.
 const _: () = assert!(super::sites::XRAY_SLED_LEN == 5 + 6);
 trampoline_template!("ftprobe_tramp_args_xray", prologue: "", parent: "mov rsi, [rbp + 16]",
-                     save: "", restore: "", epilogue: "mov rsp, rbp",
+                     save: "", restore: "",
                      resume: "cmp rax, [rbp + 8]\njne 2f\nadd rax, 6\n2:");
 regs_template!(
     "ftprobe_tramp_regs_xray",
@@ -331,19 +348,101 @@ impl Variant {
         }
     }
 
-    /// The template's bytes with its two slots filled: what to copy into a trampoline page.
+    /// The template's bytes with its two slots and the frame word's TLS offset filled: what to
+    /// copy into a trampoline page.
     pub fn instantiate(self, ops: *const (), func: TrampolineFunc) -> Vec<u8> {
         let mut code = self.template().to_vec();
         let n = code.len();
+        let tls = super::tramp_signals::tls_offset().to_le_bytes();
+        let mut at = 0;
+        while let Some(i) = find(&code[at..n - 16], &TLS_PLACEHOLDER.to_le_bytes()) {
+            code[at + i..at + i + 4].copy_from_slice(&tls);
+            at += i + 4;
+        }
         code[n - 16..n - 8].copy_from_slice(&(ops as u64).to_le_bytes());
         code[n - 8..].copy_from_slice(&(func as usize as u64).to_le_bytes());
         code
     }
 }
 
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn templates_keep_the_frame_word_where_tramp_signals_looks() {
+        use super::super::tramp_signals::{classify, Place};
+        for save_regs in [false, true] {
+            for (parent, xray) in ParentAt::ALL
+                .map(|p| (p, false))
+                .into_iter()
+                .chain([(ParentAt::Top, true)])
+            {
+                let v = Variant {
+                    save_regs,
+                    parent,
+                    xray,
+                };
+                let code = v.instantiate(std::ptr::null(), dummy);
+                let tls = super::super::tramp_signals::tls_offset();
+                let n = code.len() - 16;
+                let count = code[..n]
+                    .windows(4)
+                    .filter(|w| *w == tls.to_le_bytes())
+                    .count();
+                assert_eq!(count, 4, "{v:?}: four uses of the frame word");
+                let read = |a: u64| code.get(a as usize).copied();
+                let insns: Vec<iced_x86::Instruction> =
+                    iced_x86::Decoder::with_ip(64, &code[..n], 0, 0)
+                        .into_iter()
+                        .collect();
+                let places: Vec<Place> =
+                    insns.iter().map(|i| classify(&read, i.ip(), tls)).collect();
+                assert_eq!(
+                    places[..4],
+                    [
+                        Place::Rewind(0),
+                        Place::Rewind(1),
+                        Place::Rewind(2),
+                        Place::Rewind(3)
+                    ],
+                    "{v:?}"
+                );
+                let int3 = insns
+                    .iter()
+                    .position(|i| i.mnemonic() == iced_x86::Mnemonic::Int3)
+                    .expect("the epilogue ends with int3");
+                assert_eq!(
+                    places[int3 - 5..=int3],
+                    [
+                        Place::Running,
+                        Place::PopRbpReturn,
+                        Place::Return,
+                        Place::Return,
+                        Place::Return,
+                        Place::Return
+                    ],
+                    "{v:?}: pop fs, pop rbp, test, jnz, ret, int3"
+                );
+                assert!(
+                    places[4..int3 - 5].iter().all(|p| *p == Place::Elsewhere),
+                    "{v:?}: the body is known by the frame word, not by pattern"
+                );
+                let n = insns[int3].ip() + 1;
+                assert_eq!(
+                    classify(&read, n as u64, tls),
+                    Place::DeferredTrap,
+                    "after the int3"
+                );
+            }
+        }
+    }
+
+    unsafe extern "C" fn dummy(_: u64, _: u64, _: *const (), _: *mut PtRegs) {}
 
     #[test]
     fn templates_end_with_slots_and_are_position_independent() {
