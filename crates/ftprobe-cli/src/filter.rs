@@ -93,7 +93,15 @@ impl FromStr for TimeRange {
         if r.from.is_none() && r.to.is_none() {
             return Err("an empty range: give START, END or both".to_owned());
         }
-        Ok(r)
+        match (r.from, r.to) {
+            (Some(TimePoint::Abs(a)), Some(TimePoint::Abs(b)))
+            | (Some(TimePoint::Rel(a)), Some(TimePoint::Rel(b)))
+                if a > b =>
+            {
+                Err("START is after END".to_owned())
+            }
+            _ => Ok(r),
+        }
     }
 }
 
@@ -497,6 +505,8 @@ mod tests {
         assert!("10ms".parse::<TimeRange>().is_err());
         assert!("~".parse::<TimeRange>().is_err());
         assert!("10xs~".parse::<TimeRange>().is_err());
+        assert!("20ms~10ms".parse::<TimeRange>().is_err());
+        assert!("5.2~5.1".parse::<TimeRange>().is_err());
         assert_eq!(parse_duration("10us"), Ok(10_000));
         assert_eq!(parse_duration("250"), Ok(250));
         assert!(parse_duration("us").is_err());

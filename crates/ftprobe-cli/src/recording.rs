@@ -173,6 +173,19 @@ impl Recording {
             start_ns: 0,
             error: None,
         };
+        if let Some(t) = rec
+            .filters
+            .tids
+            .iter()
+            .find(|t| !rec.info.rings.iter().any(|r| r.tid == **t))
+        {
+            let tids: Vec<String> = rec.info.rings.iter().map(|r| r.tid.to_string()).collect();
+            bail!(
+                "--tid {t}: no such thread in {} (its threads: {})",
+                dir.display(),
+                tids.join(", ")
+            );
+        }
         rec.start_ns = rec.first_ns()?;
         rec.range = rec.filters.range_ns(rec.start_ns);
         if !rec.filters.filter.is_empty() || !rec.filters.notrace.is_empty() {

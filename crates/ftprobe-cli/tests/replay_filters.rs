@@ -229,6 +229,14 @@ fn tid_selects_threads_in_replay_and_report() {
         ],
         "{text}"
     );
+    // A thread that is not in the recording: an error naming the threads that are.
+    let none = replay_out(&data, &["--tid", "1"]);
+    assert_eq!(none.status.code(), Some(1), "{none:?}");
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(
+        err.contains("--tid 1: no such thread") && err.contains(&worker.to_string()),
+        "{err}"
+    );
     // A bad tid is refused by the option parser, with the option named.
     let bad = replay_out(&data, &["--tid", "12,x"]);
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
