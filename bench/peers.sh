@@ -350,7 +350,8 @@ fi
 FT_ROWS=("ftprobe function tracer (-F target)" "ftprobe kprobe on the ftrace site (p target)"
 	"ftprobe kprobe on the site, 2 args (x=%di y=\$arg1)" "ftprobe int3 kprobe (p target+$INT3_OFF, $INT3_INSN)"
 	"ftprobe function_graph (-t function_graph -F target), per call = entry + exit record"
-	"ftprobe return event on the site (r target ret=\$retval)")
+	"ftprobe return event on the site (r target ret=\$retval)"
+	"ftprobe record, function tracer (-F target, default options)")
 # A 2M-hit run records up to 96 MB; a ring that size keeps events from being dropped.
 FT="$FTPROBE trace --buffer-size-kb 262144 -o /dev/null"
 if ((FT_OK)); then
@@ -360,6 +361,8 @@ if ((FT_OK)); then
 	row "${FT_ROWS[3]}" "$W/hit-plain" "$NSLOW" $FT -e "p target+$INT3_OFF" -- "$W/hit-plain" @N@
 	row "${FT_ROWS[4]}" "$W/hit-fentry" "$NFAST" $FT -t function_graph -F target -- "$W/hit-fentry" @N@
 	row "${FT_ROWS[5]}" "$W/hit-fentry" "$NFAST" $FT -e 'r target ret=$retval' -- "$W/hit-fentry" @N@
+	# record: the raw records to a data directory (rotated to .old by the next run), no text.
+	row "${FT_ROWS[6]}" "$W/hit-fentry" "$NFAST" "$FTPROBE" record -d "$W/hit-rec.data" -F target -- "$W/hit-fentry" @N@
 else
 	for r in "${FT_ROWS[@]}"; do skip "$r" "$FT_REASON"; done
 fi
@@ -476,6 +479,7 @@ fi
 # which both ftprobe and uftrace's --patch can use), untraced and traced, plus the events each
 # tool recorded (from one extra run: a tool that drops events is faster for a bad reason).
 LUA_N=${LUA_N:-$((QUICK ? 18 : 32))}
+FT_REC_ROWS=() FT_REC_BPE=()
 LUA_NAME=() LUA_MED=() LUA_MIN=() LUA_MAX=() LUA_EV=() LUA_NOTE=() LUA_CMD=()
 # Rows are registered first (lua_add), then run round-robin (lua_run_all): round r runs every
 # row once, so that drift of the machine over the minutes of the section hits all rows alike.
@@ -528,7 +532,22 @@ uft_events() { # DIR
 }
 LROWS=("untraced" "ftprobe function tracer, all functions" "ftprobe function tracer, -F 'luaH_*'"
 	"uftrace record -P . (all functions, dynamic patching)" "uftrace record -P '^luaH_' (dynamic patching)"
-	"ftprobe function_graph, all functions (entry + exit)")
+	"ftprobe function_graph, all functions (entry + exit)"
+	"ftprobe record, function tracer, all functions (default options)"
+	"ftprobe record -t function_graph, all functions (default options)")
+# A recording's events, from its replay: lines that are not comments, and the losses it reports.
+ft_rec_events() { # DIR
+	"$FTPROBE" replay -i "$1" 2>/dev/null |
+		awk '/^# lost events:/ {lost += $4} !/^#/ && !/^fib\(/ {n++} END {printf "%d (lost %d)", n, lost}'
+}
+ft_rec_graph_calls() { # DIR
+	"$FTPROBE" replay -i "$1" 2>/dev/null |
+		awk '/^# lost events:/ {lost += $4} /\(\);$|\(\) \{$/ {n++} END {printf "%d (lost %d)", n, lost}'
+}
+# Bytes of raw records per event in a recording (its ring files over its events).
+ft_rec_bytes() { # DIR EVENTS
+	du -cb "$1"/ring-*.dat 2>/dev/null | awk -v e="$2" 'END {if (e > 0) printf "%.1f", $1/e}'
+}
 # ftprobe's function_graph calls: one line per call opened (`f() {`) or leaf (`f();`).
 ft_graph_calls() { # FTPROBE-ARGS... (before --)
 	"$FTPROBE" trace --buffer-size-kb 262144 -o /dev/stdout "$@" -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N" 2>/dev/null |
@@ -548,10 +567,18 @@ else
 		lua_add "${LROWS[1]}" "$(ft_events)" "" $FTL -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
 		lua_add "${LROWS[2]}" "$(ft_events -F 'luaH_*')" "" $FTL -F 'luaH_*' -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
 		lua_add "${LROWS[5]}" "$(ft_graph_calls -t function_graph)" "" $FTL -t function_graph -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+		# record with default options: events and losses from the last run's recording.
+		FT_REC_ROWS=(${#LUA_NAME[@]} $((${#LUA_NAME[@]} + 1)))
+		lua_add "${LROWS[6]}" "?" 'rm -rf "$W/lua-ft-rec.data" "$W/lua-ft-rec.data.old"' \
+			"$FTPROBE" record -d "$W/lua-ft-rec.data" -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
+		lua_add "${LROWS[7]}" "?" 'rm -rf "$W/lua-ft-recg.data" "$W/lua-ft-recg.data.old"' \
+			"$FTPROBE" record -d "$W/lua-ft-recg.data" -t function_graph -- "$LUA_BIN" "$LUA_SCRIPT" "$LUA_N"
 	else
 		lua_skip "${LROWS[1]}" "$FT_REASON"
 		lua_skip "${LROWS[2]}" "$FT_REASON"
 		lua_skip "${LROWS[5]}" "$FT_REASON"
+		lua_skip "${LROWS[6]}" "$FT_REASON"
+		lua_skip "${LROWS[7]}" "$FT_REASON"
 	fi
 	UFT_ROWS=()
 	if have uftrace; then
@@ -574,6 +601,20 @@ else
 		LUA_EV[$j]=$(uft_events "$d")
 	done
 	rm -rf "$W/lua-uft-all.data" "$W/lua-uft-luaH.data"
+	# ftprobe record's events, and bytes per event, from each row's last recording.
+	for j in "${FT_REC_ROWS[@]}"; do
+		[[ -z ${LUA_NOTE[$j]} ]] || continue
+		if ((j == FT_REC_ROWS[0])); then
+			d=$W/lua-ft-rec.data
+			LUA_EV[$j]=$(ft_rec_events "$d")
+			FT_REC_BPE+=("Lua all functions, function tracer: ${LUA_EV[$j]} events, $(ft_rec_bytes "$d" "${LUA_EV[$j]%% *}") B of ring files per event")
+		else
+			d=$W/lua-ft-recg.data
+			LUA_EV[$j]=$(ft_rec_graph_calls "$d")
+			FT_REC_BPE+=("Lua all functions, function_graph: ${LUA_EV[$j]} calls, $(ft_rec_bytes "$d" "${LUA_EV[$j]%% *}") B of ring files per call (entry + exit)")
+		fi
+	done
+	rm -rf "$W"/lua-ft-rec*.data*
 fi
 lua_table() {
 	local i base=${LUA_MED[0]:-}
@@ -604,6 +645,10 @@ throughput() {
 		awk -v n="$n" -v ns="$ns" -v b="$b" 'BEGIN {
 			if (ns <= 0) {printf "- %s: %s ns per hit in program: no throughput figure\n", n, ns; exit}
 			printf "- %s: %.1f ns per hit in program = %.2f M events/s, %d B per event = %.0f MB/s\n", n, ns, 1e3/ns, b, b*1e3/ns}'
+	done
+	local l
+	for l in "${FT_REC_BPE[@]}"; do
+		echo "- ftprobe record, $l"
 	done
 	# The same, whole-program: events recorded per second of added wall time in the Lua rows.
 	for i in "${!LUA_NAME[@]}"; do
