@@ -52,15 +52,56 @@ fn output(path: &PathBuf) -> Result<Box<dyn Write>> {
     open_output((path.as_os_str() != "-").then_some(path))
 }
 
-/// Chrome Trace Event JSON of the recording.
-fn chrome(rec: &mut Recording) -> Result<Value> {
+/// Writes a JSON array's elements one at a time (memory bounded by one event, not by the
+/// recording).
+struct JsonArray<'a> {
+    out: &'a mut dyn Write,
+    first: bool,
+    err: Option<std::io::Error>,
+}
+
+impl JsonArray<'_> {
+    fn push(&mut self, v: Value) {
+        if self.err.is_some() {
+            return;
+        }
+        let r = if self.first {
+            Ok(())
+        } else {
+            self.out.write_all(b",\n")
+        };
+        self.first = false;
+        if let Err(e) =
+            r.and_then(|()| serde_json::to_writer(&mut *self.out, &v).map_err(Into::into))
+        {
+            self.err = Some(e);
+        }
+    }
+}
+
+/// Chrome Trace Event JSON of the recording, written to `o` event by event.
+fn chrome(rec: &mut Recording, o: &mut dyn Write) -> Result<()> {
+    o.write_all(b"{\"traceEvents\":[\n")?;
+    let mut out = JsonArray {
+        out: o,
+        first: true,
+        err: None,
+    };
+    chrome_events(rec, &mut out)?;
+    if let Some(e) = out.err {
+        return Err(e.into());
+    }
+    o.write_all(b"\n],\"displayTimeUnit\":\"ns\"}\n")?;
+    Ok(())
+}
+
+fn chrome_events(rec: &mut Recording, out: &mut JsonArray<'_>) -> Result<()> {
     let events = rec.events()?;
     let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
     let mut syms = rec.symbols();
     let mono = crate::session::Source::clock(&*rec);
     let us = |ns: u64| ns as f64 / 1000.0;
     let graph = rec.info.tracer == "function_graph";
-    let mut out: Vec<Value> = Vec::new();
     // Each process's name: the command for the target, its main thread's comm for a forked
     // child (threads of a process share its pid: a forked child's have their own).
     let mut named = std::collections::BTreeSet::new();
@@ -141,7 +182,7 @@ fn chrome(rec: &mut Recording) -> Result<Value> {
             }
         })?;
     }
-    Ok(json!({ "traceEvents": out, "displayTimeUnit": "ns" }))
+    Ok(())
 }
 
 /// The name of process `pid` of the recording: the command for the target, else the comm of
@@ -201,10 +242,8 @@ pub fn run(args: DumpArgs) -> Result<i32> {
     }
     let mut rec = Recording::open_filtered(&args.data.dir, args.selection.filters())?;
     if let Some(path) = &args.chrome {
-        let doc = chrome(&mut rec)?;
         let mut o = output(path)?;
-        serde_json::to_writer(&mut o, &doc)?;
-        writeln!(o)?;
+        chrome(&mut rec, &mut o)?;
         o.flush()
             .with_context(|| format!("writing {}", path.display()))?;
     }
