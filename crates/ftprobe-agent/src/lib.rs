@@ -72,6 +72,8 @@ macro_rules! say {
     ($($t:tt)*) => { crate::say(format_args!("{}\n", format_args!($($t)*))) };
 }
 
+mod dlopen;
+
 /// The agent's constructor. As a rule the agent has started already, from the first
 /// initializer of another object ([`early`]); else (no other object has an initializer, or
 /// the loader did not run the relocation-time resolver) it starts here.
@@ -315,6 +317,10 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     }
     if returns_in_use {
         start_return_hooks();
+    }
+    // Objects loaded from now on (`dlopen`) are scanned before their initializers run.
+    if let Err(e) = dlopen::init(&objects, own, !env.events.is_empty()) {
+        say!("ftprobe-agent: objects loaded later with dlopen will not be traced: {e}");
     }
     if let Some(rings) = trace::buffer() {
         rings.set_armed();
