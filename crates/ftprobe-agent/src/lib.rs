@@ -255,7 +255,22 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
             _ => (line as u32, probe.as_str()),
         };
         match trace_kprobe::create(id, cmd) {
-            Ok(tk) => returns_in_use |= tk.rp.is_some(),
+            Ok(tk) => {
+                returns_in_use |= tk.rp.is_some();
+                if let (
+                    true,
+                    kprobes::KprobeTarget::Symbol {
+                        module: Some(m), ..
+                    },
+                ) = (tk.is_pending(), &tk.kp.target)
+                {
+                    say!(
+                        "ftprobe-agent: {}/{}: {m} is not loaded: the probe is armed when it is",
+                        tk.def.group,
+                        tk.def.event
+                    );
+                }
+            }
             Err(e) => {
                 say(format_args!("ftprobe-agent: {}", error_log(cmd, &e.err)));
                 if let Some(d) = e.detail {

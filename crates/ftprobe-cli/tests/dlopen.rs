@@ -266,3 +266,50 @@ fn a_thread_calls_a_traced_library_while_another_is_loaded_and_unloaded() {
     assert_eq!(count(": dl2_work <-dl2_ctor"), 3 * loads, "{text}");
     assert_eq!(count(": dl2_work <-main"), loads, "{text}");
 }
+
+/// The function_graph tracer (`-F '*:mod:libdlfix.so'`, pending at start) draws each load's
+/// calls, the constructor's under `dl_ctor`, and a return probe given before the library is
+/// loaded sees every return with its value (`dl_work(x)` returns `2x + 1`).
+#[test]
+fn function_graph_and_return_probes_cover_a_dlopened_library() {
+    let prog = ftprobe_dev::dlopen_main_fixture();
+    let lib = ftprobe_dev::dlfix_lib();
+    let cmd = [
+        prog.to_str().unwrap(),
+        "cycle",
+        lib.to_str().unwrap(),
+        "2",
+        "1",
+    ];
+    let (out, text) = trace(
+        &[
+            "-t",
+            "function_graph",
+            "-F",
+            "*:mod:libdlfix.so",
+            "-F",
+            "load_and_call",
+        ],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ctor = field(&stdout, "period1", "ctor_calls") + field(&stdout, "period2", "ctor_calls");
+    let calls = field(&stdout, "period1", "calls") + field(&stdout, "period2", "calls");
+    let count = |pat: &str| events(&text).filter(|l| l.ends_with(pat)).count() as u64;
+    assert_eq!(count("load_and_call() {"), 2, "{text}");
+    assert_eq!(count("  dl_ctor() {"), 2, "{text}");
+    assert_eq!(count("dl_work();"), ctor + calls, "{text}");
+
+    let (out, text) = trace(&["-e", "r:dr libdlfix.so:dl_work ret=$retval"], &cmd);
+    assert!(out.status.success(), "{out:?}\n{text}");
+    let rets: Vec<String> = events(&text)
+        .filter_map(|l| l.split(" dr: ").nth(1))
+        .map(|e| e.rsplit(") ").next().unwrap().to_owned())
+        .collect();
+    let want: Vec<String> = [0u64, 1, 2, 100, 101, 0, 1, 2, 200]
+        .iter()
+        .map(|x| format!("ret={:#x}", 2 * x + 1))
+        .collect();
+    assert_eq!(rets, want, "{text}");
+}

@@ -59,6 +59,10 @@ pub unsafe fn load_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             }
         }
     }
+    // Other threads have not run this code, but a core may hold stale instructions of what
+    // was mapped there before (an object unloaded): serialize every thread before the code
+    // is handed out, as `text_poke_batch` does between its steps.
+    crate::sys::sync_core_all_threads()?;
     // Merge the new records into the sorted parallel vectors.
     let mut all: Vec<(DynFtrace, RecMeta, String, [u8; 5])> = std::mem::take(&mut st.records)
         .into_iter()
