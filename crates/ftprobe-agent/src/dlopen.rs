@@ -89,7 +89,7 @@ pub fn init(objects: &[LoadedObject], own_base: Option<u64>, events: bool) -> Re
     if ftprobe::sys::read_nofault(brk, &mut bytes) != 5 || !patchable(brk, &bytes) {
         return Err(unexpected(bytes));
     }
-    let target = debug_state_hook as extern "C" fn() as u64;
+    let target = debug_state_hook as extern "C" fn() as usize as u64;
     // `jmp *0(%rip)` + the hook's address: reaches it wherever the agent is mapped.
     let stub = ftrace::alloc_code_near(brk, 14, |_| {
         let mut code = vec![0xff, 0x25, 0, 0, 0, 0];

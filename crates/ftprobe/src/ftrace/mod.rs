@@ -559,12 +559,12 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     Ok(skipped)
 }
 
+/// What [`scan_object`] finds: the object, its sites (by address), its XRay exit sleds.
+type Scanned = (Object, Vec<(u64, RecMeta)>, Vec<xray::XrayExit>);
+
 /// Read the object `lo` (index `oi` in `State::objects`): its [`Object`], its sites that
 /// hold in memory what the file says, and its XRay exit sleds. Nothing is written.
-fn scan_object(
-    lo: &LoadedObject,
-    oi: usize,
-) -> Result<(Object, Vec<(u64, RecMeta)>, Vec<xray::XrayExit>), FtraceError> {
+fn scan_object(lo: &LoadedObject, oi: usize) -> Result<Scanned, FtraceError> {
     let image = ElfImage::open(&lo.path)?;
     let module = lo
         .path
