@@ -4,10 +4,10 @@
 //! The hook: the dynamic linker's debugger interface (`struct r_debug` in `<link.h>`). The
 //! loader calls the empty function at `_r_debug.r_brk` (glibc's `_dl_debug_state`) around
 //! every change of its object lists: `RT_ADD` before mapping new objects, `RT_CONSISTENT`
-//! once they are mapped and listed (in `dlopen`: before they are relocated and before any of
-//! their initializers runs, which is after `dlopen` has done its work but before it
-//! returns), `RT_DELETE` before unmapping (their destructors have run) and `RT_CONSISTENT`
-//! again once they are unmapped. This is what gdb breaks on, and the in-process analogue of
+//! once they are mapped and listed (in `dlopen`, glibc's `dl_open_worker_begin`: before it
+//! relocates them, makes them visible to `dlsym` and runs their initializers),
+//! `RT_DELETE` before unmapping (their destructors have run) and `RT_CONSISTENT` again once
+//! they are unmapped (also when a failed `dlopen` unloads what it mapped). This is what gdb breaks on, and the in-process analogue of
 //! the kernel's module notifier (MODULE_STATE_COMING before the module's init, GOING).
 //!
 //! At start the agent replaces `_dl_debug_state`'s first instruction by a `jmp` to a stub
@@ -24,8 +24,8 @@
 //!
 //! Rejected: interposing `dlopen` (constructors run inside it, before it returns; and the
 //! C library's internal loads do not go through the interposed symbol), `LD_AUDIT`'s
-//! `la_objopen` (a second library the CLI would have to pass, in its own namespace, and
-//! called before relocation of the object's dependencies is known), an int3 kprobe on
+//! `la_objopen` (a second library the CLI would have to pass and hide from the program's
+//! children, loaded in a namespace of its own with its own libc), an int3 kprobe on
 //! `_dl_debug_state` (the work, which opens and parses files and patches code, would run in
 //! the SIGTRAP handler with signals blocked), and glibc's SystemTap probes
 //! (`reloc_complete`, `unmap_complete`: exact but NOPs that need an int3 too).
