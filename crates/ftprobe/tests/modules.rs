@@ -158,5 +158,39 @@ fn main() {
             "period {period}: unloaded"
         );
     }
+    // A load/unload loop with the probe and the filter armed each time: the trampoline areas
+    // of an unloaded library are reused by the next load, not one more mapping per load.
+    // Bytes of anonymous RWX mappings (trampoline areas; adjacent ones merge into one line).
+    let maps = || -> u64 {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some("rwxp"))
+            .filter(|l| l.split_whitespace().nth(5).is_none())
+            .map(|l| {
+                let (lo, hi) = l
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .split_once('-')
+                    .unwrap();
+                u64::from_str_radix(hi, 16).unwrap() - u64::from_str_radix(lo, 16).unwrap()
+            })
+            .sum()
+    };
+    let before = maps();
+    for _ in 0..100 {
+        let (h, new, work) = load(&path);
+        assert_eq!(trace_kprobe::objects_loaded().0, 1);
+        assert_eq!(run(&reader, 0, Some(work), 2), (2, 2));
+        // SAFETY: a handle from dlopen; nothing of the library is used after this.
+        assert_eq!(unsafe { libc::dlclose(h) }, 0);
+        assert_eq!(kprobes::objects_unloaded(&new).unwrap(), 1);
+    }
+    let after = maps();
+    assert!(
+        after <= before + 4 * 65536,
+        "trampoline areas: {before} bytes before 100 loads, {after} after"
+    );
     println!("modules: ok");
 }

@@ -38,6 +38,25 @@ pub unsafe fn load_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             Err(e) => skipped.push(e),
         }
     }
+    // The trampoline areas of unloaded objects that a new object's whole code can reach go
+    // to it (they are never unmapped): a program that loads and unloads a library in a loop
+    // reuses them instead of mapping an area per load (and `tramp_area::area_of` knows a
+    // bounded number of areas).
+    for ni in first..st.objects.len() {
+        let (lo, hi) = st.objects[ni].text;
+        if hi <= lo {
+            continue;
+        }
+        let mut moved = Vec::new();
+        for o in st.objects[..first].iter_mut().filter(|o| o.gone) {
+            let (reach, keep): (Vec<TrampArea>, Vec<TrampArea>) = std::mem::take(&mut o.areas)
+                .into_iter()
+                .partition(|a| a.reachable_from(lo) && a.reachable_from(hi - 1));
+            o.areas = keep;
+            moved.extend(reach);
+        }
+        st.objects[ni].areas.extend(moved);
+    }
     for o in &st.objects[first..] {
         if o.image.sites.is_empty() {
             continue;
