@@ -265,6 +265,20 @@ fn a_thread_calls_a_traced_library_while_another_is_loaded_and_unloaded() {
     // libdlfix2.so: 3 constructor calls and one from main per load.
     assert_eq!(count(": dl2_work <-dl2_ctor"), 3 * loads, "{text}");
     assert_eq!(count(": dl2_work <-main"), loads, "{text}");
+
+    // The same under the function_graph tracer: the probe path's site table is replaced at
+    // each load and unload while the thread's calls look their sites up in it.
+    let (out, text) = trace(
+        &["-t", "function_graph", "-F", "*_work:mod:libdlfix*"],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert!(text.contains("# lost events: 0\n"), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let thread_calls = field(&stdout, "thread_calls", "thread_calls");
+    let count = |pat: &str| events(&text).filter(|l| l.ends_with(pat)).count() as u64;
+    assert_eq!(count(" dl_work();"), 3 + thread_calls);
+    assert_eq!(count(" dl2_work();"), 4 * loads);
 }
 
 /// The function_graph tracer (`-F '*:mod:libdlfix.so'`, pending at start) draws each load's
