@@ -13,14 +13,14 @@
 //! At start the agent replaces `_dl_debug_state`'s first instruction by a `jmp` to a stub
 //! near ld.so that jumps to [`debug_state_hook`], an ordinary C-ABI function called with
 //! the loader's lock held, on the thread that loads or unloads, and returning to the loader
-//! as `_dl_debug_state` would have. Each call compares the loaded objects
-//! (`dl_iterate_phdr`) with the last list: new ones are scanned and their sites converted
+//! as `_dl_debug_state` would have. Each call compares the loaded objects (`dl_iterate_phdr`
+//! for the base namespace, the loader's `r_debug` chain for the others) with the last list: new ones are scanned and their sites converted
 //! (`ftrace::load_objects`: no thread can run their code yet), pending and GONE kprobe events
 //! that name them are armed (`trace_kprobe::objects_loaded`), and they are appended to the
 //! rings' objects table for the CLI's symbols; objects no longer listed are unmapped
 //! already: their probes become GONE and their sites are forgotten, never written
 //! (`kprobes::objects_unloaded`). Because the comparison is of lists, calls where nothing
-//! changed (`RT_ADD`, `RT_DELETE`) do nothing, and every namespace (`dlmopen`) is covered.
+//! changed (`RT_ADD`, `RT_DELETE`) do nothing.
 //!
 //! Rejected: interposing `dlopen` (constructors run inside it, before it returns; and the
 //! C library's internal loads do not go through the interposed symbol), `LD_AUDIT`'s
@@ -61,13 +61,70 @@ static BUSY: AtomicBool = AtomicBool::new(false);
 /// kprobe events were asked for: the armed-probes listing is written again after a change.
 static EVENTS: AtomicBool = AtomicBool::new(false);
 
-/// The objects loaded now, the agent left out.
+/// The objects loaded now, the agent left out: the base namespace's (`dl_iterate_phdr`,
+/// which reports only its caller's namespace), then those of the other namespaces
+/// (`dlmopen`), from the loader's own lists.
 fn loaded() -> Vec<LoadedObject> {
     let own = OWN_BASE.load(Ordering::Relaxed);
-    ftprobe::process::loaded_objects()
-        .into_iter()
-        .filter(|o| o.bias != own)
-        .collect()
+    let mut all = ftprobe::process::loaded_objects();
+    all.extend(other_namespaces());
+    all.retain(|o| o.bias != own);
+    all
+}
+
+/// The public head of glibc's `struct link_map` (`<link.h>`).
+#[repr(C)]
+struct LinkMap {
+    l_addr: u64,
+    l_name: *const libc::c_char,
+    l_ld: *const libc::c_void,
+    l_next: *const LinkMap,
+    l_prev: *const LinkMap,
+}
+
+/// The objects of the namespaces other than the base one. glibc 2.35 and later chain each
+/// namespace's `r_debug` after `_r_debug` (`struct r_debug_extended`: `r_version` 2, the
+/// next namespace's right after the version 1 fields); older ones have no such list.
+fn other_namespaces() -> Vec<LoadedObject> {
+    let mut out = Vec::new();
+    // SAFETY: `_r_debug` is the loader's, and this runs in the loader's notification with
+    // its lock held (or at start, single-threaded): the lists are consistent and stay so.
+    let base = unsafe { &*std::ptr::addr_of!(_r_debug) };
+    if base.r_version < 2 {
+        return out;
+    }
+    // SAFETY: with r_version >= 2, `_r_debug` is the head of an `r_debug_extended`, whose
+    // `r_next` pointer follows the version 1 fields.
+    let mut next = unsafe { *(std::ptr::addr_of!(_r_debug).add(1) as *const *const RDebug) };
+    let mut guard = 0;
+    while !next.is_null() && guard < 64 {
+        guard += 1;
+        // SAFETY: a namespace's r_debug, linked by the loader (see above).
+        let r = unsafe { &*next };
+        let mut l = r.r_map as *const LinkMap;
+        let mut n = 0;
+        while !l.is_null() && n < 4096 {
+            n += 1;
+            // SAFETY: a link_map of that namespace's list.
+            let m = unsafe { &*l };
+            if !m.l_name.is_null() {
+                // SAFETY: a NUL-terminated name owned by the loader.
+                let name = unsafe { std::ffi::CStr::from_ptr(m.l_name) }.to_bytes();
+                if name.starts_with(b"/") {
+                    out.push(LoadedObject {
+                        path: std::path::PathBuf::from(
+                            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name),
+                        ),
+                        bias: m.l_addr,
+                    });
+                }
+            }
+            l = m.l_next;
+        }
+        // SAFETY: as above: the next `r_debug_extended` of the chain, or null.
+        next = unsafe { *((next as *const RDebug).add(1) as *const *const RDebug) };
+    }
+    out
 }
 
 /// Remember the objects ftrace was started with and install the hook. Called from the
@@ -75,7 +132,9 @@ fn loaded() -> Vec<LoadedObject> {
 pub fn init(objects: &[LoadedObject], own_base: Option<u64>, events: bool) -> Result<(), String> {
     OWN_BASE.store(own_base.unwrap_or(u64::MAX), Ordering::Relaxed);
     EVENTS.store(events, Ordering::Relaxed);
-    *KNOWN.lock().unwrap_or_else(|e| e.into_inner()) = objects.to_vec();
+    let mut known = objects.to_vec();
+    known.extend(other_namespaces());
+    *KNOWN.lock().unwrap_or_else(|e| e.into_inner()) = known;
     // SAFETY: `_r_debug` is ld.so's, initialized before any object's code runs; r_brk is
     // written once at start-up (read here by value).
     let brk = unsafe { std::ptr::addr_of!(_r_debug.r_brk).read_volatile() } as u64;

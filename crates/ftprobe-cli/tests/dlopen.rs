@@ -327,3 +327,45 @@ fn function_graph_and_return_probes_cover_a_dlopened_library() {
         .collect();
     assert_eq!(rets, want, "{text}");
 }
+
+/// `dlmopen` into a new namespace (with its own copy of libc): the library is found there
+/// too (the loader's lists of the other namespaces; `dl_iterate_phdr` reports only its
+/// caller's), traced from its constructor on, and GONE after `dlclose`.
+#[test]
+fn a_library_loaded_in_a_new_namespace_with_dlmopen_is_traced() {
+    let prog = ftprobe_dev::dlopen_main_fixture();
+    let lib = ftprobe_dev::dlfix_lib();
+    let cmd = [
+        prog.to_str().unwrap(),
+        "dlmopen",
+        lib.to_str().unwrap(),
+        "4",
+    ];
+    let (out, text) = trace(
+        &[
+            "-F",
+            "dl_work:mod:libdlfix.so",
+            "-e",
+            "p:dw libdlfix.so:dl_work arg=%di",
+        ],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ctor = field(&stdout, "dlmopen", "ctor_calls");
+    let calls = field(&stdout, "dlmopen", "calls");
+    assert_eq!((ctor, calls), (3, 4));
+    let all: Vec<&str> = events(&text).collect();
+    let want: Vec<u64> = (0..ctor).chain(300..300 + calls).collect();
+    assert_eq!(dw_args(&all), want, "{text}");
+    let count = |pat: &str| all.iter().filter(|l| l.contains(pat)).count() as u64;
+    assert_eq!(count(": dl_work <-dl_ctor"), ctor, "{text}");
+    assert_eq!(count(": dl_work <-main"), calls, "{text}");
+    let lists = listings(&text);
+    assert!(
+        lists.last().is_some_and(|l| l
+            .iter()
+            .any(|p| p.contains("dl_work+0x0  libdlfix.so [GONE]"))),
+        "{text}"
+    );
+}

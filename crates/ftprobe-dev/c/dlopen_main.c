@@ -10,7 +10,9 @@
  *                               dlopen LIB; a second thread calls dl_work(i) until the main
  *                               thread is done (and at least K times) while the main thread
  *                               dlopens LIB2 (constructor: dl2_work 3 times), calls dl2_work
- *                               once and dlcloses it, R times. */
+ *                               once and dlcloses it, R times.
+ *   dlopen_main dlmopen LIB N   dlmopen LIB into a new namespace (a second libc with it),
+ *                               call dl_work(300 + i) N times, dlclose it. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
@@ -122,6 +124,21 @@ int main(int argc, char **argv)
         dlclose(h);
         return 0;
     }
-    fprintf(stderr, "usage: dlopen_main cycle LIB N M | threads LIB LIB2 K R\n");
+    if (argc == 4 && !strcmp(argv[1], "dlmopen")) {
+        long n = atol(argv[3]);
+        void *h = dlmopen(LM_ID_NEWLM, argv[2], RTLD_NOW);
+        if (!h) {
+            fprintf(stderr, "dlmopen: %s\n", dlerror());
+            return 2;
+        }
+        work_fn work = (work_fn)dlsym(h, "dl_work");
+        long (*ctor_calls)(void) = (long (*)(void))dlsym(h, "dl_ctor_calls");
+        for (long i = 0; i < n; i++)
+            work(300 + i);
+        printf("dlmopen ctor_calls=%ld calls=%ld\n", ctor_calls(), n);
+        dlclose(h);
+        return 0;
+    }
+    fprintf(stderr, "usage: dlopen_main cycle LIB N M | threads LIB LIB2 K R | dlmopen LIB N\n");
     return 2;
 }
