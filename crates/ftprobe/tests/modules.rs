@@ -8,7 +8,9 @@
 use std::ffi::CString;
 use std::os::fd::AsFd;
 
-use ftprobe::ftrace;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ftprobe::ftrace::{self, FtraceOps, PtRegs};
 use ftprobe::function_tracer;
 use ftprobe::kprobes::{self, KPROBE_FLAG_GONE};
 use ftprobe::process::{loaded_objects, LoadedObject};
@@ -84,6 +86,15 @@ fn refs(name: &str) -> (u64, u64) {
     (f.ip, f.flags & ftrace::FTRACE_FL_REF_MASK)
 }
 
+/// An ops that must never be called (its filter selects nothing).
+static ZLIB_OPS: FtraceOps = FtraceOps::new(never, 0);
+
+static NEVER_CALLED: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn never(_ip: u64, _parent: u64, _op: &FtraceOps, _regs: &mut PtRegs) {
+    NEVER_CALLED.fetch_add(1, Ordering::Relaxed);
+}
+
 fn main() {
     // SAFETY: first thing in main, single-threaded.
     unsafe { ftrace::init() }.expect("ftrace::init");
@@ -111,6 +122,27 @@ fn main() {
         "a pending :mod: filter selects nothing"
     );
     assert_eq!(run(&reader, 5, None, 0), (0, 0), "nothing before the load");
+
+    // An ops whose only filter names a library loaded below that has no site (libz): it
+    // still selects nothing once the library is there, through every later change.
+    ftrace::ftrace_set_filter(&ZLIB_OPS, "*:mod:libz.so.1", true).unwrap();
+    ftrace::register_ftrace_function(&ZLIB_OPS).unwrap();
+    let before = loaded_objects();
+    // SAFETY: a NUL-terminated name; libz has no constructor that matters here.
+    let z = unsafe { libc::dlopen(c"libz.so.1".as_ptr(), libc::RTLD_NOW) };
+    assert!(!z.is_null(), "dlopen libz.so.1");
+    let new: Vec<LoadedObject> = loaded_objects()
+        .into_iter()
+        .filter(|o| !before.contains(o))
+        .collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    // SAFETY: only this thread runs.
+    unsafe { ftrace::load_objects(&new) }.unwrap();
+    assert_eq!(
+        refs("fx_add").1,
+        0,
+        "a :mod: filter of an object without sites"
+    );
 
     for period in 1..=2 {
         let (h, new, work) = load(&path);
@@ -192,5 +224,6 @@ fn main() {
         after <= before + 4 * 65536,
         "trampoline areas: {before} bytes before 100 loads, {after} after"
     );
+    assert_eq!(NEVER_CALLED.load(Ordering::Relaxed), 0);
     println!("modules: ok");
 }

@@ -1078,17 +1078,19 @@ impl State {
             glob::select(&f.notrace, items),
             glob::select(&f.notrace, shown),
         );
-        // A `:mod:` filter whose object is not loaded (yet, or any more) selects nothing,
-        // not every function (the kernel's FTRACE_HASH_FL_MOD).
-        if filter.is_none()
-            && f.filter.iter().any(|e| {
-                !e.negate
-                    && e.names_a_module()
-                    && !self
-                        .objects
-                        .iter()
-                        .any(|o| !o.gone && e.matches_module(&o.module))
+        // A `:mod:` filter that selects no site (its object is not loaded yet, any more, or
+        // has no matching site) selects nothing, not every function (the kernel's cached
+        // module filters, FTRACE_HASH_FL_MOD).
+        let selects_some = |e: &FilterEntry| {
+            self.meta.iter().zip(&self.display).any(|(m, d)| {
+                let o = &self.objects[m.obj];
+                e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module)
             })
+        };
+        if filter.is_none()
+            && f.filter
+                .iter()
+                .any(|e| !e.negate && e.names_a_module() && !selects_some(e))
         {
             filter = Some(vec![false; self.records.len()]);
         }

@@ -65,6 +65,8 @@ pub unsafe fn load_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
     }
     if sites.is_empty() && exits.is_empty() {
+        // Nothing to convert, and no filter selects anything new (`hash_of`: a `:mod:`
+        // pattern still matching no site selects nothing).
         return Ok(skipped);
     }
     for (ip, m) in &sites {
