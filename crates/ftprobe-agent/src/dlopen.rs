@@ -122,7 +122,7 @@ fn other_namespaces() -> Vec<LoadedObject> {
             l = m.l_next;
         }
         // SAFETY: as above: the next `r_debug_extended` of the chain, or null.
-        next = unsafe { *((next as *const RDebug).add(1) as *const *const RDebug) };
+        next = unsafe { *(next.add(1) as *const *const RDebug) };
     }
     out
 }
