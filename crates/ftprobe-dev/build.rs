@@ -69,6 +69,8 @@ fn main() {
         "c/sigmasks.c",
         "c/sigearly.c",
         "c/slowctor.c",
+        "c/dlopen_lib.c",
+        "c/dlopen_main.c",
         "c/probepath.c",
         "c/signals.c",
         "c/cxx.cc",
@@ -230,6 +232,25 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         &fixtures.join("libslowctor.so"),
         &[&["-shared", "-Wl,-soname,libslowctor.so"]],
     );
+    // dlopen_main and the libraries it loads with dlopen (libdlfix.so, libdlfix2.so): sites
+    // by -fpatchable-function-entry=5.
+    for (lib, defs) in [
+        ("dlfix", &[][..]),
+        ("dlfix2", &["-DWORK=dl2_work", "-DCTOR=dl2_ctor"][..]),
+    ] {
+        let obj = objs.join(format!("{lib}.o"));
+        compile(
+            &c_dir.join("dlopen_lib.c"),
+            &obj,
+            &[BASE_CFLAGS, patchable.cflags(), &["-fPIC"], defs],
+            &[],
+        );
+        link(
+            &[&obj],
+            &fixtures.join(format!("lib{lib}.so")),
+            &[&["-shared", &format!("-Wl,-soname,lib{lib}.so")]],
+        );
+    }
     let fixtures_dir = format!("-L{}", fixtures.display());
     let sigmasks_ld = [
         "-pthread",
@@ -250,6 +271,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("execs", patchable.cflags(), patchable.ldflags()),
         ("libc_calls", &[], &[]),
         ("probepath", patchable.cflags(), &["-pthread"]),
+        ("dlopen_main", patchable.cflags(), &["-pthread", "-ldl"]),
         ("signals", patchable.cflags(), &[]),
         // fgraph (return hooks), sites by attribute: fgraph_thr, pthread_exit and
         // cancellation under traced frames; fgraph_sig, signal handlers at depth.

@@ -72,6 +72,8 @@ macro_rules! say {
     ($($t:tt)*) => { crate::say(format_args!("{}\n", format_args!($($t)*))) };
 }
 
+mod dlopen;
+
 /// The agent's constructor. As a rule the agent has started already, from the first
 /// initializer of another object ([`early`]); else (no other object has an initializer, or
 /// the loader did not run the relocation-time resolver) it starts here.
@@ -253,7 +255,22 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
             _ => (line as u32, probe.as_str()),
         };
         match trace_kprobe::create(id, cmd) {
-            Ok(tk) => returns_in_use |= tk.rp.is_some(),
+            Ok(tk) => {
+                returns_in_use |= tk.rp.is_some();
+                if let (
+                    true,
+                    kprobes::KprobeTarget::Symbol {
+                        module: Some(m), ..
+                    },
+                ) = (tk.is_pending(), &tk.kp.target)
+                {
+                    say!(
+                        "ftprobe-agent: {}/{}: {m} is not loaded: the probe is armed when it is",
+                        tk.def.group,
+                        tk.def.event
+                    );
+                }
+            }
             Err(e) => {
                 say(format_args!("ftprobe-agent: {}", error_log(cmd, &e.err)));
                 if let Some(d) = e.detail {
@@ -315,6 +332,10 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     }
     if returns_in_use {
         start_return_hooks();
+    }
+    // Objects loaded from now on (`dlopen`) are scanned before their initializers run.
+    if let Err(e) = dlopen::init(&objects, own, !env.events.is_empty()) {
+        say!("ftprobe-agent: objects loaded later with dlopen will not be traced: {e}");
     }
     if let Some(rings) = trace::buffer() {
         rings.set_armed();

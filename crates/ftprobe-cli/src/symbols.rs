@@ -52,10 +52,13 @@ impl Symbols {
         if let Some(r) = self.cache.get(&addr) {
             return *r;
         }
+        // The last entry first: an object loaded later (dlopen) is appended to the table, and
+        // one loaded where an unloaded one was is the one mapped now.
         let found = self
             .objects
             .iter()
             .enumerate()
+            .rev()
             .find_map(|(o, (bias, img))| {
                 let svma = addr.checked_sub(*bias)?;
                 if !img.contains(svma) {

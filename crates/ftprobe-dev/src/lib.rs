@@ -297,6 +297,23 @@ pub fn signals_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("signals")
 }
 
+/// Path of `dlopen_main` (`c/dlopen_main.c`): `cycle LIB N M` loads, calls, unloads and
+/// loads again a library with `dlopen`; `threads LIB LIB2 K R` loads and unloads LIB2 while
+/// a second thread calls into LIB. Prints its own counts.
+pub fn dlopen_main_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("dlopen_main")
+}
+
+/// Path of `libdlfix.so` (`c/dlopen_lib.c`): `dl_work`, called 3 times by its constructor.
+pub fn dlfix_lib() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("libdlfix.so")
+}
+
+/// Path of `libdlfix2.so`: `libdlfix.so` with `dl2_work` and `dl2_ctor` instead.
+pub fn dlfix2_lib() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("libdlfix2.so")
+}
+
 /// Path of `libslowctor.so`, whose constructor sleeps 1 s (`probepath dlopen LIB`).
 pub fn slowctor_lib() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("libslowctor.so")

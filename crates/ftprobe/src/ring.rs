@@ -24,7 +24,7 @@
 //!   |  96 fgraph_overrun u64 (calls the function_graph tracer could not hook: full shadow |
 //!   |     stack)                                                                        |
 //!   | 128 objects[512], 272 bytes each:                                              |
-//!   |       0 load_bias u64, 8 path_len u32, 12 reserved u32, 16 path[256]           |
+//!   |       0 load_bias u64, 8 path_len u32, 12 claimed u32, 16 path[256]            |
 //!   | 139392 event_counters[1024], 16 bytes each (kprobe events, by event id):        |
 //!   |       0 dropped u64 (hits whose record was lost), 8 nmissed u64                |
 //!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
@@ -97,7 +97,8 @@ const MAGIC_U64: u64 = u64::from_le_bytes(MAGIC);
 struct ObjectSlot {
     load_bias: AtomicU64,
     path_len: AtomicU32,
-    _reserved: AtomicU32,
+    /// 1 once the entry is taken (`set_objects`, `add_objects`).
+    claimed: AtomicU32,
     path: [AtomicU8; MAX_OBJECT_PATH + 1],
 }
 
@@ -919,6 +920,8 @@ impl SharedRings {
         }
         let h = self.header();
         for (slot, &(bias, path)) in h.objects.iter().zip(objs) {
+            // Claimed, for `add_objects`.
+            slot.claimed.store(1, Relaxed);
             slot.load_bias.store(bias, Relaxed);
             slot.path_len.store(path.len() as u32, Relaxed);
             for (dst, &b) in slot.path.iter().zip(path) {
@@ -928,6 +931,52 @@ impl SharedRings {
         // Release: publishes the entries; pairs with the Acquire load in `objects`.
         h.nr_objects.store(objs.len() as u32, Release);
         Ok(())
+    }
+
+    /// Agent side, while the program runs: objects loaded later (`dlopen`), appended to the
+    /// table after those already there (an entry is never changed once published: readers
+    /// take the last entry that covers an address). Several processes (a forked child) may
+    /// append at once: each entry is claimed first (its `reserved` word, 0 -> 1), and
+    /// `nr_objects` moves past it only after the entries before it are published. Returns how
+    /// many were added (fewer when the table is full or a path is too long, those left out).
+    pub fn add_objects(&self, objs: &[(u64, &[u8])]) -> usize {
+        let h = self.header();
+        let mut added = 0;
+        for &(bias, path) in objs {
+            if path.len() > MAX_OBJECT_PATH {
+                continue;
+            }
+            // Acquire: pairs with the Release store below (and in `set_objects`).
+            let start = (h.nr_objects.load(Acquire) as usize).min(MAX_OBJECTS);
+            let Some(i) = (start..MAX_OBJECTS).find(|&i| {
+                h.objects[i]
+                    .claimed
+                    .compare_exchange(0, 1, Relaxed, Relaxed)
+                    .is_ok()
+            }) else {
+                break;
+            };
+            let slot = &h.objects[i];
+            slot.load_bias.store(bias, Relaxed);
+            slot.path_len.store(path.len() as u32, Relaxed);
+            for (dst, &b) in slot.path.iter().zip(path) {
+                dst.store(b, Relaxed);
+            }
+            // The entries before this one are published by their writers in order; bounded,
+            // so that a writer that died between its claim and its publication stops nobody.
+            for _ in 0..1_000_000 {
+                // Release: publishes this entry; pairs with the Acquire load in `objects`.
+                if h.nr_objects
+                    .compare_exchange(i as u32, i as u32 + 1, Release, Relaxed)
+                    .is_ok()
+                {
+                    added += 1;
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        added
     }
 
     /// CLI side: the objects table written by [`set_objects`](Self::set_objects).
@@ -1916,6 +1965,31 @@ mod tests {
         assert!(matches!(err, RingError::TooManyObjects { count: 513 }));
         assert_eq!(sr.objects(), got, "failed calls wrote nothing");
         sr.set_objects(&many[..MAX_OBJECTS]).unwrap();
+        assert_eq!(sr.objects().len(), MAX_OBJECTS);
+    }
+
+    #[test]
+    fn objects_loaded_later_are_appended() {
+        let sr = rings(1, 4096);
+        sr.set_objects(&[(0x1000, b"/bin/prog"), (0x7f00, b"/lib/libc.so.6")])
+            .unwrap();
+        assert_eq!(sr.add_objects(&[(0x9000, b"/tmp/libdl.so")]), 1);
+        let too_long = vec![b'x'; MAX_OBJECT_PATH + 1];
+        assert_eq!(
+            sr.add_objects(&[(0xa000, &too_long), (0x9000, b"/tmp/libdl.so")]),
+            1
+        );
+        let got = sr.objects();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0], (0x1000, b"/bin/prog".to_vec()));
+        assert_eq!(got[2], (0x9000, b"/tmp/libdl.so".to_vec()));
+        assert_eq!(got[3], got[2], "a reload is a new entry");
+        let fill: Vec<(u64, &[u8])> = vec![(1, b"/a"); MAX_OBJECTS];
+        assert_eq!(
+            sr.add_objects(&fill),
+            MAX_OBJECTS - 4,
+            "up to the table's end"
+        );
         assert_eq!(sr.objects().len(), MAX_OBJECTS);
     }
 

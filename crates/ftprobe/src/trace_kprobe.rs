@@ -65,7 +65,8 @@
 //! kernel's shrinking `maxlen` does. No allocation, no lock; the stack holds one 128-byte
 //! buffer while measuring.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::events::{
     parse_probe_command, FetchArg, FetchOp, FetchType, ProbeCommand, ProbeDef, ProbeError,
@@ -110,8 +111,11 @@ pub struct TraceKprobe {
     fixed_words: usize,
     /// Some argument is a string read from memory: records have a data area.
     dynamic: bool,
-    /// Whether the site stands after the prologue (stack arguments are above `rbp`).
-    after_prologue: bool,
+    /// Whether the site stands after the prologue (stack arguments are above `rbp`); set
+    /// each time the probe is armed (its object may be loaded later).
+    after_prologue: AtomicBool,
+    /// Not armed: its object (`OBJ:SYM`) is not loaded yet ([`objects_loaded`] arms it).
+    pending: AtomicBool,
     dropped: AtomicU64,
     /// The event's counters in the trace buffer's shared header, when there is one: the
     /// reader gets `dropped` and `nmissed` from there, even if this process never exits.
@@ -462,15 +466,28 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
             detail,
         }
     };
-    let addr = kprobes::resolve(&target).map_err(reg_err)?.addr;
+    // `OBJ:SYM` of an object not loaded yet: kept, and armed when the object is loaded (the
+    // kernel's trace_kprobe: "This probe might be able to register after target module is
+    // loaded. Continue.", then `trace_kprobe_module_callback()`).
+    let pending = match kprobes::resolve(&target) {
+        Ok(_) => false,
+        Err(KprobeError::NoObject(_))
+            if matches!(
+                &target,
+                KprobeTarget::Symbol {
+                    module: Some(_),
+                    ..
+                }
+            ) =>
+        {
+            true
+        }
+        Err(e) => return Err(reg_err(e)),
+    };
     let maxactive = match def.kind {
         ProbeKind::Kretprobe { maxactive } => Some(maxactive.unwrap_or(0)),
         _ => None,
     };
-    // A return probe's entry probe runs at the function's entry: its `$argN` are read there
-    // by the SysV rule for an entry (after_prologue is for `p` probes on `-pg` sites).
-    let after_prologue = maxactive.is_none()
-        && ft::record(addr).is_some_and(|r| r.flags & FTRACE_FL_AFTER_PROLOGUE != 0);
     let entry = entry_args(&args, &def);
     let (kp, rp): (&'static Kprobe, Option<&'static Kretprobe>) = match maxactive {
         None => (
@@ -497,7 +514,8 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         fixed_words: args.iter().map(|a| a.store.words()).sum(),
         dynamic: args.iter().any(|a| a.store.is_dynamic()),
         args,
-        after_prologue,
+        after_prologue: AtomicBool::new(false),
+        pending: AtomicBool::new(pending),
         dropped: AtomicU64::new(0),
         shared,
         def,
@@ -506,24 +524,93 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         kp.count_nmissed_in(&c.nmissed);
     }
     match rp {
-        None => {
-            kp.data
-                .store(tk as *const TraceKprobe as u64, Ordering::Relaxed);
-            kprobes::register_kprobe(kp).map_err(reg_err)?;
+        None => kp
+            .data
+            .store(tk as *const TraceKprobe as u64, Ordering::Relaxed),
+        Some(rp) => rp
+            .data
+            .store(tk as *const TraceKprobe as u64, Ordering::Relaxed),
+    }
+    if !pending {
+        arm(tk).map_err(|e| match e {
+            KprobeError::NotFunctionEntry(_) => EventError {
+                err: ProbeError::new(ProbeErrorKind::BadRetprobe, at),
+                detail: Some(e.to_string()),
+            },
+            e => reg_err(e),
+        })?;
+    }
+    EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(tk);
+    Ok(tk)
+}
+
+/// Every event [`create`] made, for [`objects_loaded`].
+static EVENTS: Mutex<Vec<&'static TraceKprobe>> = Mutex::new(Vec::new());
+
+/// Register the event's probe (its kretprobe for a return event).
+fn arm(tk: &'static TraceKprobe) -> Result<(), KprobeError> {
+    let target = &tk.kp.target;
+    let addr = kprobes::resolve(target)?.addr;
+    // A return probe's entry probe runs at the function's entry: its `$argN` are read there
+    // by the SysV rule for an entry (after_prologue is for `p` probes on `-pg` sites).
+    let after_prologue = tk.rp.is_none()
+        && ft::record(addr).is_some_and(|r| r.flags & FTRACE_FL_AFTER_PROLOGUE != 0);
+    tk.after_prologue.store(after_prologue, Ordering::Relaxed);
+    match tk.rp {
+        None => kprobes::register_kprobe(tk.kp),
+        Some(rp) => kprobes::register_kretprobe(rp),
+    }
+}
+
+impl TraceKprobe {
+    /// Whether the event waits for its object to be loaded (not armed).
+    pub fn is_pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed)
+    }
+}
+
+/// Objects were loaded (`dlopen`, after `ft::load_objects`): arm the events that name one of
+/// them (`OBJ:SYM`) and wait for it (pending), or whose probe is GONE (their object was
+/// unloaded, and is loaded again): a GONE probe is unregistered and registered again, as the
+/// kernel's `trace_kprobe_module_callback()` does on MODULE_STATE_COMING. Returns the events
+/// armed, and those that could not be (with why).
+pub fn objects_loaded() -> (usize, Vec<(&'static TraceKprobe, KprobeError)>) {
+    let events: Vec<&'static TraceKprobe> =
+        EVENTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut armed = 0;
+    let mut failed = Vec::new();
+    for tk in events {
+        let KprobeTarget::Symbol {
+            module: Some(m), ..
+        } = &tk.kp.target
+        else {
+            continue;
+        };
+        let gone = tk.kp.flags() & kprobes::KPROBE_FLAG_GONE != 0;
+        if !(tk.is_pending() || gone) || !ft::has_module(m) {
+            continue;
         }
-        Some(rp) => {
-            rp.data
-                .store(tk as *const TraceKprobe as u64, Ordering::Relaxed);
-            kprobes::register_kretprobe(rp).map_err(|e| match e {
-                KprobeError::NotFunctionEntry(_) => EventError {
-                    err: ProbeError::new(ProbeErrorKind::BadRetprobe, at),
-                    detail: Some(e.to_string()),
-                },
-                e => reg_err(e),
-            })?;
+        if gone {
+            let r = match tk.rp {
+                None => kprobes::unregister_kprobe(tk.kp),
+                Some(rp) => kprobes::unregister_kretprobe(rp),
+            };
+            if let Err(e) = r {
+                failed.push((tk, e));
+                continue;
+            }
+        }
+        // Pending until armed: a failure leaves it waiting for the next load.
+        tk.pending.store(true, Ordering::Relaxed);
+        match arm(tk) {
+            Ok(()) => {
+                tk.pending.store(false, Ordering::Relaxed);
+                armed += 1;
+            }
+            Err(e) => failed.push((tk, e)),
         }
     }
-    Ok(tk)
+    (armed, failed)
 }
 
 /// Byte offset in `cmd` of `@NAME` in the argument that starts at `arg_pos` (the `@` of
@@ -811,7 +898,7 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
     let tk = unsafe { &*(p.data.load(Ordering::Relaxed) as *const TraceKprobe) };
     let at = At {
         regs,
-        after_prologue: tk.after_prologue,
+        after_prologue: tk.after_prologue.load(Ordering::Relaxed),
         entry: &[],
     };
     write_event(tk, at, p.addr(), None);

@@ -86,6 +86,18 @@ impl FilterEntry {
         }
         self.func.as_ref().is_none_or(|p| p.matches(func))
     }
+
+    /// Whether the pattern has a `:mod:` part.
+    pub fn names_a_module(&self) -> bool {
+        self.module.is_some()
+    }
+
+    /// Whether the `:mod:` part (if any) matches the object whose file name is `module`.
+    pub fn matches_module(&self, module: &str) -> bool {
+        self.module
+            .as_ref()
+            .is_none_or(|m| module_names(module).any(|n| m.matches(n)))
+    }
 }
 
 /// The names an object answers to in `:mod:`: its file name, and for `libfoo.so.1` also

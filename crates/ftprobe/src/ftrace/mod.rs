@@ -14,12 +14,15 @@
 pub mod fgraph;
 pub mod fgraph_unwind;
 pub mod glob;
+mod modules;
 mod objects;
 mod xray;
 
+pub use modules::{load_objects, unload_objects};
 pub use objects::{
     addr_of_file_offset, alloc_code_near, find_symbol, has_module, is_ftprobe_code,
-    make_code_writable, module_matches, module_of, names_at, symbol_at, SymbolAddr,
+    make_code_writable, module_matches, module_of, names_at, symbol_at, symbol_at_or_gone,
+    SymbolAddr,
 };
 
 use std::collections::HashMap;
@@ -356,6 +359,11 @@ struct Object {
     /// The symbols of the object's separate debug file: `None` until first needed (a name
     /// or an address its own symbols do not know), then what was found.
     debug: Option<Option<ElfImage>>,
+    /// Unloaded (`dlclose`): its code is unmapped, so nothing reads or writes it any more,
+    /// and no lookup finds it; kept (not removed) so that the object indices in `RecMeta`
+    /// and `tramps` stay valid, and its trampoline areas stay mapped for threads that may
+    /// still be returning through them.
+    gone: bool,
 }
 
 impl Object {
@@ -487,81 +495,14 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     let mut sites: Vec<(u64, RecMeta)> = Vec::new();
     let mut xray_exits = Vec::new();
     for lo in objs {
-        let image = match ElfImage::open(&lo.path) {
-            Ok(i) => i,
-            Err(e) => {
-                skipped.push(e.into());
-                continue;
+        match scan_object(lo, objects.len()) {
+            Ok((o, s, x)) => {
+                objects.push(o);
+                sites.extend(s);
+                xray_exits.extend(x);
             }
-        };
-        let module = lo
-            .path
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let exec = image.segments.iter().filter(|s| s.exec);
-        let text = (
-            exec.clone().map(|s| s.svma).min().unwrap_or(0) + lo.bias,
-            exec.map(|s| s.svma + s.memsz).max().unwrap_or(0) + lo.bias,
-        );
-        if let (Some(id), Some(at)) = (&image.build_id, image.build_id_svma) {
-            let mut mem = vec![0u8; id.len()];
-            let got = crate::sys::read_nofault(at.wrapping_add(lo.bias), &mut mem);
-            if got != id.len() || mem != *id {
-                skipped.push(FtraceError::ObjectChanged(lo.path.clone()));
-                continue;
-            }
+            Err(e) => skipped.push(e),
         }
-        let oi = objects.len();
-        for s in &image.sites {
-            let ip = s.svma + lo.bias;
-            // The bytes in memory must be what the file says (else: not this file's code).
-            // Read without faulting: an address from the file is checked before it is trusted.
-            let mut mem = [0u8; 16];
-            let len = s.kind.byte_len() as usize;
-            if crate::sys::read_nofault(ip, &mut mem[..len]) != len
-                || crate::arch::x86_64::sites::classify(&mem[..len]) != Some(s.kind)
-            {
-                continue;
-            }
-            let (nop, len) = match s.kind {
-                SiteKind::XraySled => (
-                    mem[..5].try_into().expect("5 bytes"),
-                    crate::arch::x86_64::sites::XRAY_SLED_LEN,
-                ),
-                _ => (NOP5, SITE_LEN),
-            };
-            sites.push((
-                ip,
-                RecMeta {
-                    obj: oi,
-                    func: s.func,
-                    kind: s.kind,
-                    place: s.place,
-                    source: s.source,
-                    nop,
-                    len,
-                },
-            ));
-        }
-        // (function start, entry site) of this object's XRay entry sleds that are sites.
-        let mut entry_ips: Vec<(u64, u64)> = sites
-            .iter()
-            .filter(|(_, m)| m.obj == oi && m.kind == SiteKind::XraySled)
-            .map(|(ip, m)| (image.funcs[m.func].svma + lo.bias, *ip))
-            .collect();
-        entry_ips.sort_unstable();
-        xray_exits.extend(xray::exits_of(&image, lo.bias, oi, &entry_ips));
-        let writable = !image.sites.is_empty();
-        objects.push(Object {
-            image,
-            bias: lo.bias,
-            module,
-            areas: Vec::new(),
-            text,
-            writable,
-            debug: None,
-        });
     }
     sites.sort_by_key(|s| s.0);
     for o in &objects {
@@ -618,6 +559,84 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
     Ok(skipped)
 }
 
+/// What [`scan_object`] finds: the object, its sites (by address), its XRay exit sleds.
+type Scanned = (Object, Vec<(u64, RecMeta)>, Vec<xray::XrayExit>);
+
+/// Read the object `lo` (index `oi` in `State::objects`): its [`Object`], its sites that
+/// hold in memory what the file says, and its XRay exit sleds. Nothing is written.
+fn scan_object(lo: &LoadedObject, oi: usize) -> Result<Scanned, FtraceError> {
+    let image = ElfImage::open(&lo.path)?;
+    let module = lo
+        .path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let exec = image.segments.iter().filter(|s| s.exec);
+    let text = (
+        exec.clone().map(|s| s.svma).min().unwrap_or(0) + lo.bias,
+        exec.map(|s| s.svma + s.memsz).max().unwrap_or(0) + lo.bias,
+    );
+    if let (Some(id), Some(at)) = (&image.build_id, image.build_id_svma) {
+        let mut mem = vec![0u8; id.len()];
+        let got = crate::sys::read_nofault(at.wrapping_add(lo.bias), &mut mem);
+        if got != id.len() || mem != *id {
+            return Err(FtraceError::ObjectChanged(lo.path.clone()));
+        }
+    }
+    let mut sites = Vec::new();
+    for s in &image.sites {
+        let ip = s.svma + lo.bias;
+        // The bytes in memory must be what the file says (else: not this file's code).
+        // Read without faulting: an address from the file is checked before it is trusted.
+        let mut mem = [0u8; 16];
+        let len = s.kind.byte_len() as usize;
+        if crate::sys::read_nofault(ip, &mut mem[..len]) != len
+            || crate::arch::x86_64::sites::classify(&mem[..len]) != Some(s.kind)
+        {
+            continue;
+        }
+        let (nop, len) = match s.kind {
+            SiteKind::XraySled => (
+                mem[..5].try_into().expect("5 bytes"),
+                crate::arch::x86_64::sites::XRAY_SLED_LEN,
+            ),
+            _ => (NOP5, SITE_LEN),
+        };
+        sites.push((
+            ip,
+            RecMeta {
+                obj: oi,
+                func: s.func,
+                kind: s.kind,
+                place: s.place,
+                source: s.source,
+                nop,
+                len,
+            },
+        ));
+    }
+    // (function start, entry site) of this object's XRay entry sleds that are sites.
+    let mut entry_ips: Vec<(u64, u64)> = sites
+        .iter()
+        .filter(|(_, m)| m.kind == SiteKind::XraySled)
+        .map(|(ip, m)| (image.funcs[m.func].svma + lo.bias, *ip))
+        .collect();
+    entry_ips.sort_unstable();
+    let xray_exits = xray::exits_of(&image, lo.bias, oi, &entry_ips);
+    let writable = !image.sites.is_empty();
+    let object = Object {
+        image,
+        bias: lo.bias,
+        module,
+        areas: Vec::new(),
+        text,
+        writable,
+        debug: None,
+        gone: false,
+    };
+    Ok((object, sites, xray_exits))
+}
+
 /// One site in the probe path's lookup table ([`site_info`]).
 #[derive(Clone, Copy)]
 struct SiteInfo {
@@ -632,8 +651,8 @@ struct SiteInfo {
 }
 
 /// Sites by address, for the probe path (no lock): an open-addressing table, power-of-two
-/// sized, at most half full, built once by [`init_objects`] and never freed (sites do not
-/// change after init).
+/// sized, at most half full, built by [`init_objects`] and built again when objects are
+/// loaded or unloaded (`modules`); a replaced table is never freed (a reader may hold it).
 static SITE_TABLE: AtomicPtr<Vec<SiteInfo>> = AtomicPtr::new(std::ptr::null_mut());
 
 fn site_hash(ip: u64, mask: usize) -> usize {
@@ -758,6 +777,7 @@ pub fn objects() -> Result<Vec<LoadedObject>, FtraceError> {
     Ok(st
         .objects
         .iter()
+        .filter(|o| !o.gone)
         .map(|o| LoadedObject {
             path: o.image.path.clone(),
             bias: o.bias,
@@ -830,10 +850,19 @@ fn set_filter(
     if !e.negate {
         let g = lock();
         let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
-        if !st.meta.iter().zip(&st.display).any(|(m, d)| {
-            let o = &st.objects[m.obj];
-            e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module)
-        }) {
+        // `:mod:OBJ` naming no loaded object is kept for when it is loaded (the kernel caches
+        // such filters for a module not loaded yet: `ftrace_mod_load`, `process_cached_mods`).
+        let pending = e.names_a_module()
+            && !st
+                .objects
+                .iter()
+                .any(|o| !o.gone && e.matches_module(&o.module));
+        if !pending
+            && !st.meta.iter().zip(&st.display).any(|(m, d)| {
+                let o = &st.objects[m.obj];
+                e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module)
+            })
+        {
             return Err(FtraceError::NoMatch(pattern.to_owned()));
         }
     }
@@ -1049,6 +1078,22 @@ impl State {
             glob::select(&f.notrace, items),
             glob::select(&f.notrace, shown),
         );
+        // A `:mod:` filter that selects no site (its object is not loaded yet, any more, or
+        // has no matching site) selects nothing, not every function (the kernel's cached
+        // module filters, FTRACE_HASH_FL_MOD).
+        let selects_some = |e: &FilterEntry| {
+            self.meta.iter().zip(&self.display).any(|(m, d)| {
+                let o = &self.objects[m.obj];
+                e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module)
+            })
+        };
+        if filter.is_none()
+            && f.filter
+                .iter()
+                .any(|e| !e.negate && e.names_a_module() && !selects_some(e))
+        {
+            filter = Some(vec![false; self.records.len()]);
+        }
         if !f.ips.is_empty() {
             let set = filter.get_or_insert_with(|| vec![false; self.records.len()]);
             for ip in &f.ips {

@@ -39,7 +39,7 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
         let mut found: Vec<SymbolAddr> = st
             .objects
             .iter()
-            .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
+            .filter(|o| !o.gone && module.is_none_or(|m| module_matches(m, &o.module)))
             .flat_map(|o| {
                 let resolver = o.image.ifuncs.iter().find(|(n, _)| n == name);
                 let ifunc = resolver.is_some();
@@ -63,7 +63,7 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
             for o in st
                 .objects
                 .iter_mut()
-                .filter(|o| module.is_none_or(|m| module_matches(m, &o.module)))
+                .filter(|o| !o.gone && module.is_none_or(|m| module_matches(m, &o.module)))
             {
                 let Some(debug) = o.debug() else { continue };
                 let funcs: Vec<(String, u64, u64)> = debug
@@ -137,8 +137,12 @@ pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> 
     let o = st
         .objects
         .iter()
-        .find(|o| want.is_some() && file_id(&o.image.path) == want)
-        .or_else(|| st.objects.iter().find(|o| module_matches(path, &o.module)))
+        .find(|o| !o.gone && want.is_some() && file_id(&o.image.path) == want)
+        .or_else(|| {
+            st.objects
+                .iter()
+                .find(|o| !o.gone && module_matches(path, &o.module))
+        })
         .ok_or(FtraceError::NoSite(offset))?;
     let svma = o
         .image
@@ -150,8 +154,11 @@ pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> 
 /// Whether an object that `module` names is loaded (see [`module_matches`]).
 pub fn has_module(module: &str) -> bool {
     let g = lock();
-    g.as_ref()
-        .is_some_and(|st| st.objects.iter().any(|o| module_matches(module, &o.module)))
+    g.as_ref().is_some_and(|st| {
+        st.objects
+            .iter()
+            .any(|o| !o.gone && module_matches(module, &o.module))
+    })
 }
 
 /// The function containing `addr`, with the offset into it: from the object's symbols, its
@@ -163,6 +170,36 @@ pub fn symbol_at(addr: u64) -> Option<(SymbolAddr, u64)> {
     lookup(st, addr, true)
 }
 
+/// [`symbol_at`] among unloaded objects too (a loaded one first): how a probe listing names
+/// a probe whose object went away (`[GONE]`).
+pub fn symbol_at_or_gone(addr: u64) -> Option<(SymbolAddr, u64)> {
+    let mut g = lock();
+    let st = g.as_mut()?;
+    if let Some(found) = lookup(st, addr, true) {
+        return Some(found);
+    }
+    st.objects
+        .iter_mut()
+        .rev()
+        .filter(|o| o.gone)
+        .find_map(|o| {
+            let svma = addr.checked_sub(o.bias)?;
+            if !o.image.contains(svma) {
+                return None;
+            }
+            let (name, start, size) = o.function_at(svma, true)?;
+            Some((
+                SymbolAddr {
+                    name,
+                    module: o.module.clone(),
+                    addr: start + o.bias,
+                    size,
+                },
+                svma - start,
+            ))
+        })
+}
+
 /// [`symbol_at`] under the lock; without `fde`, named functions only.
 fn lookup(st: &mut State, addr: u64, fde: bool) -> Option<(SymbolAddr, u64)> {
     if let Some(s) = st
@@ -172,7 +209,7 @@ fn lookup(st: &mut State, addr: u64, fde: bool) -> Option<(SymbolAddr, u64)> {
     {
         return Some((s.clone(), addr - s.addr));
     }
-    st.objects.iter_mut().find_map(|o| {
+    st.objects.iter_mut().filter(|o| !o.gone).find_map(|o| {
         let svma = addr.checked_sub(o.bias)?;
         if !o.image.contains(svma) {
             return None;
@@ -211,6 +248,7 @@ pub fn names_at(addr: u64) -> Vec<String> {
     };
     st.objects
         .iter_mut()
+        .filter(|o| !o.gone)
         .find_map(|o| {
             let svma = addr.checked_sub(o.bias)?;
             if !o.image.contains(svma) {
@@ -237,7 +275,7 @@ pub fn alloc_code_near(
     let o = st
         .objects
         .iter_mut()
-        .find(|o| addr >= o.text.0 && addr < o.text.1)
+        .find(|o| !o.gone && addr >= o.text.0 && addr < o.text.1)
         .ok_or(FtraceError::NoSite(addr))?;
     let mut make = Some(make);
     if let Some(a) = o
@@ -266,7 +304,7 @@ pub fn make_code_writable(addr: u64) -> Result<(), FtraceError> {
     let Some(o) = st
         .objects
         .iter_mut()
-        .find(|o| addr >= o.text.0 && addr < o.text.1)
+        .find(|o| !o.gone && addr >= o.text.0 && addr < o.text.1)
     else {
         return Err(FtraceError::NoSite(addr));
     };
@@ -294,6 +332,6 @@ pub fn module_of(addr: u64) -> Option<String> {
     let st = g.as_ref()?;
     st.objects
         .iter()
-        .find(|o| o.image.contains(addr.wrapping_sub(o.bias)))
+        .find(|o| !o.gone && o.image.contains(addr.wrapping_sub(o.bias)))
         .map(|o| o.module.clone())
 }

@@ -70,6 +70,15 @@ pub(super) fn arm(
     Ok(())
 }
 
+/// Forget the addresses in `ranges` (unloaded objects): ftrace already dropped them from
+/// the ops' filters and unregistered an ops left without any (`ft::unload_objects`).
+pub(super) fn forget(ranges: &[(u64, u64)]) {
+    let mut armed = ARMED.lock().unwrap_or_else(|e| e.into_inner());
+    for set in armed.iter_mut() {
+        set.retain(|a| !ranges.iter().any(|&(lo, hi)| *a >= lo && *a < hi));
+    }
+}
+
 fn add(set: &mut BTreeSet<u64>, ops: &'static FtraceOps, addr: u64) -> Result<(), FtraceError> {
     ft::ftrace_set_filter_ip(ops, addr, false, false)?;
     if set.is_empty() {

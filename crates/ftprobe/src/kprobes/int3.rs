@@ -372,6 +372,19 @@ pub(super) fn disarm(addr: u64) -> Result<(), KprobeError> {
     Ok(())
 }
 
+/// Forget the armed addresses in `ranges` (objects that were unloaded) without writing:
+/// their code is not mapped any more (the kernel's `kill_kprobe()` for a going module's
+/// probes). Slots stay (never freed).
+pub(super) fn forget(ranges: &[(u64, u64)]) {
+    let mut c = lock();
+    let before = c.armed.len();
+    c.armed
+        .retain(|a, _| !ranges.iter().any(|&(lo, hi)| *a >= lo && *a < hi));
+    if c.armed.len() != before {
+        publish(&mut c);
+    }
+}
+
 // ---- probe path ------------------------------------------------------------------------
 
 fn to_regs(g: &[libc::greg_t; 23]) -> PtRegs {

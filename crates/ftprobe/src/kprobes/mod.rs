@@ -147,7 +147,7 @@ pub enum KprobeError {
     #[error("symbol {0:?} not found")]
     NoSymbol(String),
     /// No loaded object of that name (-ENOENT; the kernel's "module not loaded").
-    #[error("no object {0:?} is loaded in this process (objects loaded later with dlopen are not supported yet)")]
+    #[error("no object {0:?} is loaded in this process")]
     NoObject(String),
     /// Several functions of that name (-EADDRNOTAVAIL, "The symbol is not unique").
     #[error("the symbol {name:?} is not unique: {candidates}; name one by its full C++ signature or mangled name, or its object (OBJ:SYM)")]
@@ -504,6 +504,40 @@ fn set_disabled(p: &'static Kprobe, disabled: bool) -> Result<(), KprobeError> {
     Ok(())
 }
 
+/// Objects were unloaded (`dlclose`; already unmapped): their probes become GONE (the
+/// kernel's `kill_kprobe()` on MODULE_STATE_GOING), stay registered and listed `[GONE]`,
+/// and their handlers no longer run; nothing of their code is read or written. ftrace drops
+/// the objects' sites. To arm such a probe again (its object loaded again), unregister it
+/// and register it again, as the kernel's trace_kprobe does on module load. Returns how many
+/// probes became GONE.
+pub fn objects_unloaded(objs: &[crate::process::LoadedObject]) -> Result<usize, KprobeError> {
+    let t = lock();
+    let ranges = ft::unload_objects(objs)?;
+    if ranges.is_empty() {
+        return Ok(0);
+    }
+    let in_gone = |a: u64| ranges.iter().any(|&(lo, hi)| a >= lo && a < hi);
+    let mut n = 0;
+    for (_, probes) in t.probes.iter().filter(|(a, _)| in_gone(**a)) {
+        for p in probes {
+            if p.flags.fetch_or(KPROBE_FLAG_GONE, Ordering::Relaxed) & KPROBE_FLAG_GONE == 0 {
+                n += 1;
+            }
+        }
+    }
+    int3::forget(&ranges);
+    ftrace::forget(&ranges);
+    Ok(n)
+}
+
+/// Whether `p` is registered (armed, disabled or GONE).
+pub fn is_registered(p: &'static Kprobe) -> bool {
+    lock()
+        .probes
+        .values()
+        .any(|v| v.iter().any(|q| std::ptr::eq(*q, p)))
+}
+
 /// The armed probes as the kernel's `debug/kprobes/list` shows them:
 /// `ADDR  k  sym+0xoff  OBJ [DISABLED][FTRACE]`, one line per probe (each child of an
 /// aggregate on its own line).
@@ -512,7 +546,7 @@ pub fn list() -> String {
     let mut out = String::new();
     for (addr, probes) in &t.probes {
         for p in probes {
-            let (sym, off, module) = match ft::symbol_at(*addr) {
+            let (sym, off, module) = match ft::symbol_at_or_gone(*addr) {
                 Some((s, off)) => (crate::elf::display_name(&s.name), off, s.module),
                 None => (format!("{addr:#x}"), 0, String::new()),
             };

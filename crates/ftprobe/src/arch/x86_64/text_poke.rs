@@ -460,7 +460,8 @@ pub unsafe fn make_writable(start: u64, len: u64) -> Result<(), TextPokeError> {
 }
 
 /// Rewrite sites while no other thread can run (the kernel's `text_poke_early()`): plain
-/// stores, no protocol. Used in the agent's constructor and in `ftrace::init`.
+/// stores, no protocol. Used in the agent's constructor and in `ftrace::init`, and for the
+/// sites of an object just loaded, before its code runs (`ftrace::load_objects`).
 ///
 /// # Safety
 /// Every `addr..addr+bytes.len()` must be writable code of this process (see [`make_writable`])

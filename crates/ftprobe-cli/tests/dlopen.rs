@@ -1,0 +1,371 @@
+//! Objects loaded later with `dlopen` and unloaded with `dlclose` (issue 13, item 4): their
+//! sites are found and converted before their constructors run, filters and kprobe events
+//! that name them (pending until then) cover them, `dlclose` makes their probes `[GONE]`
+//! without touching their unmapped code, and a second `dlopen` arms them again. Exact counts
+//! against what `dlopen_main` (c/dlopen_main.c) prints of its own calls.
+
+mod common;
+
+use common::{events, trace};
+
+/// `name=value` (a number) in the program's output.
+fn field(stdout: &str, line_start: &str, name: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(line_start))
+        .unwrap_or_else(|| panic!("no line {line_start:?} in {stdout}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {line}"))
+        .parse()
+        .unwrap()
+}
+
+/// The trace's event lines split at each `mk` event (`mark(phase)`): `phases[i]` holds the
+/// lines after `mark(i)` and before the next mark (`phases[0]`: before the first), the
+/// function tracer's own `mark <-main` lines left out.
+fn phases(text: &str) -> Vec<Vec<&str>> {
+    let mut out = vec![Vec::new()];
+    for l in events(text) {
+        if let Some(p) = l.split(" mk: ").nth(1) {
+            let phase = p.rsplit("phase=0x").next().unwrap();
+            let phase = usize::from_str_radix(phase, 16).unwrap();
+            assert_eq!(phase, out.len(), "marks in order: {text}");
+            out.push(Vec::new());
+            continue;
+        }
+        if !l.contains(": mark <-") {
+            out.last_mut().unwrap().push(l);
+        }
+    }
+    out
+}
+
+/// The `arg=` values of the `dw` events among `lines`, in order.
+fn dw_args(lines: &[&str]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|l| l.split(" dw: ").nth(1))
+        .map(|e| u64::from_str_radix(e.rsplit("arg=0x").next().unwrap(), 16).unwrap())
+        .collect()
+}
+
+/// The `# kprobes/list:` blocks of the trace, in order, each as its probe lines.
+fn listings(text: &str) -> Vec<Vec<&str>> {
+    let mut out: Vec<Vec<&str>> = Vec::new();
+    let mut in_list = false;
+    for l in text.lines() {
+        if l == "# kprobes/list:" {
+            out.push(Vec::new());
+            in_list = true;
+        } else if in_list && l.starts_with("#   ") {
+            out.last_mut().unwrap().push(l);
+        } else {
+            in_list = false;
+        }
+    }
+    out
+}
+
+/// The hits of `event` in the `# kprobe_profile:` lines.
+fn profile_hits(text: &str, event: &str) -> u64 {
+    let at = text.find("# kprobe_profile:").expect("a kprobe_profile");
+    text[at..]
+        .lines()
+        .find_map(|l| {
+            let mut w = l.trim_start_matches('#').split_whitespace();
+            (w.next() == Some(event)).then(|| w.next().unwrap().parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no {event} in the profile: {text}"))
+}
+
+/// A library loaded with `dlopen`, called, unloaded and loaded again: the function tracer
+/// (`-F dl_work:mod:libdlfix.so`, given before the library exists) and a kprobe event on
+/// `libdlfix.so:dl_work` (pending until then) see every call of both load periods, the three
+/// of its constructor included (they run inside `dlopen`, before it returns), with exact
+/// arguments; between `dlclose` and the second `dlopen` nothing is recorded from it and the
+/// probe is listed `[GONE]`; after the second `dlopen` it is armed again. Before this change
+/// both definitions stopped the program before `main` (no such object, no matching function).
+#[test]
+fn a_dlopened_library_is_traced_from_its_constructor_in_both_load_periods() {
+    let prog = ftprobe_dev::dlopen_main_fixture();
+    let lib = ftprobe_dev::dlfix_lib();
+    let (n, m) = (5u64, 7u64);
+    let cmd = [
+        prog.to_str().unwrap(),
+        "cycle",
+        lib.to_str().unwrap(),
+        &n.to_string(),
+        &m.to_string(),
+    ];
+    let plain = common::untraced(&cmd);
+    assert!(plain.status.success(), "{plain:?}");
+    let (out, text) = trace(
+        &[
+            "-F",
+            "dl_work:mod:libdlfix.so",
+            "-F",
+            "mark",
+            "-e",
+            "p:dw libdlfix.so:dl_work arg=%di",
+            "-e",
+            "p:mk mark phase=%di",
+        ],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert_eq!(
+        out.stdout, plain.stdout,
+        "the program's output is unchanged"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The program's own account: unmapped after each dlclose, 3 constructor calls per load.
+    assert_eq!(field(&stdout, "mapped_before", "mapped_before"), 0);
+    assert_eq!(
+        field(&stdout, "mapped_after_close1", "mapped_after_close1"),
+        0
+    );
+    assert_eq!(
+        field(&stdout, "mapped_after_close2", "mapped_after_close2"),
+        0
+    );
+    let ctor1 = field(&stdout, "period1", "ctor_calls");
+    let ctor2 = field(&stdout, "period2", "ctor_calls");
+    assert_eq!(field(&stdout, "period1", "calls"), n);
+    assert_eq!(field(&stdout, "period2", "calls"), m);
+    assert_eq!((ctor1, ctor2), (3, 3));
+
+    let ph = phases(&text);
+    assert_eq!(ph.len(), 5, "mark(1) .. mark(4): {text}");
+    let funcs = |lines: &[&str], parent: &str| {
+        lines
+            .iter()
+            .filter(|l| l.contains(&format!(": dl_work <-{parent}")))
+            .count() as u64
+    };
+    // Period 1: mark(1) .. mark(2).
+    assert_eq!(funcs(&ph[1], "dl_ctor"), ctor1, "{text}");
+    assert_eq!(funcs(&ph[1], "load_and_call"), n, "{text}");
+    let want1: Vec<u64> = (0..ctor1).chain(100..100 + n).collect();
+    assert_eq!(dw_args(&ph[1]), want1, "{text}");
+    // Unloaded: mark(2) .. mark(3) holds nothing.
+    assert!(ph[2].is_empty(), "{text}");
+    // Period 2: mark(3) .. mark(4), the library loaded again.
+    assert_eq!(funcs(&ph[3], "dl_ctor"), ctor2, "{text}");
+    assert_eq!(funcs(&ph[3], "load_and_call"), m, "{text}");
+    let want2: Vec<u64> = (0..ctor2).chain(200..200 + m).collect();
+    assert_eq!(dw_args(&ph[3]), want2, "{text}");
+    assert!(ph[0].is_empty() && ph[4].is_empty(), "{text}");
+    assert_eq!(profile_hits(&text, "dw"), ctor1 + n + ctor2 + m, "{text}");
+
+    // The armed-probes listings: at start the probe waits (not listed, as a kernel probe on
+    // a module not loaded); then armed, GONE, armed, GONE.
+    let lists = listings(&text);
+    let dw: Vec<Option<&str>> = lists
+        .iter()
+        .map(|l| {
+            l.iter()
+                .copied()
+                .find(|p| p.contains("dl_work+0x0  libdlfix.so"))
+        })
+        .collect();
+    assert_eq!(dw.len(), 5, "{text}");
+    assert_eq!(dw[0], None, "{text}");
+    for (i, gone) in [(1, false), (2, true), (3, false), (4, true)] {
+        let line = dw[i].unwrap_or_else(|| panic!("listing {i} has dl_work: {text}"));
+        assert_eq!(line.contains("[GONE]"), gone, "listing {i}: {text}");
+        assert!(line.contains("[FTRACE]"), "{text}");
+    }
+    assert!(
+        lists
+            .iter()
+            .all(|l| l.iter().any(|p| p.contains("mark+0x0"))),
+        "{text}"
+    );
+}
+
+/// A kprobe event alone (no function tracer) on a library that is not loaded yet is
+/// accepted and hits exactly once loaded; one naming an object that is never loaded waits
+/// and records nothing, and the program runs as untraced.
+#[test]
+fn a_probe_on_an_object_not_loaded_yet_waits_for_it() {
+    let prog = ftprobe_dev::dlopen_main_fixture();
+    let lib = ftprobe_dev::dlfix_lib();
+    let cmd = [
+        prog.to_str().unwrap(),
+        "cycle",
+        lib.to_str().unwrap(),
+        "11",
+        "2",
+    ];
+    let plain = common::untraced(&cmd);
+    let (out, text) = trace(
+        &[
+            "-e",
+            "p:dw libdlfix.so:dl_work arg=%di",
+            "-e",
+            "p:never libnothere.so:nothing",
+        ],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let want = field(&stdout, "period1", "ctor_calls")
+        + field(&stdout, "period1", "calls")
+        + field(&stdout, "period2", "ctor_calls")
+        + field(&stdout, "period2", "calls");
+    assert_eq!(want, 3 + 11 + 3 + 2);
+    let all: Vec<&str> = events(&text).collect();
+    assert_eq!(dw_args(&all).len() as u64, want, "{text}");
+    assert_eq!(profile_hits(&text, "dw"), want, "{text}");
+    assert!(!text.contains(" never: "), "{text}");
+    assert_eq!(profile_hits(&text, "never"), 0, "{text}");
+}
+
+/// A second thread calls into one library (traced, and probed) the whole time the main
+/// thread loads, calls and unloads another one 50 times: the engine's tables change under
+/// the running thread, whose every call is still recorded once (the program's own count),
+/// and each load of the other library is traced from its constructor.
+#[test]
+fn a_thread_calls_a_traced_library_while_another_is_loaded_and_unloaded() {
+    let prog = ftprobe_dev::dlopen_main_fixture();
+    let lib = ftprobe_dev::dlfix_lib();
+    let lib2 = ftprobe_dev::dlfix2_lib();
+    let loads = 50u64;
+    let cmd = [
+        prog.to_str().unwrap(),
+        "threads",
+        lib.to_str().unwrap(),
+        lib2.to_str().unwrap(),
+        "20000",
+        &loads.to_string(),
+    ];
+    let (out, text) = trace(
+        &[
+            "-F",
+            "*_work:mod:libdlfix*",
+            "-e",
+            "p:dw libdlfix.so:dl_work arg=%di",
+        ],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert!(text.contains("# lost events: 0\n"), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let thread_calls = field(&stdout, "thread_calls", "thread_calls");
+    assert!(thread_calls >= 20000);
+    assert_eq!(field(&stdout, "thread_calls", "lib2_calls"), loads);
+    let count = |pat: &str| events(&text).filter(|l| l.contains(pat)).count() as u64;
+    // libdlfix.so: its constructor's 3 calls, then the thread's.
+    assert_eq!(count(": dl_work <-dl_ctor"), 3, "{text}");
+    assert_eq!(count(": dl_work <-worker_main"), thread_calls);
+    assert_eq!(count(" dw: "), 3 + thread_calls);
+    assert_eq!(profile_hits(&text, "dw"), 3 + thread_calls);
+    // libdlfix2.so: 3 constructor calls and one from main per load.
+    assert_eq!(count(": dl2_work <-dl2_ctor"), 3 * loads, "{text}");
+    assert_eq!(count(": dl2_work <-main"), loads, "{text}");
+
+    // The same under the function_graph tracer: the probe path's site table is replaced at
+    // each load and unload while the thread's calls look their sites up in it.
+    let (out, text) = trace(
+        &["-t", "function_graph", "-F", "*_work:mod:libdlfix*"],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert!(text.contains("# lost events: 0\n"), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let thread_calls = field(&stdout, "thread_calls", "thread_calls");
+    let count = |pat: &str| events(&text).filter(|l| l.ends_with(pat)).count() as u64;
+    assert_eq!(count(" dl_work();"), 3 + thread_calls);
+    assert_eq!(count(" dl2_work();"), 4 * loads);
+}
+
+/// The function_graph tracer (`-F '*:mod:libdlfix.so'`, pending at start) draws each load's
+/// calls, the constructor's under `dl_ctor`, and a return probe given before the library is
+/// loaded sees every return with its value (`dl_work(x)` returns `2x + 1`).
+#[test]
+fn function_graph_and_return_probes_cover_a_dlopened_library() {
+    let prog = ftprobe_dev::dlopen_main_fixture();
+    let lib = ftprobe_dev::dlfix_lib();
+    let cmd = [
+        prog.to_str().unwrap(),
+        "cycle",
+        lib.to_str().unwrap(),
+        "2",
+        "1",
+    ];
+    let (out, text) = trace(
+        &[
+            "-t",
+            "function_graph",
+            "-F",
+            "*:mod:libdlfix.so",
+            "-F",
+            "load_and_call",
+        ],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ctor = field(&stdout, "period1", "ctor_calls") + field(&stdout, "period2", "ctor_calls");
+    let calls = field(&stdout, "period1", "calls") + field(&stdout, "period2", "calls");
+    let count = |pat: &str| events(&text).filter(|l| l.ends_with(pat)).count() as u64;
+    assert_eq!(count("load_and_call() {"), 2, "{text}");
+    assert_eq!(count("  dl_ctor() {"), 2, "{text}");
+    assert_eq!(count("dl_work();"), ctor + calls, "{text}");
+
+    let (out, text) = trace(&["-e", "r:dr libdlfix.so:dl_work ret=$retval"], &cmd);
+    assert!(out.status.success(), "{out:?}\n{text}");
+    let rets: Vec<String> = events(&text)
+        .filter_map(|l| l.split(" dr: ").nth(1))
+        .map(|e| e.rsplit(") ").next().unwrap().to_owned())
+        .collect();
+    let want: Vec<String> = [0u64, 1, 2, 100, 101, 0, 1, 2, 200]
+        .iter()
+        .map(|x| format!("ret={:#x}", 2 * x + 1))
+        .collect();
+    assert_eq!(rets, want, "{text}");
+}
+
+/// `dlmopen` into a new namespace (with its own copy of libc): the library is found there
+/// too (the loader's lists of the other namespaces; `dl_iterate_phdr` reports only its
+/// caller's), traced from its constructor on, and GONE after `dlclose`.
+#[test]
+fn a_library_loaded_in_a_new_namespace_with_dlmopen_is_traced() {
+    let prog = ftprobe_dev::dlopen_main_fixture();
+    let lib = ftprobe_dev::dlfix_lib();
+    let cmd = [
+        prog.to_str().unwrap(),
+        "dlmopen",
+        lib.to_str().unwrap(),
+        "4",
+    ];
+    let (out, text) = trace(
+        &[
+            "-F",
+            "dl_work:mod:libdlfix.so",
+            "-e",
+            "p:dw libdlfix.so:dl_work arg=%di",
+        ],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}\n{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ctor = field(&stdout, "dlmopen", "ctor_calls");
+    let calls = field(&stdout, "dlmopen", "calls");
+    assert_eq!((ctor, calls), (3, 4));
+    let all: Vec<&str> = events(&text).collect();
+    let want: Vec<u64> = (0..ctor).chain(300..300 + calls).collect();
+    assert_eq!(dw_args(&all), want, "{text}");
+    let count = |pat: &str| all.iter().filter(|l| l.contains(pat)).count() as u64;
+    assert_eq!(count(": dl_work <-dl_ctor"), ctor, "{text}");
+    assert_eq!(count(": dl_work <-main"), calls, "{text}");
+    let lists = listings(&text);
+    assert!(
+        lists.last().is_some_and(|l| l
+            .iter()
+            .any(|p| p.contains("dl_work+0x0  libdlfix.so [GONE]"))),
+        "{text}"
+    );
+}
