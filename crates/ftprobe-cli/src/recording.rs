@@ -68,8 +68,9 @@ impl Ring {
     }
 }
 
-/// Parse a ring file.
-fn load_ring(data: &[u8]) -> Result<Ring> {
+/// Parse a ring file of a recording of `format` (2: header words as in the rings, `len`
+/// counting the header; 1: `rtype | payload words << 16 | aux << 32`).
+fn load_ring(data: &[u8], format: u32) -> Result<Ring> {
     if data.len() % 8 != 0 {
         bail!("{} bytes: not whole words", data.len());
     }
@@ -81,12 +82,20 @@ fn load_ring(data: &[u8]) -> Result<Ring> {
     let mut at = 0;
     while at < words.len() {
         let h = words[at];
-        let len = ((h >> 16) & 0xffff) as usize;
+        let (rtype, len) = if format == 1 {
+            ((h & 0xffff) as u16, ((h >> 16) & 0xffff) as usize)
+        } else {
+            let len = (h & 0xffff) as usize;
+            if len == 0 {
+                bail!("a record at word {at} has no length");
+            }
+            (((h >> 16) & 0xffff) as u16, len - 1)
+        };
         if at + 1 + len > words.len() {
             bail!("a record at word {at} runs past the end");
         }
         recs.push(Rec {
-            rtype: (h & 0xffff) as u16,
+            rtype,
             aux: (h >> 32) as u32,
             start: at + 1,
             len,
@@ -118,14 +127,18 @@ impl Recording {
             .with_context(|| format!("reading {} (not a recording?)", path.display()))?;
         let info: Info =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        if info.format != FORMAT {
+        if info.format != FORMAT && info.format != 1 {
             bail!(
-                "{}: format {} (this ftprobe reads {FORMAT})",
+                "{}: format {} (this ftprobe reads 1 and {FORMAT})",
                 path.display(),
                 info.format
             );
         }
-        let n = info.claimed.min(info.nr_rings) as usize;
+        let n = if info.format == 1 {
+            info.claimed.min(info.nr_rings)
+        } else {
+            info.claimed
+        } as usize;
         let mut rings = Vec::with_capacity(n);
         for i in 0..n {
             let Some(r) = info.rings.iter().find(|r| r.index as usize == i) else {
@@ -134,10 +147,11 @@ impl Recording {
             };
             let file = dir.join(&r.file);
             let ring = match std::fs::read(&file) {
-                Ok(data) => load_ring(&data).with_context(|| format!("{}", file.display()))?,
+                Ok(data) => load_ring(&data, info.format)
+                    .with_context(|| format!("{}", file.display()))?,
                 // A ring with no record has no file.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && r.records == 0 => {
-                    load_ring(&[])?
+                    load_ring(&[], info.format)?
                 }
                 Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
             };
@@ -185,10 +199,10 @@ impl Source for Recording {
         Clock::from_parts(self.info.clock)
     }
     fn nr_rings(&self) -> u32 {
-        self.info.nr_rings
+        self.rings.len() as u32
     }
     fn claimed(&self) -> u32 {
-        self.info.claimed
+        self.rings.len() as u32
     }
     fn drain(&mut self, i: u32, mut f: impl FnMut(u16, u32, &[u64])) -> bool {
         let until = self.until;
@@ -228,6 +242,13 @@ impl Source for Recording {
     }
     fn lost_no_ring(&self) -> u64 {
         self.info.lost_no_ring
+    }
+    fn lost_by_tid(&self) -> Vec<(u32, u64)> {
+        self.info
+            .lost_by_tid
+            .iter()
+            .map(|&[t, n]| (t as u32, n))
+            .collect()
     }
     fn lost_recursion(&self) -> u64 {
         self.info.lost_recursion

@@ -80,7 +80,7 @@ pub struct Printer {
     batch: Vec<Event>,
     /// Payload words of the records in `batch`, reused from poll to poll.
     arena: Vec<u64>,
-    /// `TASK-PID ` per ring (a thread's comm and tid are fixed when it claims its ring).
+    /// `TASK-PID ` per stream (one thread: a ring's next owner is a new stream).
     tasks: Vec<Option<Vec<u8>>>,
     /// The text of a poll, reused.
     lines: Vec<u8>,
@@ -508,6 +508,7 @@ impl Printer {
         let seen = self.seen.clone();
         let abandoned = end.abandoned.clone();
         let cpus = rings.cpus_online();
+        let lost_by_tid = rings.lost_by_tid();
         let (lost_no_ring, lost_recursion, fgraph_overrun) = (
             rings.lost_no_ring(),
             rings.lost_recursion(),
@@ -525,9 +526,12 @@ impl Printer {
             if !per_ring.is_empty() {
                 writeln!(
                     o,
-                    "# a full ring drops the newest events: --buffer-size-kb N gives each thread a \
-                     larger one"
+                    "# a full ring drops the newest events: --buffer-size-kb N gives the rings \
+                     more room"
                 )?;
+            }
+            for (tid, n) in &lost_by_tid {
+                writeln!(o, "# tid {tid}: {n} events lost (no ring free)")?;
             }
             if lost_no_ring > 0 {
                 writeln!(o, "# {lost_no_ring} events lost: more threads than rings (--rings)")?;

@@ -46,6 +46,7 @@ fn probe_path_does_not_allocate() {
     let (rings, _fd) = SharedRings::create(RingConfig {
         nr_rings: 2,
         ring_bytes: 4096,
+        budget_bytes: 0,
     })
     .expect("create");
 
