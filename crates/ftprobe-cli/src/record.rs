@@ -137,7 +137,6 @@ pub fn ring_file(i: u32) -> String {
     format!("ring-{i}.dat")
 }
 
-
 /// `dir` with `suffix` appended to its name.
 fn sibling(dir: &Path, suffix: &str) -> PathBuf {
     let mut s = dir.as_os_str().to_owned();
@@ -343,9 +342,7 @@ impl Sink for Recorder {
             let bytes = 8 * buf.len() as u64;
             // One write of the whole span: the words' bytes as they are in memory
             // (little-endian on x86-64, as the format says).
-            let err = out
-                .write_all(words_as_bytes(buf))
-                .err();
+            let err = out.write_all(words_as_bytes(buf)).err();
             self.records[i] += records;
             self.bytes[i] += bytes;
             if let Some(e) = err {

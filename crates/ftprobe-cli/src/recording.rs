@@ -147,8 +147,9 @@ impl Recording {
             };
             let file = dir.join(&r.file);
             let ring = match std::fs::read(&file) {
-                Ok(data) => load_ring(&data, info.format)
-                    .with_context(|| format!("{}", file.display()))?,
+                Ok(data) => {
+                    load_ring(&data, info.format).with_context(|| format!("{}", file.display()))?
+                }
                 // A ring with no record has no file.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && r.records == 0 => {
                     load_ring(&[], info.format)?

@@ -259,7 +259,8 @@ impl ThreadState {
                 at = prev;
             }
             let d = (at & 7) as u32;
-            self.writing.set(self.level_prev.get(d as usize).map_or(0, Cell::get));
+            self.writing
+                .set(self.level_prev.get(d as usize).map_or(0, Cell::get));
             // Sections d.. never committed: their records are never published. A section
             // that had committed (a jump between its commit and the restore of `writing`)
             // is not counted.

@@ -60,8 +60,8 @@
 //! owner attributes every record correctly (the CLI's streams: one per owner).
 //!
 //! A ring's data area is `ring_bytes` of address space, of which the owner uses `size`
-//! bytes, starting at [`RingConfig::init_bytes`] (16 KiB). On its first lap (before the
-//! reserve pointer ever reached `size`), a record that does not fit before `size` doubles it
+//! bytes, starting at [`RingConfig::init_bytes`] (16 KiB). On its first lap (the reserve
+//! pointer never went past `size`), a record that does not fit before `size` doubles it
 //! instead of wrapping, as long as the owned rings' sizes stay within `budget_bytes`
 //! (`budget_used` counts them) and `size` within `ring_bytes`; the first wrap fixes `size`
 //! until the ring is freed. Pages are touched (and populated ahead, in chunks that double
@@ -964,12 +964,9 @@ impl SharedRings {
             // `SharedRings::owner`.
             p.tid.store(tid, Release);
             return Some(RingWriter {
-                desc: p,
-                tail: &desc.tail.0,
+                ring: desc,
                 data,
                 budget: c,
-                max_size: self.layout.cfg.ring_bytes,
-                budget_bytes: self.layout.cfg.budget_bytes,
                 in_section: false,
             });
         }
@@ -980,7 +977,7 @@ impl SharedRings {
     /// after this; the reader frees it once it has read it all.
     pub fn release(&self, w: RingWriter<'_>) {
         // Release: every record published before happens before the reader sees the state.
-        w.desc.state.store(STATE_RELEASED, Release);
+        w.desc().state.store(STATE_RELEASED, Release);
     }
 
     /// Reader side: ring `i`'s owner now, (tid, comm, released); `None` while it is free.
@@ -1336,13 +1333,11 @@ const fn record_header_aux(nwords: usize, rtype: u16, aux: u32) -> u64 {
 /// `RingWriter<'static>`.
 #[derive(Clone, Copy)]
 pub struct RingWriter<'a> {
-    desc: &'a ProducerLine,
-    tail: &'a AtomicU64,
-    /// The ring's whole address space (`ring_bytes / 8` words); `size` bytes are in use.
+    ring: &'a RingDesc,
+    /// The ring's whole address space (`ring_bytes / 8` words, the most `size` may grow to);
+    /// `size` bytes are in use.
     data: &'a [AtomicU64],
     budget: &'a Counters,
-    max_size: u32,
-    budget_bytes: u64,
     /// Inside a section the caller began ([`RingWriter::in_section`]): the writes neither
     /// begin nor commit, the section's commit publishes them.
     in_section: bool,
@@ -1352,7 +1347,7 @@ impl fmt::Debug for RingWriter<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RingWriter")
             .field("data", &self.data.as_ptr())
-            .field("size", &self.desc.size.load(Relaxed))
+            .field("size", &self.desc().size.load(Relaxed))
             .finish()
     }
 }
@@ -1388,6 +1383,12 @@ fn signal_fence() {
 }
 
 impl RingWriter<'_> {
+    /// The producer's line of the descriptor.
+    #[inline(always)]
+    fn desc(&self) -> &ProducerLine {
+        &self.ring.prod.0
+    }
+
     /// Writes one record: the header word, then `words`. Returns false, and counts one in
     /// this ring's `lost`, when it does not fit in the free space (the newest event is dropped,
     /// never one already written), when `words.len() + 1 > MAX_RECORD_WORDS` or the ring, or
@@ -1490,10 +1491,10 @@ impl RingWriter<'_> {
     #[inline(always)]
     pub fn mark(&self) -> u64 {
         // Relaxed: only this producer stores either.
-        self.desc
+        self.desc()
             .head
             .load(Relaxed)
-            .wrapping_add(self.desc.lost.load(Relaxed))
+            .wrapping_add(self.desc().lost.load(Relaxed))
     }
 
     /// [`write_aux`](Self::write_aux) of a fixed number of payload words, inlined without a
@@ -1534,10 +1535,10 @@ impl RingWriter<'_> {
     pub fn begin(&self) -> (u32, u64) {
         // Relaxed load and store: a handler that interrupts between them runs whole writes
         // (begin and commit) and leaves `nest` as it found it.
-        let n = self.desc.nest.load(Relaxed);
-        self.desc.nest.store(n.wrapping_add(1), Relaxed);
+        let n = self.desc().nest.load(Relaxed);
+        self.desc().nest.store(n.wrapping_add(1), Relaxed);
         signal_fence();
-        (n, self.desc.reserved.load(Relaxed))
+        (n, self.desc().reserved.load(Relaxed))
     }
 
     /// End a write begun with [`begin`](Self::begin): the outermost writer publishes
@@ -1545,22 +1546,22 @@ impl RingWriter<'_> {
     #[inline(always)]
     pub fn commit(&self) {
         loop {
-            let n = self.desc.nest.load(Relaxed);
+            let n = self.desc().nest.load(Relaxed);
             if n == 1 {
-                let r = self.desc.reserved.load(Relaxed);
+                let r = self.desc().reserved.load(Relaxed);
                 // Release: publishes the records' words; pairs with the Acquire load in
                 // `RingReader::drain_aux`.
-                self.desc.head.store(r, Release);
+                self.desc().head.store(r, Release);
             }
             signal_fence();
-            self.desc.nest.store(n.wrapping_sub(1), Relaxed);
+            self.desc().nest.store(n.wrapping_sub(1), Relaxed);
             signal_fence();
             // A handler that ran between the load of `reserved` and the store of `nest` saw
             // a writer in progress and did not publish: publish its records now.
-            if n != 1 || self.desc.head.load(Relaxed) == self.desc.reserved.load(Relaxed) {
+            if n != 1 || self.desc().head.load(Relaxed) == self.desc().reserved.load(Relaxed) {
                 return;
             }
-            self.desc.nest.store(1, Relaxed);
+            self.desc().nest.store(1, Relaxed);
             signal_fence();
         }
     }
@@ -1579,7 +1580,7 @@ impl RingWriter<'_> {
     #[inline(always)]
     pub fn nesting(&self) -> u32 {
         // Relaxed: the owner thread's own value.
-        self.desc.nest.load(Relaxed)
+        self.desc().nest.load(Relaxed)
     }
 
     /// Repair after a non-local exit (`crate::probe_state`): the writers from `level` on (as
@@ -1588,21 +1589,21 @@ impl RingWriter<'_> {
     /// pointer goes back to where they began (to `head` when no writer is left).
     pub fn abandon(&self, level: u32, reserved_at: u64) {
         // Relaxed: only this thread writes the producer line.
-        let head = self.desc.head.load(Relaxed);
+        let head = self.desc().head.load(Relaxed);
         let back = if level == 0 {
             head
         } else {
             // A live writer below `level` reserved nothing after `reserved_at` (it was
             // interrupted): going back there is safe, never below what was published.
-            let cur = self.desc.reserved.load(Relaxed);
+            let cur = self.desc().reserved.load(Relaxed);
             if reserved_at.wrapping_sub(head) <= cur.wrapping_sub(head) {
                 reserved_at
             } else {
                 cur
             }
         };
-        self.desc.reserved.store(back, Relaxed);
-        self.desc.nest.store(level, Relaxed);
+        self.desc().reserved.store(back, Relaxed);
+        self.desc().nest.store(level, Relaxed);
         signal_fence();
     }
 
@@ -1613,33 +1614,34 @@ impl RingWriter<'_> {
         let need = nwords as u64 * 8;
         loop {
             // Relaxed: only this thread (and its signal handlers) store these.
-            let r = self.desc.reserved.load(Relaxed);
-            let size = u64::from(self.desc.size.load(Relaxed));
+            let r = self.desc().reserved.load(Relaxed);
+            let size = u64::from(self.desc().size.load(Relaxed));
             if !size.is_power_of_two() || size > self.data.len() as u64 * 8 {
                 return None;
+            }
+            if r <= size && r + need > size {
+                // The first lap's end (the ring never wrapped: `reserved` is at most `size`):
+                // the outermost writer grows the ring instead of wrapping, while the budget
+                // lets it; a nested one never wraps it first.
+                if self.nesting() > 1 {
+                    return None;
+                }
+                if self.grow(size) {
+                    continue;
+                }
             }
             let pos = r & (size - 1);
             let to_end = size - pos;
             let (start, total) = if need <= to_end {
                 (pos, need)
             } else {
-                if r < size {
-                    // The first lap's end: the outermost writer grows the ring instead of
-                    // wrapping, while the budget lets it; a nested one never wraps it first.
-                    if self.nesting() > 1 {
-                        return None;
-                    }
-                    if self.grow(size) {
-                        continue;
-                    }
-                }
                 (0, to_end + need)
             };
             if !self.has_room(r, total, size) {
                 return None;
             }
             let new = r.wrapping_add(total);
-            if !cmpxchg_local(&self.desc.reserved, r, new) {
+            if !cmpxchg_local(&self.desc().reserved, r, new) {
                 // A signal handler reserved in between: again from its end.
                 continue;
             }
@@ -1651,7 +1653,11 @@ impl RingWriter<'_> {
             // next one in.
             if new <= size && (r == 0 || populate_chunk_index(r) != populate_chunk_index(new)) {
                 let k = populate_chunk_index(new);
-                let from = if r == 0 { 0 } else { populate_chunk_start(k + 1) };
+                let from = if r == 0 {
+                    0
+                } else {
+                    populate_chunk_start(k + 1)
+                };
                 self.populate(from, populate_chunk_start(k + 2).min(size));
             }
             return Some((start / 8) as usize);
@@ -1664,21 +1670,23 @@ impl RingWriter<'_> {
     #[inline(never)]
     fn grow(&self, size: u64) -> bool {
         let new = size * 2;
-        if new > u64::from(self.max_size) {
+        if new > self.data.len() as u64 * 8 {
             return false;
         }
+        // Relaxed: written once by the reader before the target started.
+        let budget = self.budget.budget_bytes.load(Relaxed);
         // Relaxed: the budget is a sum of sizes, not a publication. A locked instruction,
         // but once per doubling, not per event.
         let took = self.budget.budget_used.fetch_update(Relaxed, Relaxed, |u| {
             let u2 = u.checked_add(size)?;
-            (u2 <= self.budget_bytes).then_some(u2)
+            (u2 <= budget).then_some(u2)
         });
         if took.is_err() {
             return false;
         }
         // Relaxed: published to the reader by the Release store of `head` that publishes the
         // first record past the old size.
-        self.desc.size.store(new as u32, Relaxed);
+        self.desc().size.store(new as u32, Relaxed);
         // The records go on into the new half: map its first chunk in.
         self.populate(size, size + size.min(POPULATE_CHUNK));
         true
@@ -1725,14 +1733,14 @@ impl RingWriter<'_> {
             free.is_some_and(|free| total <= free)
         };
         // Relaxed: the producer's own copy of a value it loaded with Acquire below.
-        if fits(self.desc.tail_cache.load(Relaxed)) {
+        if fits(self.desc().tail_cache.load(Relaxed)) {
             return true;
         }
         // Acquire: pairs with the Release store in `RingReader::drain`: the reader's loads of
         // the bytes it freed happen before our stores that reuse them.
-        let tail = self.tail.load(Acquire);
+        let tail = self.ring.tail.0.load(Acquire);
         // Relaxed: producer-private.
-        self.desc.tail_cache.store(tail, Relaxed);
+        self.desc().tail_cache.store(tail, Relaxed);
         fits(tail)
     }
 
@@ -1741,7 +1749,7 @@ impl RingWriter<'_> {
         // Relaxed: a statistic, read by `RingReader::lost`. The owner thread's own counter,
         // but a signal handler may drop one in between a load and a store: a locked add, on
         // the (cold) dropping path only.
-        self.desc.lost.fetch_add(1, Relaxed);
+        self.desc().lost.fetch_add(1, Relaxed);
         false
     }
 }
@@ -1841,7 +1849,11 @@ impl RingReader<'_> {
             while at < words.len() {
                 let hdr = words[at];
                 let len = (hdr & 0xffff) as usize;
-                f((hdr >> 16) as u16, (hdr >> 32) as u32, &words[at + 1..at + len]);
+                f(
+                    (hdr >> 16) as u16,
+                    (hdr >> 32) as u32,
+                    &words[at + 1..at + len],
+                );
                 at += len;
                 count += 1;
             }
@@ -1919,9 +1931,8 @@ impl RingReader<'_> {
                 if rtype == RTYPE_PADDING {
                     // Padding runs to the end of `size`: valid only if the records go on at 0.
                     if to_end > left {
-                        self.corrupt_bytes = self
-                            .corrupt_bytes
-                            .wrapping_add(((end - at) * 8) as u64);
+                        self.corrupt_bytes =
+                            self.corrupt_bytes.wrapping_add(((end - at) * 8) as u64);
                         end = at;
                         t = head;
                         break;
@@ -2065,7 +2076,10 @@ mod tests {
         let w = sr.claim(1, COMM).unwrap();
         assert!(!page_present(&sr, 12 << 10), "fresh memfd");
         assert!(w.write_n_aux(5, 0, [1, 2]));
-        assert!(page_present(&sr, 12 << 10), "the first 16 KiB at the first record");
+        assert!(
+            page_present(&sr, 12 << 10),
+            "the first 16 KiB at the first record"
+        );
         assert!(!page_present(&sr, 16 << 10), "not past the initial size");
         assert_eq!(sr.ring_size(0), Some(16 << 10));
         // Past 16 KiB: the ring doubled (first lap) and its new half is mapped.
@@ -2487,8 +2501,8 @@ mod tests {
         assert!(w.write(1, &[3]));
         assert_eq!(drain_all(&mut r), vec![(1, vec![3])]);
         // A head more than a ring ahead.
-        w.desc.head.store(head_of(&r) + 10_000, Relaxed);
-        w.desc.reserved.store(head_of(&r), Relaxed);
+        w.desc().head.store(head_of(&r) + 10_000, Relaxed);
+        w.desc().reserved.store(head_of(&r), Relaxed);
         assert_eq!(drain_all(&mut r), vec![]);
         assert_eq!(r.corrupt_bytes(), 24 + 10_000);
         assert!(w.write(1, &[4]));

@@ -114,27 +114,6 @@ fn no_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
     }
 }
 
-/// What a kprobe event does with a hit ([`event_ring`]).
-pub enum EventRing {
-    /// Record into this ring (a writer inside the section); the guard ends the section
-    /// (drop it after writing).
-    Ring(RingWriter<'static>, WriteGuard),
-    /// No ring for this thread (counted in `lost_no_ring`): the hit counts, its record is lost.
-    NoRing,
-    /// Sections nested too deep on this thread: the hit counts, its record is lost (counted
-    /// in `lost_recursion`).
-    Busy,
-}
-
-/// A writer section on this thread's ring is open while this lives ([`event_ring`]).
-pub struct WriteGuard(&'static ThreadState, RingWriter<'static>, u32);
-
-impl Drop for WriteGuard {
-    fn drop(&mut self) {
-        end_section(self.0, self.1, self.2);
-    }
-}
-
 /// Open a writer section on `w` at stack pointer `sp`: its level, or `None` (the event
 /// counted in `lost_recursion`) when [`MAX_NEST`] sections are open already.
 #[inline(always)]
@@ -167,43 +146,37 @@ fn end_section(t: &ThreadState, w: RingWriter<'static>, level: u32) {
         .set(t.level_prev.get(level as usize).map_or(0, |c| c.get()));
 }
 
-/// Probe path, kprobe events: this thread's ring, or why there is none; one TLS access.
-#[inline]
-pub fn event_ring() -> EventRing {
-    let t = probe_state::this_thread();
-    let sp = stack_pointer();
-    let _ = t.enter(Entry::Here(sp));
-    let Some(w) = ring_of(t) else {
-        return EventRing::NoRing;
-    };
-    match begin_section(t, w, sp) {
-        Some(level) => EventRing::Ring(w.in_section(), WriteGuard(t, w, level)),
-        None => EventRing::Busy,
-    }
-}
-
 /// Probe path, the tracers': calls `f` with this thread's ring inside a writer section (a
 /// signal handler that interrupts it writes its own records, nested: module docs). Nothing
 /// is written when the thread has no ring (counted in `lost_no_ring`) or sections nest too
 /// deep (counted in `lost_recursion`). One TLS access for the state and the ring together.
 #[inline(always)]
 pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
-    with_ring_guarded_of(probe_state::this_thread(), f)
+    with_ring_guarded_of(probe_state::this_thread(), f);
 }
 
 /// [`with_ring_guarded`] for thread state `t` (no TLS access).
+/// Returns whether `f` ran.
 #[inline(always)]
-pub(crate) fn with_ring_guarded_of(t: &ThreadState, f: impl FnOnce(RingWriter<'static>)) {
+pub(crate) fn with_ring_guarded_of(t: &ThreadState, f: impl FnOnce(RingWriter<'static>)) -> bool {
     let sp = stack_pointer();
     let _ = t.enter(Entry::Here(sp));
     let Some(w) = ring_of(t) else {
-        return;
+        return false;
     };
     let Some(level) = begin_section(t, w, sp) else {
-        return;
+        return false;
     };
     f(w.in_section());
     end_section(t, w, level);
+    true
+}
+
+/// Probe path, kprobe events: [`with_ring_guarded`]; `false` when `f` did not run (no ring,
+/// or sections nested too deep: the hit counts, its record is lost).
+#[inline(always)]
+pub fn with_event_ring(f: impl FnOnce(RingWriter<'static>)) -> bool {
+    with_ring_guarded_of(probe_state::this_thread(), f)
 }
 
 /// Probe path, first event of a thread (or a retry after a ring was freed): claim a ring,
@@ -405,7 +378,11 @@ mod tests {
             // Committed, then abandoned: recorded, not lost.
             abandon(true, 2);
             write_one(3);
-            assert_eq!((records(), lost()), (vec![2, 3], 0), "committed and abandoned");
+            assert_eq!(
+                (records(), lost()),
+                (vec![2, 3], 0),
+                "committed and abandoned"
+            );
             // Abandoned before it committed: lost, never published.
             abandon(false, 4);
             write_one(5);
