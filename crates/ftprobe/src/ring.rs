@@ -1448,6 +1448,7 @@ impl RingWriter<'_> {
             Some((hdr, body)) => {
                 hdr.store(record_header_aux(nwords, rtype, aux), Relaxed);
                 fill(body);
+                self.point(hook::FILLED);
                 true
             }
             None => false,
@@ -1517,6 +1518,7 @@ impl RingWriter<'_> {
                 for (slot, w) in body.iter().zip(words) {
                     slot.store(w, Relaxed);
                 }
+                self.point(hook::FILLED);
                 true
             }
             None => false,
@@ -1538,6 +1540,7 @@ impl RingWriter<'_> {
         let n = self.desc().nest.load(Relaxed);
         self.desc().nest.store(n.wrapping_add(1), Relaxed);
         signal_fence();
+        self.point(hook::BEGUN);
         (n, self.desc().reserved.load(Relaxed))
     }
 
@@ -1549,13 +1552,16 @@ impl RingWriter<'_> {
             let n = self.desc().nest.load(Relaxed);
             if n == 1 {
                 let r = self.desc().reserved.load(Relaxed);
+                self.point(hook::COMMIT_LOADED);
                 // Release: publishes the records' words; pairs with the Acquire load in
                 // `RingReader::drain_aux`.
                 self.desc().head.store(r, Release);
             }
             signal_fence();
+            self.point(hook::PUBLISHED);
             self.desc().nest.store(n.wrapping_sub(1), Relaxed);
             signal_fence();
+            self.point(hook::UNNESTED);
             // A handler that ran between the load of `reserved` and the store of `nest` saw
             // a writer in progress and did not publish: publish its records now.
             if n != 1 || self.desc().head.load(Relaxed) == self.desc().reserved.load(Relaxed) {
@@ -1574,6 +1580,13 @@ impl RingWriter<'_> {
             in_section: true,
             ..self
         }
+    }
+
+    /// Tests: a nested writer (a simulated signal handler) at point `p` of a write.
+    #[inline(always)]
+    fn point(&self, _p: u32) {
+        #[cfg(test)]
+        hook::fire(self, _p);
     }
 
     /// Writers in progress on this ring (nested).
@@ -1641,10 +1654,12 @@ impl RingWriter<'_> {
                 return None;
             }
             let new = r.wrapping_add(total);
+            self.point(hook::RESERVING);
             if !cmpxchg_local(&self.desc().reserved, r, new) {
                 // A signal handler reserved in between: again from its end.
                 continue;
             }
+            self.point(hook::RESERVED);
             if start != pos {
                 let pad = self.data.get((pos / 8) as usize)?;
                 pad.store(record_header(0, RTYPE_PADDING), Relaxed);
@@ -1751,6 +1766,35 @@ impl RingWriter<'_> {
         // the (cold) dropping path only.
         self.desc().lost.fetch_add(1, Relaxed);
         false
+    }
+}
+
+/// The points of a write where the tests let a "signal handler" write (`RingWriter::point`).
+mod hook {
+    pub(super) const BEGUN: u32 = 1;
+    pub(super) const RESERVING: u32 = 2;
+    pub(super) const RESERVED: u32 = 3;
+    pub(super) const FILLED: u32 = 4;
+    pub(super) const COMMIT_LOADED: u32 = 5;
+    pub(super) const PUBLISHED: u32 = 6;
+    pub(super) const UNNESTED: u32 = 7;
+
+    #[cfg(test)]
+    thread_local! {
+        /// The point to fire at (once), and the nested write to run there.
+        pub(super) static AT: std::cell::Cell<(u32, Option<fn(&super::RingWriter<'_>)>)> =
+            const { std::cell::Cell::new((0, None)) };
+    }
+
+    #[cfg(test)]
+    pub(super) fn fire(w: &super::RingWriter<'_>, p: u32) {
+        let (at, f) = AT.get();
+        if at == p {
+            if let Some(f) = f {
+                AT.set((0, None));
+                f(w);
+            }
+        }
     }
 }
 
@@ -2551,5 +2595,203 @@ mod tests {
             drain_all(&mut sr.reader(0).unwrap()),
             vec![(5, vec![1, 2, 3])]
         );
+    }
+
+    /// A nested writer ("a signal handler" of the owner thread) at each point of a write:
+    /// both records are published, whole, in the order they reserved, by the outermost
+    /// commit at the latest; nothing is left reserved and unpublished, nothing stuck.
+    #[test]
+    fn a_write_interrupted_at_each_point_by_a_nested_one() {
+        fn nested(w: &RingWriter<'_>) {
+            assert!(w.write3(9, 90, 91, 92));
+        }
+        let points = [
+            hook::BEGUN,
+            hook::RESERVING,
+            hook::RESERVED,
+            hook::FILLED,
+            hook::COMMIT_LOADED,
+            hook::PUBLISHED,
+            hook::UNNESTED,
+        ];
+        for p in points {
+            let sr = rings(1, 4096);
+            let w = sr.claim(1, COMM).unwrap();
+            let mut r = sr.reader(0).unwrap();
+            hook::AT.set((p, Some(nested)));
+            assert!(w.write3(1, 10, 11, 12), "point {p}");
+            assert_eq!(hook::AT.get().0, 0, "point {p} fired");
+            let got = drain_all(&mut r);
+            // Before the outer reserved, the nested record comes first.
+            let (outer, inner) = ((1, vec![10, 11, 12]), (9, vec![90, 91, 92]));
+            let want = if p <= hook::RESERVING {
+                vec![inner, outer]
+            } else {
+                vec![outer, inner]
+            };
+            assert_eq!(got, want, "point {p}");
+            assert_eq!(w.nesting(), 0, "point {p}");
+            assert_eq!(head_of(&r), w.desc().reserved.load(Relaxed), "point {p}");
+            assert_eq!((r.lost(), r.corrupt_bytes()), (0, 0), "point {p}");
+            // The ring goes on.
+            assert!(w.write3(2, 3, 4, 5));
+            assert_eq!(drain_all(&mut r), vec![(2, vec![3, 4, 5])], "point {p}");
+        }
+    }
+
+    /// The wrap rule under nesting: the outer write pads to the end and goes to offset 0, a
+    /// nested one interrupts it between its reservation and its padding word, or before its
+    /// reservation (then the nested one wraps). Every record is read whole, in order.
+    #[test]
+    fn wrap_under_nesting() {
+        fn nested(w: &RingWriter<'_>) {
+            assert!(w.write(9, &[7; 5]));
+        }
+        for p in [hook::RESERVING, hook::RESERVED, hook::FILLED] {
+            let sr = rings(1, 4096);
+            let w = sr.claim(1, COMM).unwrap();
+            let mut r = sr.reader(0).unwrap();
+            // A whole lap, then one word: the second lap (the size is fixed); then up to
+            // 16 bytes before the end; all read.
+            assert!(w.write(1, &[0; 511]));
+            assert_eq!(drain_all(&mut r).len(), 1);
+            assert!(w.write(1, &[]));
+            assert_eq!(drain_all(&mut r).len(), 1);
+            assert!(w.write(1, &[0; 508]));
+            assert_eq!(drain_all(&mut r).len(), 1);
+            assert_eq!(head_of(&r) % 4096, 4080);
+            hook::AT.set((p, Some(nested)));
+            // 4 words do not fit in the last 2: padding, then offset 0.
+            assert!(w.write3(2, 1, 2, 3), "point {p}");
+            let got = drain_all(&mut r);
+            let (outer, inner) = ((2, vec![1, 2, 3]), (9, vec![7; 5]));
+            let want = if p == hook::RESERVING {
+                vec![inner, outer]
+            } else {
+                vec![outer, inner]
+            };
+            assert_eq!(got, want, "point {p}");
+            assert_eq!((r.lost(), r.corrupt_bytes(), w.nesting()), (0, 0, 0));
+        }
+    }
+
+    /// On the ring's first lap a nested writer that does not fit before the end drops its
+    /// record (it never wraps nor grows the ring: only the outermost does); the outer one
+    /// grows the ring and goes on.
+    #[test]
+    fn a_nested_writer_never_makes_the_first_wrap() {
+        fn nested(w: &RingWriter<'_>) {
+            assert!(!w.write(9, &[7; 5]));
+        }
+        let sr = rings(1, 1 << 16);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(sr.ring_size(0), Some(16 << 10));
+        assert!(w.write(1, &[0; 2045])); // 16384 - 16 bytes
+        hook::AT.set((hook::BEGUN, Some(nested)));
+        assert!(w.write3(2, 1, 2, 3));
+        assert_eq!(sr.ring_size(0), Some(32 << 10));
+        let got = drain_all(&mut r);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1], (2, vec![1, 2, 3]));
+        assert_eq!((r.lost(), r.corrupt_bytes()), (1, 0));
+    }
+
+    /// A repair after the nested writer was abandoned (its handler jumped out) with the outer
+    /// one still live: the nest count goes back, the reserve pointer back to where the nested
+    /// one began; the outer commit publishes only the outer records.
+    #[test]
+    fn abandon_rewinds_to_the_abandoned_writer() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        let (l0, _) = w.begin();
+        assert_eq!(l0, 0);
+        assert!(w.in_section().write3(1, 1, 1, 1));
+        let (l1, at) = w.begin();
+        assert_eq!(l1, 1);
+        assert!(w.in_section().write3(9, 9, 9, 9)); // then abandoned
+        w.abandon(1, at);
+        assert_eq!(w.nesting(), 1);
+        assert!(w.in_section().write3(2, 2, 2, 2));
+        w.commit();
+        assert_eq!(
+            drain_all(&mut r),
+            vec![(1, vec![1, 1, 1]), (2, vec![2, 2, 2])]
+        );
+        // Everything abandoned: back to head.
+        w.begin();
+        assert!(w.in_section().write3(3, 3, 3, 3));
+        w.abandon(0, 0);
+        assert_eq!(w.nesting(), 0);
+        assert!(w.write3(4, 4, 4, 4));
+        assert_eq!(drain_all(&mut r), vec![(4, vec![4, 4, 4])]);
+        assert_eq!(r.corrupt_bytes(), 0);
+    }
+
+    /// A ring released by its owner is freed only once read to the end; then another thread
+    /// claims it, from a clean start, and a reader left from before (its tail ahead of the
+    /// new owner's head) reads nothing rather than garbage.
+    #[test]
+    fn rings_are_freed_after_their_owner_released_them_and_reused() {
+        let sr = rings(1, 1 << 16);
+        let w = sr.claim(100, COMM).unwrap();
+        let mut old = sr.reader(0).unwrap();
+        for i in 0..1000u64 {
+            assert!(w.write3(1, i, i, i));
+        }
+        assert_eq!(sr.ring_size(0), Some(32 << 10), "grew on its first lap");
+        let used = sr.budget_used();
+        assert!(sr.claim(101, COMM).is_none(), "one ring, owned");
+        assert_eq!(sr.free_released(0), None, "not released");
+        sr.release(w);
+        assert_eq!(sr.owner(0).map(|o| (o.0, o.2)), Some((100, true)));
+        assert_eq!(sr.free_released(0), None, "not read yet");
+        let freed = sr.freed();
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(drain_all(&mut r).len(), 1000);
+        let (tid, comm, lost) = sr.free_released(0).unwrap();
+        assert_eq!((tid, comm, lost), (100, COMM, 0));
+        assert_eq!(sr.freed(), freed + 1);
+        assert_eq!(sr.budget_used(), used - (32 << 10));
+        assert_eq!(sr.owner(0), None);
+        assert_eq!(resident_pages(&sr, 0, 0, 1 << 16), 0, "its pages are gone");
+        // A new owner starts clean.
+        let w2 = sr.claim(101, *b"second\0\0\0\0\0\0\0\0\0\0").unwrap();
+        assert_eq!(sr.ring_size(0), Some(16 << 10));
+        assert!(w2.write3(2, 7, 8, 9));
+        assert_eq!(sr.owner(0).map(|o| (o.0, o.2)), Some((101, false)));
+        // `old` read up to 1000 records' worth before: the new head is behind its tail.
+        let old_tail = old.tail;
+        old.tail = 32_000;
+        assert_eq!(drain_all(&mut old), vec![]);
+        assert_eq!(old.corrupt_bytes(), 0);
+        old.tail = old_tail;
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(drain_all(&mut r), vec![(2, vec![7, 8, 9])]);
+    }
+
+    /// The bulk drain hands out the records as the ring holds them, padding left out, and
+    /// skips what does not parse.
+    #[test]
+    fn drain_raw_copies_whole_records() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        assert!(w.write(1, &[0; 500]));
+        let mut buf = Vec::new();
+        assert_eq!(r.drain_raw(&mut buf), 1);
+        assert_eq!(buf.len(), 501);
+        assert!(w.write3_aux(2, 5, 1, 2, 3)); // fits before the end
+        assert!(w.write(3, &[4; 20])); // padding, then offset 0
+        assert_eq!(r.drain_raw(&mut buf), 2);
+        assert_eq!(
+            buf[..4],
+            [record_header_aux(4, 2, 5), 1, 2, 3],
+            "first record"
+        );
+        assert_eq!(buf[4], record_header(21, 3));
+        assert_eq!(buf.len(), 4 + 21);
+        assert_eq!(r.corrupt_bytes(), 0);
     }
 }
