@@ -76,14 +76,11 @@ pub(crate) struct ThreadState {
     /// The innermost writer section open on this thread's ring: its stack pointer (8-aligned)
     /// with its level in the low 3 bits (0 when none is open). See `crate::trace`.
     pub writing: Cell<u64>,
-    /// Per section level (as `RingWriter::begin` numbers them): the `writing` of the section
-    /// it nests in, and the ring's reserve pointer when it began.
+    /// Per nested section level (as `RingWriter::begin` numbers them, 1 and up): the
+    /// `writing` of the section it nests in, and the ring's reserve pointer when it began.
+    /// Level 0 (the outermost) nests in nothing and keeps nothing.
     pub level_prev: [Cell<u64>; MAX_NEST as usize],
     pub level_reserved: [Cell<u64>; MAX_NEST as usize],
-    /// The ring's [`RingWriter::mark`] when the outermost section began: a repair counts an
-    /// abandoned outermost section as lost only if the ring's mark is still this one (its
-    /// records were neither published nor counted as dropped).
-    pub write_mark: Cell<u64>,
     /// An `FTRACE_OPS_FL_RECURSION` ops' callback is running.
     pub in_ftrace: Cell<u64>,
     /// The kprobe running (`current_kprobe`), from `kprobe_sp`.
@@ -107,7 +104,6 @@ thread_local! {
             writing: Cell::new(0),
             level_prev: [const { Cell::new(0) }; MAX_NEST as usize],
             level_reserved: [const { Cell::new(0) }; MAX_NEST as usize],
-            write_mark: Cell::new(0),
             in_ftrace: Cell::new(0),
             kprobe: Cell::new(std::ptr::null()),
             kprobe_sp: Cell::new(0),
@@ -252,25 +248,27 @@ impl ThreadState {
             let mut at = self.writing.get();
             loop {
                 let level = (at & 7) as usize;
-                let prev = self.level_prev.get(level).map_or(0, Cell::get);
+                let prev = match level {
+                    0 => 0,
+                    l => self.level_prev.get(l).map_or(0, Cell::get),
+                };
                 if prev == 0 || (prev & 7) >= (at & 7) || !stale(prev & !7) {
                     break;
                 }
                 at = prev;
             }
             let d = (at & 7) as u32;
-            self.writing
-                .set(self.level_prev.get(d as usize).map_or(0, Cell::get));
-            // Sections d.. never committed: their records are never published. A section
-            // that had committed (a jump between its commit and the restore of `writing`)
-            // is not counted.
+            self.writing.set(match d {
+                0 => 0,
+                d => self.level_prev.get(d as usize).map_or(0, Cell::get),
+            });
+            // Sections d.. that had not committed (the ring's nesting still counts them):
+            // their records are never published, one event lost each. A section that had
+            // committed (a jump between its commit and the restore of `writing`) is not
+            // counted.
             if let ThreadRing::Claimed(w) = self.ring.get() {
                 let n = w.nesting();
-                let mut lost = u64::from(n.saturating_sub(d));
-                if d == 0 && n > 0 && w.mark() != self.write_mark.get() {
-                    // The outermost had reached its outcome (dropped, counted) already.
-                    lost -= 1;
-                }
+                let lost = u64::from(n.saturating_sub(d));
                 let at = self.level_reserved.get(d as usize).map_or(0, Cell::get);
                 if n > d {
                     w.abandon(d, at);

@@ -1530,18 +1530,25 @@ impl RingWriter<'_> {
     }
 
     /// Start a write (or a group of writes that publish together): one more writer on the
-    /// ring. Returns the writers already in progress (0: this is the outermost) and the
-    /// reserve pointer now: what a repair needs to undo this write if it is abandoned
-    /// ([`abandon`](Self::abandon)). Each `begin` is paired with one [`commit`](Self::commit).
+    /// ring. Returns the writers already in progress (0: this is the outermost); a nested
+    /// writer's repair also needs [`reserved`](Self::reserved) as it is now (see
+    /// [`abandon`](Self::abandon)). Each `begin` is paired with one [`commit`](Self::commit).
     #[inline(always)]
-    pub fn begin(&self) -> (u32, u64) {
+    pub fn begin(&self) -> u32 {
         // Relaxed load and store: a handler that interrupts between them runs whole writes
         // (begin and commit) and leaves `nest` as it found it.
         let n = self.desc().nest.load(Relaxed);
         self.desc().nest.store(n.wrapping_add(1), Relaxed);
         signal_fence();
         self.point(hook::BEGUN);
-        (n, self.desc().reserved.load(Relaxed))
+        n
+    }
+
+    /// The reserve pointer: where the next record goes.
+    #[inline(always)]
+    pub fn reserved(&self) -> u64 {
+        // Relaxed: the owner thread's own value.
+        self.desc().reserved.load(Relaxed)
     }
 
     /// End a write begun with [`begin`](Self::begin): the outermost writer publishes
@@ -1550,21 +1557,25 @@ impl RingWriter<'_> {
     pub fn commit(&self) {
         loop {
             let n = self.desc().nest.load(Relaxed);
-            if n == 1 {
-                let r = self.desc().reserved.load(Relaxed);
-                self.point(hook::COMMIT_LOADED);
-                // Release: publishes the records' words; pairs with the Acquire load in
-                // `RingReader::drain_aux`.
-                self.desc().head.store(r, Release);
+            if n != 1 {
+                // Nested: the outermost writer publishes.
+                self.desc().nest.store(n.wrapping_sub(1), Relaxed);
+                signal_fence();
+                return;
             }
+            let r = self.desc().reserved.load(Relaxed);
+            self.point(hook::COMMIT_LOADED);
+            // Release: publishes the records' words; pairs with the Acquire load in
+            // `RingReader::drain_aux`.
+            self.desc().head.store(r, Release);
             signal_fence();
             self.point(hook::PUBLISHED);
-            self.desc().nest.store(n.wrapping_sub(1), Relaxed);
+            self.desc().nest.store(0, Relaxed);
             signal_fence();
             self.point(hook::UNNESTED);
             // A handler that ran between the load of `reserved` and the store of `nest` saw
             // a writer in progress and did not publish: publish its records now.
-            if n != 1 || self.desc().head.load(Relaxed) == self.desc().reserved.load(Relaxed) {
+            if self.desc().reserved.load(Relaxed) == r {
                 return;
             }
             self.desc().nest.store(1, Relaxed);
@@ -1628,10 +1639,9 @@ impl RingWriter<'_> {
         loop {
             // Relaxed: only this thread (and its signal handlers) store these.
             let r = self.desc().reserved.load(Relaxed);
+            // A size that is not a power of two (only a scribbled line has one) gives
+            // positions that `data.get` refuses or that are wrong but in bounds.
             let size = u64::from(self.desc().size.load(Relaxed));
-            if !size.is_power_of_two() || size > self.data.len() as u64 * 8 {
-                return None;
-            }
             if r <= size && r + need > size {
                 // The first lap's end (the ring never wrapped: `reserved` is at most `size`):
                 // the outermost writer grows the ring instead of wrapping, while the budget
@@ -1643,8 +1653,8 @@ impl RingWriter<'_> {
                     continue;
                 }
             }
-            let pos = r & (size - 1);
-            let to_end = size - pos;
+            let pos = r & size.wrapping_sub(1);
+            let to_end = size.wrapping_sub(pos);
             let (start, total) = if need <= to_end {
                 (pos, need)
             } else {
@@ -1666,7 +1676,11 @@ impl RingWriter<'_> {
             }
             // First lap only (the counter is the position): entering a new chunk maps the
             // next one in.
-            if new <= size && (r == 0 || populate_chunk_index(r) != populate_chunk_index(new)) {
+            // Chunks start at multiples of 8 KiB: most records cross no such line.
+            if new <= size
+                && (r == 0 || (r ^ new) >= POPULATE_FIRST)
+                && (r == 0 || populate_chunk_index(r) != populate_chunk_index(new))
+            {
                 let k = populate_chunk_index(new);
                 let from = if r == 0 {
                     0
@@ -1685,7 +1699,7 @@ impl RingWriter<'_> {
     #[inline(never)]
     fn grow(&self, size: u64) -> bool {
         let new = size * 2;
-        if new > self.data.len() as u64 * 8 {
+        if size == 0 || new > self.data.len() as u64 * 8 {
             return false;
         }
         // Relaxed: written once by the reader before the target started.
@@ -1779,10 +1793,14 @@ mod hook {
     pub(super) const PUBLISHED: u32 = 6;
     pub(super) const UNNESTED: u32 = 7;
 
+    /// A nested write, run at a point.
+    #[cfg(test)]
+    pub(super) type Nested = fn(&super::RingWriter<'_>);
+
     #[cfg(test)]
     thread_local! {
         /// The point to fire at (once), and the nested write to run there.
-        pub(super) static AT: std::cell::Cell<(u32, Option<fn(&super::RingWriter<'_>)>)> =
+        pub(super) static AT: std::cell::Cell<(u32, Option<Nested>)> =
             const { std::cell::Cell::new((0, None)) };
     }
 
@@ -2705,10 +2723,11 @@ mod tests {
         let sr = rings(1, 4096);
         let w = sr.claim(1, COMM).unwrap();
         let mut r = sr.reader(0).unwrap();
-        let (l0, _) = w.begin();
+        let l0 = w.begin();
         assert_eq!(l0, 0);
         assert!(w.in_section().write3(1, 1, 1, 1));
-        let (l1, at) = w.begin();
+        let at = w.reserved();
+        let l1 = w.begin();
         assert_eq!(l1, 1);
         assert!(w.in_section().write3(9, 9, 9, 9)); // then abandoned
         w.abandon(1, at);

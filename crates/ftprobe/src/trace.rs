@@ -118,7 +118,20 @@ fn no_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
 /// counted in `lost_recursion`) when [`MAX_NEST`] sections are open already.
 #[inline(always)]
 fn begin_section(t: &ThreadState, w: RingWriter<'static>, sp: u64) -> Option<u32> {
-    let (level, reserved_at) = w.begin();
+    let level = w.begin();
+    if level != 0 {
+        return begin_nested(t, w, sp, level);
+    }
+    // The outermost: it nests in nothing (`level_prev[0]` is never read) and a repair of it
+    // goes back to the ring's `head` (no reserve pointer to keep).
+    t.writing.set(sp & !7);
+    Some(0)
+}
+
+/// [`begin_section`] of a nested section (a signal handler's, inside a write).
+#[cold]
+#[inline(never)]
+fn begin_nested(t: &ThreadState, w: RingWriter<'static>, sp: u64, level: u32) -> Option<u32> {
     let (Some(prev), Some(res)) = (
         t.level_prev.get(level as usize),
         t.level_reserved.get(level as usize),
@@ -130,10 +143,7 @@ fn begin_section(t: &ThreadState, w: RingWriter<'static>, sp: u64) -> Option<u32
         return None;
     };
     prev.set(t.writing.get());
-    res.set(reserved_at);
-    if level == 0 {
-        t.write_mark.set(w.mark());
-    }
+    res.set(w.reserved());
     t.writing.set((sp & !7) | u64::from(level));
     Some(level)
 }
@@ -142,8 +152,12 @@ fn begin_section(t: &ThreadState, w: RingWriter<'static>, sp: u64) -> Option<u32
 #[inline(always)]
 fn end_section(t: &ThreadState, w: RingWriter<'static>, level: u32) {
     w.commit();
-    t.writing
-        .set(t.level_prev.get(level as usize).map_or(0, |c| c.get()));
+    let prev = if level == 0 {
+        0
+    } else {
+        t.level_prev.get(level as usize).map_or(0, |c| c.get())
+    };
+    t.writing.set(prev);
 }
 
 /// Probe path, the tracers': calls `f` with this thread's ring inside a writer section (a
@@ -263,7 +277,7 @@ fn note_thread_ring() {
         // SAFETY: a key of the first block (see KEYS_IN_DESCRIPTOR): a store in this
         // thread's descriptor, async-signal-safe in practice; the value is never
         // dereferenced.
-        unsafe { libc::pthread_setspecific(k as libc::pthread_key_t, 1 as *const libc::c_void) };
+        unsafe { libc::pthread_setspecific(k as libc::pthread_key_t, std::ptr::dangling()) };
     }
 }
 
@@ -353,8 +367,12 @@ mod tests {
             // `writing` is restored).
             let abandon = |commit: bool, x: u64| {
                 let r = std::panic::catch_unwind(|| {
+                    // Deeper than any frame of `write_one`, as a signal handler's frames are
+                    // below the code it interrupted.
+                    let pad = std::hint::black_box([0u8; 4096]);
                     let t = probe_state::this_thread();
                     let sp = stack_pointer();
+                    std::hint::black_box(&pad);
                     let _ = t.enter(Entry::Here(sp));
                     let w = ring_of(t).unwrap();
                     begin_section(t, w, sp).unwrap();
