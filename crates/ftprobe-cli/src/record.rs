@@ -374,7 +374,7 @@ impl Sink for Recorder {
         info.clock = src.clock().to_parts();
         info.tsc_hz = src.clock().tsc_hz();
         info.armed = src.armed();
-        info.nr_rings = src.nr_rings();
+        // `nr_rings` stays --rings; the streams are `claimed`.
         info.claimed = src.claimed();
         info.rings = (0..src.claimed().min(src.nr_rings()))
             .filter_map(|i| {

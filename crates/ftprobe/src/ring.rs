@@ -967,7 +967,6 @@ impl SharedRings {
                 ring: desc,
                 data,
                 budget: c,
-                in_section: false,
             });
         }
         None
@@ -1012,10 +1011,9 @@ impl SharedRings {
         let lost = p.lost.load(Relaxed);
         let size = u64::from(p.size.load(Relaxed));
         if let Some(data) = self.data(i) {
-            let touched = p
-                .head
-                .load(Relaxed)
-                .min(size)
+            // Every page the owner or this reader may have touched: the owner writes and
+            // populates within `size`, the reader prefaults within it.
+            let touched = size
                 .next_multiple_of(PAGE as u64)
                 .min(data.len() as u64 * 8);
             if touched > 0 {
@@ -1332,18 +1330,15 @@ const fn record_header_aux(nwords: usize, rtype: u16, aux: u32) -> u64 {
 /// mapping alive: the agent keeps its `SharedRings` in a `static`, so its writers are
 /// `RingWriter<'static>`.
 #[derive(Clone, Copy)]
-pub struct RingWriter<'a> {
+pub struct RingWriter<'a, const IN_SECTION: bool = false> {
     ring: &'a RingDesc,
     /// The ring's whole address space (`ring_bytes / 8` words, the most `size` may grow to);
     /// `size` bytes are in use.
     data: &'a [AtomicU64],
     budget: &'a Counters,
-    /// Inside a section the caller began ([`RingWriter::in_section`]): the writes neither
-    /// begin nor commit, the section's commit publishes them.
-    in_section: bool,
 }
 
-impl fmt::Debug for RingWriter<'_> {
+impl<const S: bool> fmt::Debug for RingWriter<'_, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RingWriter")
             .field("data", &self.data.as_ptr())
@@ -1382,7 +1377,11 @@ fn signal_fence() {
     std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
 }
 
-impl RingWriter<'_> {
+/// A writer inside a section the caller began ([`RingWriter::in_section`]): its writes
+/// neither begin nor commit, the section's commit publishes them.
+pub type SectionWriter<'a> = RingWriter<'a, true>;
+
+impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
     /// The producer's line of the descriptor.
     #[inline(always)]
     fn desc(&self) -> &ProducerLine {
@@ -1437,7 +1436,7 @@ impl RingWriter<'_> {
         if nwords > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
             return false;
         }
-        if !self.in_section {
+        if !IN_SECTION {
             self.begin();
         }
         let ok = match self.reserve(nwords).and_then(|start| {
@@ -1453,7 +1452,7 @@ impl RingWriter<'_> {
             }
             None => false,
         };
-        if !self.in_section {
+        if !IN_SECTION {
             self.commit();
         }
         ok
@@ -1485,10 +1484,7 @@ impl RingWriter<'_> {
     }
 
     /// The ring's head plus its `lost` count: changes with every record the outermost writer
-    /// publishes or this ring drops. Taken at the start of a write, it tells afterwards
-    /// whether the write reached its outcome (a repair after a non-local exit:
-    /// `crate::probe_state`). Two loads of the producer's own cache line, which the write
-    /// loads anyway.
+    /// publishes or this ring drops. Two loads of the producer's own cache line.
     #[inline(always)]
     pub fn mark(&self) -> u64 {
         // Relaxed: only this producer stores either.
@@ -1505,7 +1501,7 @@ impl RingWriter<'_> {
         if N + 1 > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
             return self.drop_one();
         }
-        if !self.in_section {
+        if !IN_SECTION {
             self.begin();
         }
         let ok = match self.reserve(N + 1).and_then(|start| {
@@ -1523,7 +1519,7 @@ impl RingWriter<'_> {
             }
             None => false,
         };
-        if !self.in_section {
+        if !IN_SECTION {
             self.commit();
         }
         ok || self.drop_one()
@@ -1586,10 +1582,11 @@ impl RingWriter<'_> {
     /// This writer inside a section begun with [`begin`](Self::begin): its writes are
     /// published by the section's [`commit`](Self::commit), not each by itself.
     #[inline(always)]
-    pub fn in_section(self) -> Self {
+    pub fn in_section(self) -> SectionWriter<'a> {
         RingWriter {
-            in_section: true,
-            ..self
+            ring: self.ring,
+            data: self.data,
+            budget: self.budget,
         }
     }
 
@@ -1597,7 +1594,14 @@ impl RingWriter<'_> {
     #[inline(always)]
     fn point(&self, _p: u32) {
         #[cfg(test)]
-        hook::fire(self, _p);
+        hook::fire(
+            &RingWriter {
+                ring: self.ring,
+                data: self.data,
+                budget: self.budget,
+            },
+            _p,
+        );
     }
 
     /// Writers in progress on this ring (nested).

@@ -19,7 +19,7 @@
 use std::sync::OnceLock;
 
 use crate::probe_state::{self, stack_pointer, Entry, ThreadRing, ThreadState};
-use crate::ring::{self, RingWriter, SharedRings};
+use crate::ring::{self, RingWriter, SectionWriter, SharedRings};
 use crate::sys;
 
 /// Record types written into the rings.
@@ -165,14 +165,17 @@ fn end_section(t: &ThreadState, w: RingWriter<'static>, level: u32) {
 /// is written when the thread has no ring (counted in `lost_no_ring`) or sections nest too
 /// deep (counted in `lost_recursion`). One TLS access for the state and the ring together.
 #[inline(always)]
-pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
+pub fn with_ring_guarded(f: impl FnOnce(SectionWriter<'static>)) {
     with_ring_guarded_of(probe_state::this_thread(), f);
 }
 
 /// [`with_ring_guarded`] for thread state `t` (no TLS access).
 /// Returns whether `f` ran.
 #[inline(always)]
-pub(crate) fn with_ring_guarded_of(t: &ThreadState, f: impl FnOnce(RingWriter<'static>)) -> bool {
+pub(crate) fn with_ring_guarded_of(
+    t: &ThreadState,
+    f: impl FnOnce(SectionWriter<'static>),
+) -> bool {
     let sp = stack_pointer();
     let _ = t.enter(Entry::Here(sp));
     let Some(w) = ring_of(t) else {
@@ -186,19 +189,56 @@ pub(crate) fn with_ring_guarded_of(t: &ThreadState, f: impl FnOnce(RingWriter<'s
     true
 }
 
-/// Probe path, kprobe events: [`with_ring_guarded`]; `false` when `f` did not run (no ring,
-/// or sections nested too deep: the hit counts, its record is lost).
-#[inline(always)]
-pub fn with_event_ring(f: impl FnOnce(RingWriter<'static>)) -> bool {
-    with_ring_guarded_of(probe_state::this_thread(), f)
+/// A writer section open on this thread's ring ([`event_section`]); dropping it closes the
+/// section (the outermost publishes).
+/// Small: it lives in the event's frame (the writer is the thread's, looked up again).
+pub struct EventSection {
+    t: &'static ThreadState,
+    level: u32,
+}
+
+impl EventSection {
+    /// The writer, inside the section.
+    #[inline(always)]
+    pub fn writer(&self) -> Option<SectionWriter<'static>> {
+        match self.t.ring.get() {
+            ThreadRing::Claimed(w) => Some(w.in_section()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for EventSection {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // The ring a section began on stays the thread's until the thread ends.
+        if let ThreadRing::Claimed(w) = self.t.ring.get() {
+            end_section(self.t, w, self.level);
+        }
+    }
+}
+
+/// Probe path, kprobe events: a writer section on this thread's ring, or `None` (no ring,
+/// or sections nested too deep: the hit counts, its record is lost). Not a closure as
+/// [`with_ring_guarded`] takes: the event's code then stays in its caller's frame, which
+/// matters on a small signal stack; and out of line itself, so that its own locals (the
+/// repair check, a first event's claim) are not in that frame.
+#[inline(never)]
+pub fn event_section() -> Option<EventSection> {
+    let t = probe_state::this_thread();
+    let sp = stack_pointer();
+    let _ = t.enter(Entry::Here(sp));
+    let w = ring_of(t)?;
+    let level = begin_section(t, w, sp)?;
+    Some(EventSection { t, level })
 }
 
 /// Probe path, first event of a thread (or a retry after a ring was freed): claim a ring,
 /// with every signal blocked (one claim per thread, even when a handler's event comes
-/// meanwhile). Out of line and cold, so that the hot path's stack frame stays small (probes
-/// may run on small signal stacks).
-#[cold]
-#[inline(never)]
+/// meanwhile). Inlined into [`no_ring`], which is out of line and cold, so that the hot
+/// path's stack frame stays small and the first event's adds one frame (probes may run on
+/// small signal stacks).
+#[inline(always)]
 fn claim_ring(t: &ThreadState, rings: &'static SharedRings) -> Option<RingWriter<'static>> {
     let all: u64 = !0;
     let mut old: u64 = 0;

@@ -846,55 +846,58 @@ fn kretprobe_dispatcher(ri: &KretprobeInstance, regs: &PtRegs) -> i32 {
 /// `ret_ip` where it returned to, the last word of the head).
 #[inline(always)]
 fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
-    let mut written = false;
-    let ran = trace::with_event_ring(|w| {
-        let (tsc, cpu) = trace::clock();
-        let (head, fixed) = (tk.head_words, tk.fixed_words);
-        let mask_words = head - 2 - usize::from(ret_ip.is_some());
-        // The strings' bytes, capped so that the record (its header word included) fits.
-        let room = MAX_RECORD_WORDS.saturating_sub(1 + head + fixed) * 8;
-        let data_bytes = if tk.dynamic {
-            strings_size(tk, at).min(room)
-        } else {
-            0
-        };
-        // Stored straight into the ring: a stack buffer for 128 arguments overflowed small
-        // stacks (a sigaltstack of a few KiB).
-        written = w.write_with(
-            rtype::KPROBE,
-            cpu | (tk.id << 12),
-            head + fixed + data_bytes.div_ceil(8),
-            |slots| {
-                slots[0].store(tsc, Ordering::Relaxed);
-                slots[1].store(addr, Ordering::Relaxed);
-                if let Some(r) = ret_ip {
-                    slots[head - 1].store(r, Ordering::Relaxed);
-                }
-                let (fixed_slots, data_slots) = slots.split_at(slots.len().min(head + fixed));
-                with_bytes(data_slots, |data| {
-                    let data = data.get_mut(..data_bytes).unwrap_or_default();
-                    let mut used = 0usize;
-                    let mut faults = [0u64; MAX_MASK_WORDS];
-                    let mut pos = head;
-                    for (i, f) in tk.args.iter().enumerate() {
-                        let words = f.store.words();
-                        let arg_slots = fixed_slots.get(pos..pos + words).unwrap_or_default();
-                        let ok = store_arg(f, at, arg_slots, data, &mut used);
-                        if !ok {
-                            if let Some(m) = faults.get_mut(i / 64) {
-                                *m |= 1 << (i % 64);
-                            }
+    let section = trace::event_section();
+    let Some(w) = section.as_ref().and_then(trace::EventSection::writer) else {
+        tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let (tsc, cpu) = trace::clock();
+    let (head, fixed) = (tk.head_words, tk.fixed_words);
+    let mask_words = head - 2 - usize::from(ret_ip.is_some());
+    // The strings' bytes, capped so that the record (its header word included) fits.
+    let room = MAX_RECORD_WORDS.saturating_sub(1 + head + fixed) * 8;
+    let data_bytes = if tk.dynamic {
+        strings_size(tk, at).min(room)
+    } else {
+        0
+    };
+    // Stored straight into the ring: a stack buffer for 128 arguments overflowed small
+    // stacks (a sigaltstack of a few KiB).
+    let written = w.write_with(
+        rtype::KPROBE,
+        cpu | (tk.id << 12),
+        head + fixed + data_bytes.div_ceil(8),
+        |slots| {
+            slots[0].store(tsc, Ordering::Relaxed);
+            slots[1].store(addr, Ordering::Relaxed);
+            if let Some(r) = ret_ip {
+                slots[head - 1].store(r, Ordering::Relaxed);
+            }
+            let (fixed_slots, data_slots) = slots.split_at(slots.len().min(head + fixed));
+            with_bytes(data_slots, |data| {
+                let data = data.get_mut(..data_bytes).unwrap_or_default();
+                let mut used = 0usize;
+                let mut faults = [0u64; MAX_MASK_WORDS];
+                let mut pos = head;
+                for (i, f) in tk.args.iter().enumerate() {
+                    let words = f.store.words();
+                    let arg_slots = fixed_slots.get(pos..pos + words).unwrap_or_default();
+                    let ok = store_arg(f, at, arg_slots, data, &mut used);
+                    if !ok {
+                        if let Some(m) = faults.get_mut(i / 64) {
+                            *m |= 1 << (i % 64);
                         }
-                        pos += words;
                     }
-                    for (k, m) in faults.iter().take(mask_words).enumerate() {
-                        fixed_slots[2 + k].store(*m, Ordering::Relaxed);
-                    }
-                });
-            },
-        );
-    });
-    if !ran || !written {
+                    pos += words;
+                }
+                for (k, m) in faults.iter().take(mask_words).enumerate() {
+                    fixed_slots[2 + k].store(*m, Ordering::Relaxed);
+                }
+            });
+        },
+    );
+    drop(section);
+    if !written {
         tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
     }
 }
