@@ -190,7 +190,7 @@ impl AltStack {
 impl ThreadState {
     /// Whether a guard is set at or below `sp` (the common case is none: nothing to check; a
     /// guard above `sp` belongs to a frame this entry is nested in, as when a kprobe event's
-    /// handler takes the ring's writer guard under the kprobe guard). `x - 1 < sp` is
+    /// handler opens a writer section under the kprobe guard). `x - 1 < sp` is
     /// `x != 0 && x <= sp`.
     #[inline(always)]
     fn maybe_stale(&self, sp: u64) -> bool {
