@@ -415,6 +415,8 @@ pub struct Live<'a> {
     open: Vec<Option<u32>>,
     /// Bytes of records drained so far (the poll's pace follows it).
     drained_bytes: u64,
+    /// The words of a drain, kept from drain to drain.
+    scratch: Vec<u64>,
 }
 
 impl<'a> Live<'a> {
@@ -425,6 +427,7 @@ impl<'a> Live<'a> {
             streams: Vec::new(),
             open: vec![None; rings.config().nr_rings as usize],
             drained_bytes: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -494,7 +497,7 @@ impl Source for Live<'_> {
             return false;
         };
         let mut bytes = 0;
-        r.drain_aux(|t, a, w| {
+        r.drain_aux_in(&mut self.scratch, |t, a, w| {
             bytes += 8 + 8 * w.len() as u64;
             f(t, a, w)
         });
@@ -509,10 +512,9 @@ impl Source for Live<'_> {
             return Some(0);
         };
         let mut r = self.rings.reader(ring)?;
-        let mut words = Vec::new();
-        let n = r.drain_raw(&mut words);
-        self.drained_bytes += 8 * words.len() as u64;
-        buf.extend_from_slice(&words);
+        let before = buf.len();
+        let n = r.drain_raw(buf);
+        self.drained_bytes += 8 * (buf.len() - before) as u64;
         Some(n)
     }
     fn task(&self, i: u32) -> Option<(Vec<u8>, u32)> {

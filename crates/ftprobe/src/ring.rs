@@ -1907,10 +1907,24 @@ impl RingReader<'_> {
 
     /// [`drain`](Self::drain), also passing each record's `aux` header bits:
     /// `f(rtype, aux, payload)`.
-    pub fn drain_aux(&mut self, mut f: impl FnMut(u16, u32, &[u64])) -> usize {
+    pub fn drain_aux(&mut self, f: impl FnMut(u16, u32, &[u64])) -> usize {
         let mut scratch = std::mem::take(&mut self.scratch);
+        let n = self.drain_aux_in(&mut scratch, f);
+        self.scratch = scratch;
+        n
+    }
+
+    /// [`drain_aux`](Self::drain_aux) that copies the records through `scratch` (cleared
+    /// first), a buffer the caller keeps from drain to drain: a reader made for one drain
+    /// then does not allocate (and fault in) a buffer of the ring's size each time.
+    pub fn drain_aux_in(
+        &mut self,
+        scratch: &mut Vec<u64>,
+        mut f: impl FnMut(u16, u32, &[u64]),
+    ) -> usize {
+        scratch.clear();
         let mut count = 0;
-        self.drain_words(&mut scratch, |words| {
+        self.drain_words(scratch, |words| {
             let mut at = 0;
             while at < words.len() {
                 let hdr = words[at];
@@ -1924,14 +1938,13 @@ impl RingReader<'_> {
                 count += 1;
             }
         });
-        self.scratch = scratch;
         count
     }
 
     /// Bulk form of [`drain`](Self::drain): copies every record published so far, as the ring
     /// holds them (header word `len | rtype << 16 | aux << 32`, then the payload; no padding),
-    /// into `buf` (cleared first), checked record by record, and frees their space. Returns
-    /// the number of records. What does not parse is skipped and counted in
+    /// to the end of `buf`, checked record by record, and frees their space. Returns the
+    /// number of records. What does not parse is skipped and counted in
     /// [`corrupt_bytes`](Self::corrupt_bytes).
     pub fn drain_raw(&mut self, buf: &mut Vec<u64>) -> usize {
         let mut count = 0;
@@ -1945,11 +1958,12 @@ impl RingReader<'_> {
         count
     }
 
-    /// Copy the published records into `buf` (the words as they are in the ring, padding
-    /// left out), checking each header against what was published; call `f` with the valid
-    /// records (whole records only); then free their space.
+    /// Copy the published records to the end of `buf` (the words as they are in the ring,
+    /// padding left out), checking each header against what was published; call `f` with
+    /// the valid records (whole records only: what this call appended); then free their
+    /// space.
     fn drain_words(&mut self, buf: &mut Vec<u64>, f: impl FnOnce(&[u64])) {
-        buf.clear();
+        let base = buf.len();
         // Acquire: pairs with the Release store in `RingWriter::commit`: the record words
         // before `head` (and the ring's `size`) are visible.
         let head = self.prod.head.load(Acquire);
@@ -2023,7 +2037,7 @@ impl RingReader<'_> {
             t = t.wrapping_add(if skip_to_end { to_end } else { piece });
         }
         self.tail = head;
-        f(buf);
+        f(&buf[base..]);
         // Release: our loads of the consumed words happen before the producer reuses them;
         // pairs with the Acquire load in `RingWriter::has_room`.
         self.tail_slot.store(self.tail, Release);
@@ -2807,6 +2821,7 @@ mod tests {
         assert_eq!(buf.len(), 501);
         assert!(w.write3_aux(2, 5, 1, 2, 3)); // fits before the end
         assert!(w.write(3, &[4; 20])); // padding, then offset 0
+        buf.clear();
         assert_eq!(r.drain_raw(&mut buf), 2);
         assert_eq!(
             buf[..4],
