@@ -59,6 +59,7 @@ fn main() {
         "c/spawns.c",
         "c/forks.c",
         "c/sigcalls.c",
+        "c/rings.c",
         "c/insn_zoo.c",
         "c/own_sigtrap.c",
         "c/ctors.c",
@@ -203,7 +204,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     // SIGTRAP. noreturn: patchable entries; main ends with a call to a noreturn function.
     // execs: patchable entries; a failed exec, then an exec through each member of the
     // family. libc_calls: no site flags; calls into libc's internal functions
-    // (stripped-library probes).
+    // (stripped-library probes). rings: patchable entries; threads for the ring buffers'
+    // tests.
     let patchable = Flavour::Patchable;
     // libsigearly.so, for sigmasks: a library constructor that installs a signal action
     // before the agent's constructor runs.
@@ -264,6 +266,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("spawns", &[], &[]),
         ("forks", patchable.cflags(), patchable.ldflags()),
         ("sigcalls", patchable.cflags(), patchable.ldflags()),
+        // rings: threads together or one after another, each calling a traced function.
+        ("rings", patchable.cflags(), &["-pthread"]),
         ("own_malloc", patchable.cflags(), patchable.ldflags()),
         ("libc_mallocs", &[], &[]),
         ("sigmasks", &[], &sigmasks_ld),

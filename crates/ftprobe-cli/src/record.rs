@@ -7,9 +7,14 @@
 //! agent armed: a run that recorded nothing (the program cannot be run, nothing matches a
 //! filter, the agent did not start) leaves the existing recording, and `DIR.old`, alone.
 //! Neither `DIR` nor `DIR.old` is replaced unless it is a recording (or empty). It holds:
-//! - `ring-N.dat` per ring that was claimed: its records in the order drained, each one
-//!   little-endian word `rtype | payload words << 16 | aux << 32` and then its payload words,
-//!   as in the ring itself: 8 + 8 x payload bytes per record (32 for a function-tracer event);
+//! - `ring-N.dat` per record stream, that is per thread that owned a ring (a ring used by
+//!   several threads one after the other gives one stream per thread: the CLI frees a
+//!   thread's ring only once it has read all of it, and numbers the next owner's records as a
+//!   new stream): its records in the order drained, copied from the ring as they are there
+//!   (checked, padding left out, whole spans at once): a little-endian header word
+//!   `len | rtype << 16 | aux << 32` (`len` in words, the header included), then the payload
+//!   words: 8 + 8 x payload bytes per record (32 for a function-tracer event). Format 1
+//!   recordings (`rtype | payload words << 16 | aux << 32`) are read too;
 //! - `info.json` ([`Info`]): the command, tracer, options and event definitions, the clock's
 //!   conversion, per ring its thread and lost count, the header's counters, how the run ended,
 //!   and the loaded objects;
@@ -29,8 +34,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::session::{self, End, SessionArgs, Sink, Source};
 
-/// The `format` of the `info.json` this code writes.
-pub const FORMAT: u32 = 1;
+/// The `format` of the `info.json` this code writes (2: ring files hold records as the
+/// rings do; 1 is read too).
+pub const FORMAT: u32 = 2;
 
 /// Arguments of `ftprobe record`.
 #[derive(Args)]
@@ -75,10 +81,15 @@ pub struct Info {
     /// The agent armed everything (the trace was on).
     pub armed: bool,
     pub nr_rings: u32,
-    /// Rings the target's threads claimed (more than `nr_rings`: some threads had none).
+    /// Format 2: the record streams (threads that owned a ring), `ring-0.dat` to
+    /// `ring-{claimed - 1}.dat`. Format 1: rings the target's threads claimed (more than
+    /// `nr_rings`: some threads had none).
     pub claimed: u32,
     pub rings: Vec<RingInfo>,
     pub lost_no_ring: u64,
+    /// The threads that had no ring: (tid, events lost).
+    #[serde(default)]
+    pub lost_by_tid: Vec<[u64; 2]>,
     pub lost_recursion: u64,
     pub fgraph_overrun: u64,
     /// Per kprobe event id: records dropped, nmissed.
@@ -90,7 +101,11 @@ pub struct Info {
 /// A ring of a recording.
 #[derive(Serialize, Deserialize, Debug)]
 pub struct RingInfo {
+    /// The stream's number (its file's).
     pub index: u32,
+    /// The ring it was read from (format 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<u32>,
     pub tid: u32,
     /// The thread's process id (a forked child's own); absent in older recordings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,11 +138,6 @@ pub struct ObjectInfo {
 /// The data file of ring `i`.
 pub fn ring_file(i: u32) -> String {
     format!("ring-{i}.dat")
-}
-
-/// The header word of a stored record.
-pub fn record_header(rtype: u16, aux: u32, nwords: usize) -> u64 {
-    u64::from(rtype) | ((nwords as u64 & 0xffff) << 16) | (u64::from(aux) << 32)
 }
 
 /// `dir` with `suffix` appended to its name.
@@ -205,6 +215,16 @@ struct Recorder {
     /// The first write error.
     error: Option<String>,
     info: Info,
+    /// The words of a drain, reused.
+    buf: Vec<u64>,
+}
+
+/// The bytes of `words`, little-endian (this is x86-64 only).
+fn words_as_bytes(words: &[u64]) -> &[u8] {
+    const _: () = assert!(cfg!(target_endian = "little"));
+    // SAFETY: u8 has no alignment and every bit pattern; the slice covers exactly the
+    // words' memory, borrowed for as long as `words`.
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
 }
 
 impl Recorder {
@@ -319,23 +339,13 @@ impl Sink for Recorder {
                 }
             }
             let out = self.files[i].as_mut().expect("opened above");
-            let (mut records, mut bytes) = (0u64, 0u64);
-            let mut err = None;
-            src.drain(i as u32, |rtype, aux, w| {
-                if err.is_some() {
-                    return;
-                }
-                let r = out
-                    .write_all(&record_header(rtype, aux, w.len()).to_le_bytes())
-                    .and_then(|()| w.iter().try_for_each(|x| out.write_all(&x.to_le_bytes())));
-                match r {
-                    Ok(()) => {
-                        records += 1;
-                        bytes += 8 + 8 * w.len() as u64;
-                    }
-                    Err(e) => err = Some(e),
-                }
-            });
+            let buf = &mut self.buf;
+            buf.clear();
+            let records = src.drain_raw(i as u32, buf).unwrap_or(0) as u64;
+            let bytes = 8 * buf.len() as u64;
+            // One write of the whole span: the words' bytes as they are in memory
+            // (little-endian on x86-64, as the format says).
+            let err = out.write_all(words_as_bytes(buf)).err();
             self.records[i] += records;
             self.bytes[i] += bytes;
             if let Some(e) = err {
@@ -367,13 +377,14 @@ impl Sink for Recorder {
         info.clock = src.clock().to_parts();
         info.tsc_hz = src.clock().tsc_hz();
         info.armed = src.armed();
-        info.nr_rings = src.nr_rings();
+        // `nr_rings` stays --rings; the streams are `claimed`.
         info.claimed = src.claimed();
         info.rings = (0..src.claimed().min(src.nr_rings()))
             .filter_map(|i| {
                 let (comm, tid) = src.task(i)?;
                 Some(RingInfo {
                     index: i,
+                    ring: src.ring_index(i),
                     tid,
                     pid: src.pid(i),
                     comm: String::from_utf8_lossy(&comm).into_owned(),
@@ -386,6 +397,11 @@ impl Sink for Recorder {
             })
             .collect();
         info.lost_no_ring = src.lost_no_ring();
+        info.lost_by_tid = src
+            .lost_by_tid()
+            .into_iter()
+            .map(|(t, n)| [u64::from(t), n])
+            .collect();
         info.lost_recursion = src.lost_recursion();
         info.fgraph_overrun = src.fgraph_overrun();
         info.event_counters = (0..info.events.len() as u32)
@@ -452,6 +468,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         claimed: 0,
         rings: Vec::new(),
         lost_no_ring: 0,
+        lost_by_tid: Vec::new(),
         lost_recursion: 0,
         fgraph_overrun: 0,
         event_counters: Vec::new(),
@@ -469,6 +486,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         objects: Vec::new(),
         error: None,
         info,
+        buf: Vec::new(),
     };
     let r = session::run(plan, &mut recorder);
     if !recorder.rotated {

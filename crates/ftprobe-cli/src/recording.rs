@@ -50,6 +50,8 @@ pub const CHUNK: usize = 1 << 12;
 /// A ring file, read one record at a time through a buffer.
 pub struct RingFile {
     r: BufReader<File>,
+    /// The recording's format (1 or 2: how a header word is laid out).
+    format: u32,
     /// The current record's payload, and its bytes as read.
     words: Vec<u64>,
     bytes: Vec<u8>,
@@ -58,9 +60,10 @@ pub struct RingFile {
 }
 
 impl RingFile {
-    fn open(path: &Path) -> std::io::Result<RingFile> {
+    fn open(path: &Path, format: u32) -> std::io::Result<RingFile> {
         Ok(RingFile {
             r: BufReader::with_capacity(64 << 10, File::open(path)?),
+            format,
             words: Vec::new(),
             bytes: Vec::new(),
             at: 0,
@@ -76,7 +79,17 @@ impl RingFile {
             Err(e) => return Err(e.into()),
         }
         let h = u64::from_le_bytes(b);
-        let len = ((h >> 16) & 0xffff) as usize;
+        // Format 2: header words as the rings hold them (`len` counts the header); format 1:
+        // `rtype | payload words << 16 | aux << 32`.
+        let (rtype, len) = if self.format == 1 {
+            ((h & 0xffff) as u16, ((h >> 16) & 0xffff) as usize)
+        } else {
+            let len = (h & 0xffff) as usize;
+            if len == 0 {
+                bail!("a record at word {} has no length", self.at);
+            }
+            (((h >> 16) & 0xffff) as u16, len - 1)
+        };
         self.bytes.resize(len * 8, 0);
         self.r.read_exact(&mut self.bytes).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -92,7 +105,7 @@ impl RingFile {
                 .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
         );
         self.at += 1 + len as u64;
-        Ok(Some(((h & 0xffff) as u16, (h >> 32) as u32)))
+        Ok(Some((rtype, (h >> 32) as u32)))
     }
 }
 
@@ -143,9 +156,9 @@ impl Recording {
         };
         let info: Info =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        if info.format != FORMAT {
+        if info.format != FORMAT && info.format != 1 {
             bail!(
-                "{}: format {} (this ftprobe reads {FORMAT})",
+                "{}: format {} (this ftprobe reads 1 and {FORMAT})",
                 path.display(),
                 info.format
             );
@@ -196,8 +209,18 @@ impl Recording {
     }
 
     /// The rings read (claimed, with an entry in `info.json`, of a selected thread).
+    /// The record streams of the recording: format 2 numbers one per owner of a ring (as
+    /// many as were claimed), format 1 one per ring.
+    fn nr_streams(&self) -> u32 {
+        if self.info.format == 1 {
+            self.info.claimed.min(self.info.nr_rings)
+        } else {
+            self.info.claimed
+        }
+    }
+
     fn ring_paths(&self) -> Vec<(u32, PathBuf, u64)> {
-        let n = self.info.claimed.min(self.info.nr_rings);
+        let n = self.nr_streams();
         self.info
             .rings
             .iter()
@@ -211,7 +234,7 @@ impl Recording {
         let clock = self.clock();
         let mut first = u64::MAX;
         for (_, path, _) in self.ring_paths() {
-            let Ok(mut f) = RingFile::open(&path) else {
+            let Ok(mut f) = RingFile::open(&path, self.info.format) else {
                 continue;
             };
             while let Some((rt, _)) = f.next().with_context(|| format!("{}", path.display()))? {
@@ -226,7 +249,7 @@ impl Recording {
 
     /// Start reading every ring from its beginning.
     pub fn rewind(&mut self) {
-        let n = self.info.claimed.min(self.info.nr_rings) as usize;
+        let n = self.nr_streams() as usize;
         let mut cursors: Vec<Option<Cursor>> = (0..n).map(|_| None).collect();
         for (i, path, _) in self.ring_paths() {
             cursors[i as usize] = Some(Cursor {
@@ -244,6 +267,7 @@ impl Recording {
     fn read(&mut self, i: u32, max: usize, f: &mut dyn FnMut(u16, u32, &[u64])) -> bool {
         let clock = self.clock();
         let graph = self.info.tracer == "function_graph";
+        let format = self.info.format;
         let Some(Some(c)) = self.cursors.get_mut(i as usize) else {
             return false;
         };
@@ -251,7 +275,7 @@ impl Recording {
             return false;
         }
         if c.file.is_none() {
-            match RingFile::open(&c.path) {
+            match RingFile::open(&c.path, format) {
                 Ok(file) => c.file = Some(file),
                 // A ring with no record has no file.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -334,10 +358,10 @@ impl Source for Recording {
         Clock::from_parts(self.info.clock)
     }
     fn nr_rings(&self) -> u32 {
-        self.info.nr_rings
+        self.nr_streams()
     }
     fn claimed(&self) -> u32 {
-        self.info.claimed
+        self.nr_streams()
     }
     fn drain(&mut self, i: u32, mut f: impl FnMut(u16, u32, &[u64])) -> bool {
         if !matches!(self.cursors.get(i as usize), Some(Some(_))) {
@@ -380,6 +404,13 @@ impl Source for Recording {
     }
     fn lost_no_ring(&self) -> u64 {
         self.info.lost_no_ring
+    }
+    fn lost_by_tid(&self) -> Vec<(u32, u64)> {
+        self.info
+            .lost_by_tid
+            .iter()
+            .map(|&[t, n]| (t as u32, n))
+            .collect()
     }
     fn lost_recursion(&self) -> u64 {
         self.info.lost_recursion

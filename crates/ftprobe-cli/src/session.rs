@@ -63,10 +63,14 @@ pub struct SessionArgs {
     /// `nofuncgraph-cpu`. Repeatable.
     #[arg(short = 'O', long = "option", value_name = "OPT")]
     pub options: Vec<String>,
-    /// Size of each thread's ring buffer, in KiB (a power of two, at least 4).
-    #[arg(long = "buffer-size-kb", default_value_t = 16384)]
+    /// Total size of the traced process's ring buffers, in KiB (at least 4). Each thread's
+    /// ring starts at 16 KiB and doubles when it fills on its first lap, up to half of this,
+    /// while the rings' sizes add up to at most this; its pages are touched only as records
+    /// reach them.
+    #[arg(long = "buffer-size-kb", default_value_t = 131072)]
     pub buffer_size_kb: u32,
-    /// Number of rings: at most this many threads record.
+    /// Number of rings: at most this many threads record at once (a thread's ring is freed
+    /// for another one when it ends).
     #[arg(long = "rings", default_value_t = 64)]
     pub rings: u32,
     /// The agent library (default: libftprobe_agent.so next to this executable, or
@@ -342,18 +346,39 @@ pub trait Source {
     /// The agent armed everything: the trace is on.
     fn armed(&self) -> bool;
     fn clock(&self) -> Clock;
+    /// The record streams: one per owner of a ring (a thread), numbered in the order they
+    /// were seen. A ring owned by several threads one after the other (each freed when its
+    /// thread ended and everything in it was read) gives one stream per thread.
     fn nr_rings(&self) -> u32;
-    /// Rings claimed by the target's threads (may exceed `nr_rings`).
+    /// The streams seen so far (`nr_rings`).
     fn claimed(&self) -> u32;
-    /// Hand every record of ring `i` now available to `f` (rtype, aux, payload words), in
-    /// the ring's order; `false` when the ring cannot be read.
+    /// Hand every record of stream `i` now available to `f` (rtype, aux, payload words), in
+    /// the ring's order; `false` when the stream cannot be read.
     fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool;
-    /// The comm (without its NULs) and tid of the thread that claimed ring `i`.
+    /// [`drain`](Self::drain) in bulk: the records as the ring holds them (header word
+    /// `len | rtype << 16 | aux << 32`, `len` counting the header, then the payload), appended
+    /// to `buf`; the number of records, `None` when the stream cannot be read.
+    fn drain_raw(&mut self, i: u32, buf: &mut Vec<u64>) -> Option<usize> {
+        let mut n = 0;
+        let ok = self.drain(i, |rtype, aux, w| {
+            buf.push(ring_record_header(rtype, aux, w.len()));
+            buf.extend_from_slice(w);
+            n += 1;
+        });
+        ok.then_some(n)
+    }
+    /// The comm (without its NULs) and tid of stream `i`'s thread.
     fn task(&self, i: u32) -> Option<(Vec<u8>, u32)>;
-    /// The process id of the thread that claimed ring `i`, when known.
+    /// The process id of stream `i`'s thread, when known.
     fn pid(&self, i: u32) -> Option<u32>;
-    /// Records ring `i` lost (full).
+    /// Records stream `i`'s ring lost (full) while the thread owned it.
     fn lost(&self, i: u32) -> u64;
+    /// The threads that had no ring: (tid, events lost).
+    fn lost_by_tid(&self) -> Vec<(u32, u64)>;
+    /// The ring stream `i` was read from (live only).
+    fn ring_index(&self, _i: u32) -> Option<u32> {
+        None
+    }
     /// The objects table: (load bias, the path to read the object's symbols from).
     fn objects(&self) -> Vec<(u64, Vec<u8>)>;
     fn lost_no_ring(&self) -> u64;
@@ -377,10 +402,91 @@ pub trait Source {
     }
 }
 
-/// The live shared rings.
+/// The header word of a record as a ring holds it (and a recording stores it): `len` counts
+/// the header word.
+pub fn ring_record_header(rtype: u16, aux: u32, payload_words: usize) -> u64 {
+    ((payload_words as u64 + 1) & 0xffff) | (u64::from(rtype) << 16) | (u64::from(aux) << 32)
+}
+
+/// One owner of a ring: a record stream.
+struct Stream {
+    ring: u32,
+    tid: u32,
+    /// The thread's process (0: not said).
+    pid: u32,
+    comm: Vec<u8>,
+    /// The ring's `lost` when the ring was freed (then the stream is closed).
+    lost: Option<u64>,
+}
+
+/// What [`Live`]'s drain of a ring takes at most (the rest at the next drain).
+const LIVE_DRAIN_BYTES: u64 = 1 << 20;
+
+/// The live shared rings, as streams (one per owner of a ring: [`Source::nr_rings`]).
 pub struct Live<'a> {
     pub rings: &'a SharedRings,
     prefaulter: Prefaulter,
+    streams: Vec<Stream>,
+    /// Per ring, the stream of its owner now.
+    open: Vec<Option<u32>>,
+    /// Bytes of records drained so far (the poll's pace follows it).
+    drained_bytes: u64,
+    /// The words of a drain, kept from drain to drain.
+    scratch: Vec<u64>,
+}
+
+impl<'a> Live<'a> {
+    pub fn new(rings: &'a SharedRings) -> Live<'a> {
+        Live {
+            rings,
+            prefaulter: Prefaulter::new(rings),
+            streams: Vec::new(),
+            open: vec![None; rings.config().nr_rings as usize],
+            drained_bytes: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Before a poll: a stream for each ring that has a new owner.
+    pub fn refresh(&mut self) {
+        for i in 0..self.rings.claimed() {
+            if self.open[i as usize].is_some() {
+                continue;
+            }
+            if let Some((tid, comm, _)) = self.rings.owner(i) {
+                let n = comm.iter().position(|&b| b == 0).unwrap_or(16);
+                self.open[i as usize] = Some(self.streams.len() as u32);
+                self.streams.push(Stream {
+                    ring: i,
+                    tid,
+                    pid: self.rings.owner_pid(i),
+                    comm: comm[..n].to_vec(),
+                    lost: None,
+                });
+            }
+        }
+    }
+
+    /// After a poll: free the rings whose owner ended and that were read to the end, for
+    /// other threads; their streams are closed.
+    pub fn free_drained(&mut self) {
+        for i in 0..self.rings.claimed() {
+            let Some(s) = self.open[i as usize] else {
+                continue;
+            };
+            if let Some((_, _, lost)) = self.rings.free_released(i) {
+                self.streams[s as usize].lost = Some(lost);
+                self.open[i as usize] = None;
+                self.prefaulter.forget(i);
+            }
+        }
+    }
+
+    /// The ring of stream `i` while it is open.
+    fn ring_of(&self, i: u32) -> Option<u32> {
+        let s = self.streams.get(i as usize)?;
+        s.lost.is_none().then_some(s.ring)
+    }
 }
 
 impl Source for Live<'_> {
@@ -391,30 +497,67 @@ impl Source for Live<'_> {
         self.rings.clock()
     }
     fn nr_rings(&self) -> u32 {
-        self.rings.config().nr_rings
+        self.streams.len() as u32
     }
     fn claimed(&self) -> u32 {
-        self.rings.claimed()
+        self.streams.len() as u32
     }
-    fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool {
-        let Some(mut r) = self.rings.reader(i) else {
+    fn drain(&mut self, i: u32, mut f: impl FnMut(u16, u32, &[u64])) -> bool {
+        if i as usize >= self.streams.len() {
+            return false;
+        }
+        let Some(ring) = self.ring_of(i) else {
+            // Closed: everything was read before its ring was freed.
+            return true;
+        };
+        let Some(mut r) = self.rings.reader(ring) else {
             return false;
         };
-        r.drain_aux(f);
+        let mut bytes = 0;
+        // In pieces: the CLI holds a piece of a ring, not the whole ring (the next poll comes
+        // at once while a lot is coming).
+        r.drain_aux_in_max(&mut self.scratch, LIVE_DRAIN_BYTES, |t, a, w| {
+            bytes += 8 + 8 * w.len() as u64;
+            f(t, a, w)
+        });
+        self.drained_bytes += bytes;
         true
     }
+    fn drain_raw(&mut self, i: u32, buf: &mut Vec<u64>) -> Option<usize> {
+        if i as usize >= self.streams.len() {
+            return None;
+        }
+        let Some(ring) = self.ring_of(i) else {
+            return Some(0);
+        };
+        let mut r = self.rings.reader(ring)?;
+        let before = buf.len();
+        let n = r.drain_raw(buf);
+        self.drained_bytes += 8 * (buf.len() - before) as u64;
+        Some(n)
+    }
     fn task(&self, i: u32) -> Option<(Vec<u8>, u32)> {
-        let r = self.rings.reader(i)?;
-        let c = r.comm();
-        let n = c.iter().position(|&b| b == 0).unwrap_or(16);
-        Some((c[..n].to_vec(), r.tid()))
+        let s = self.streams.get(i as usize)?;
+        Some((s.comm.clone(), s.tid))
     }
     fn pid(&self, i: u32) -> Option<u32> {
-        let r = self.rings.reader(i)?;
-        (r.tid() != 0 && r.pid() != 0).then(|| r.pid())
+        let s = self.streams.get(i as usize)?;
+        (s.pid != 0).then_some(s.pid)
     }
     fn lost(&self, i: u32) -> u64 {
-        self.rings.reader(i).map_or(0, |r| r.lost())
+        let Some(s) = self.streams.get(i as usize) else {
+            return 0;
+        };
+        match s.lost {
+            Some(n) => n,
+            None => self.rings.reader(s.ring).map_or(0, |r| r.lost()),
+        }
+    }
+    fn lost_by_tid(&self) -> Vec<(u32, u64)> {
+        self.rings.lost_by_tid()
+    }
+    fn ring_index(&self, i: u32) -> Option<u32> {
+        Some(self.streams.get(i as usize)?.ring)
     }
     fn objects(&self) -> Vec<(u64, Vec<u8>)> {
         self.rings.objects()
@@ -496,14 +639,13 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     let agent = agent_path(args.agent.clone())?
         .canonicalize()
         .context("agent library")?;
-    let ring_bytes = args
-        .buffer_size_kb
-        .checked_mul(1024)
-        .context("--buffer-size-kb too large")?;
-    let (rings, fd) = SharedRings::create_uncalibrated(RingConfig {
-        nr_rings: args.rings,
-        ring_bytes,
-    })?;
+    if args.buffer_size_kb < 4 {
+        bail!("--buffer-size-kb must be at least 4");
+    }
+    let (rings, fd) = SharedRings::create_uncalibrated(RingConfig::with_budget(
+        args.rings,
+        u64::from(args.buffer_size_kb) * 1024,
+    ))?;
     // A sanitizer's runtime must be the first object loaded (ASan aborts otherwise: "ASan
     // runtime does not come first"): preload it before the agent; the agent takes both out
     // of LD_PRELOAD again.
@@ -564,14 +706,10 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     drop(fd);
     // While the target starts: fault in the first pages of ring 0 (its first thread's, as a
     // rule), then finish calibrating the clock (only the text output needs it).
-    let mut prefaulter = Prefaulter::new(&rings);
-    prefaulter.first_ring(&rings);
+    let mut live = Live::new(&rings);
+    live.prefaulter.first_ring(&rings);
     rings.set_clock(Clock::finish_calibration(clock_start));
     let exit = ExitWatch::new(child.id());
-    let mut live = Live {
-        rings: &rings,
-        prefaulter,
-    };
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
@@ -580,11 +718,17 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
             // SAFETY: kill has no memory effects; the pid is our child, not yet reaped.
             unsafe { libc::kill(child.id() as i32, sig) };
         }
-        live.prefault();
-        sink.poll(&mut live, false);
+        let before = live.drained_bytes;
+        live.poll(sink, false);
         sink.flush();
         reap_orphans(child.id());
-        exit.wait(Duration::from_millis(10));
+        // The pace: while the rings fill, poll again at once (a lot came) or soon; idle,
+        // every 10 ms.
+        match live.drained_bytes - before {
+            0 => exit.wait(Duration::from_millis(10)),
+            n if n >= BUSY_POLL_BYTES => {}
+            _ => exit.wait(Duration::from_millis(1)),
+        }
     };
     // Forked children of the target keep tracing after it exits: wait for them (as uftrace
     // does), and say so; a termination signal stops the wait (their later events are then
@@ -592,8 +736,7 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     let mut told = false;
     let mut abandoned = Vec::new();
     loop {
-        live.prefault();
-        sink.poll(&mut live, false);
+        live.poll(sink, false);
         let still = live_writers();
         if still.is_empty() {
             break;
@@ -614,7 +757,7 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
         std::thread::sleep(Duration::from_millis(10));
     }
     // What the last of them wrote between the poll above and its exit.
-    sink.poll(&mut live, true);
+    live.poll(sink, true);
     // ftprobe's handler never saw the trap that killed it (it notes the ones it passes to
     // the program's default action): SIGTRAP was blocked where the agent could not see.
     let sigtrap_untaken = status.signal() == Some(libc::SIGTRAP)
@@ -643,6 +786,20 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     let code = end.exit_code();
     // A trace that could not be written is a failure even when the target succeeded.
     Ok(if sink.failed() && code == 0 { 1 } else { code })
+}
+
+/// A poll that drained this many bytes is followed by the next one at once.
+const BUSY_POLL_BYTES: u64 = 1 << 20;
+
+impl Live<'_> {
+    /// One poll of `sink`: new owners, their records, then the rings read to the end that
+    /// their owners released are freed.
+    fn poll<K: Sink>(&mut self, sink: &mut K, final_poll: bool) {
+        self.refresh();
+        self.prefault();
+        sink.poll(self, final_poll);
+        self.free_drained();
+    }
 }
 
 /// How a trace says that the program died of a SIGTRAP ftprobe's handler never saw.
@@ -713,52 +870,65 @@ fn reap_orphans(target: u32) {
     }
 }
 
-/// How far ahead of a ring's head the CLI keeps its pages faulted in (first lap only).
-const PREFAULT_AHEAD: u64 = 16 << 20;
+/// How far ahead of a ring's head the CLI keeps its pages faulted in (first lap only): as
+/// far as the ring has come, between these bounds, within the ring's size.
+const PREFAULT_AHEAD_MIN: u64 = 16 << 10;
+const PREFAULT_AHEAD_MAX: u64 = 16 << 20;
 
 /// Lines formatted between two prefault steps (~20 ms of formatting).
 pub const PREFAULT_EVERY: usize = 1 << 16;
 
-/// Keeps [`PREFAULT_AHEAD`] bytes of every claimed ring faulted in ahead of its producer, on
-/// the ring's first lap: the pages are allocated and zeroed on the CLI's CPU, not in the
-/// traced thread, which then takes a minor fault per page (several times cheaper here).
+/// Keeps the pages ahead of every owned ring's head faulted in on the ring's first lap: the
+/// pages are allocated and zeroed on the CLI's CPU, not in the traced thread, which then
+/// takes a minor fault per page (several times cheaper here). A thread that wrote little
+/// gets little: the distance ahead doubles with what it wrote.
 struct Prefaulter {
     /// Per ring, how many bytes of its data area have been faulted in.
     done: Vec<u64>,
-    ring_bytes: u64,
 }
 
 impl Prefaulter {
     fn new(rings: &SharedRings) -> Prefaulter {
         Prefaulter {
             done: vec![0; rings.config().nr_rings as usize],
-            ring_bytes: u64::from(rings.config().ring_bytes),
         }
     }
 
     /// Ring 0, before anything claimed it: the target's first thread takes it, as a rule.
     fn first_ring(&mut self, rings: &SharedRings) {
-        self.advance(rings, 0, PREFAULT_AHEAD);
+        let init = u64::from(rings.config().init_bytes());
+        self.advance(rings, 0, PREFAULT_AHEAD_MIN, init);
     }
 
     fn step(&mut self, rings: &SharedRings) {
         for i in 0..rings.claimed().min(rings.config().nr_rings) {
-            let want = rings.head(i).unwrap_or(0).saturating_add(PREFAULT_AHEAD);
-            self.advance(rings, i, want);
+            let Some(size) = rings.ring_size(i).filter(|&s| s != 0) else {
+                continue;
+            };
+            let head = rings.head(i).unwrap_or(0);
+            let ahead = head.clamp(PREFAULT_AHEAD_MIN, PREFAULT_AHEAD_MAX);
+            self.advance(rings, i, head.saturating_add(ahead), u64::from(size));
         }
     }
 
-    fn advance(&mut self, rings: &SharedRings, i: u32, want: u64) {
+    /// Ring `i` was freed (its pages are gone).
+    fn forget(&mut self, i: u32) {
+        if let Some(d) = self.done.get_mut(i as usize) {
+            *d = 0;
+        }
+    }
+
+    fn advance(&mut self, rings: &SharedRings, i: u32, want: u64, size: u64) {
         let Some(done) = self.done.get_mut(i as usize) else {
             return;
         };
-        let want = want.min(self.ring_bytes);
+        let want = want.min(size);
         if want > *done {
             // On failure (an old kernel) stop trying for this ring.
             *done = if rings.prefault(i, *done, want - *done) {
                 want
             } else {
-                self.ring_bytes
+                u64::from(rings.config().ring_bytes)
             };
         }
     }

@@ -72,11 +72,13 @@ const NOTE: u16 = 0xfff1;
 /// and publishing its record may still come out of order).
 pub const MERGE_DELAY_NS: u64 = 100_000_000;
 
-/// Records the merge holds at most (all rings together, 20-25 MiB), plus what one drain of a
-/// ring brings (at most the ring's size): beyond it, the oldest held records are printed in
-/// order until half of it is left, whatever the rings still hold (order across threads may
-/// then slip; nothing is lost), and the trace says so.
-pub const MAX_HELD: usize = 1 << 19;
+/// Records the merge holds at most (all rings together, 5-6 MiB), plus what one drain of a
+/// ring brings (at most 1 MiB of records, `session::LIVE_DRAIN_BYTES`): beyond it, the oldest
+/// held records are printed in order until half of it is left, whatever the rings still hold
+/// (order across threads may then slip; nothing is lost), and the trace says so. At the
+/// ~3.5 M lines/s the CLI formats, that is ~40 ms of events; a program that writes faster
+/// than that fills its rings anyway.
+pub const MAX_HELD: usize = 1 << 17;
 
 /// The live trace drains a ring only while its queue in the merge holds fewer records than
 /// this: a thread far ahead of the others waits in its own ring, not in the CLI's memory.
@@ -284,23 +286,28 @@ impl Printer {
                 }
                 q.drained_tsc = ftprobe::ring::read_tsc();
             }
-            let readable = rings.drain(i, |rt, aux, w| match rt {
-                rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
-                    if !w.is_empty() =>
-                {
-                    got += 1;
-                    self.merge.push(i, rt, aux, w);
+            let mut records = 0usize;
+            let readable = rings.drain(i, |rt, aux, w| {
+                records += 1;
+                match rt {
+                    rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
+                        if !w.is_empty() =>
+                    {
+                        got += 1;
+                        self.merge.push(i, rt, aux, w);
+                    }
+                    rtype::TEXT => texts.push((
+                        aux,
+                        w.iter()
+                            .flat_map(|x| x.to_le_bytes())
+                            .filter(|&b| b != 0)
+                            .collect::<Vec<u8>>(),
+                    )),
+                    _ => {}
                 }
-                rtype::TEXT => texts.push((
-                    aux,
-                    w.iter()
-                        .flat_map(|x| x.to_le_bytes())
-                        .filter(|&b| b != 0)
-                        .collect::<Vec<u8>>(),
-                )),
-                _ => {}
             });
-            if (chunked && rings.done(i)) || (last && !chunked) {
+            // A live ring is drained in pieces: done when a last drain finds nothing.
+            if (chunked && rings.done(i)) || (last && !chunked && (records == 0 || !readable)) {
                 self.merge.queue(i).done = true;
             }
             if !chunked && got > 0 {
@@ -698,6 +705,7 @@ impl Printer {
         let seen = self.seen.clone();
         let abandoned = end.abandoned.clone();
         let cpus = rings.cpus_online();
+        let lost_by_tid = rings.lost_by_tid();
         let (lost_no_ring, lost_recursion, fgraph_overrun) = (
             rings.lost_no_ring(),
             rings.lost_recursion(),
@@ -716,9 +724,12 @@ impl Printer {
             if !per_ring.is_empty() {
                 writeln!(
                     o,
-                    "# a full ring drops the newest events: --buffer-size-kb N gives each thread a \
-                     larger one"
+                    "# a full ring drops the newest events: --buffer-size-kb N gives the rings \
+                     more room"
                 )?;
+            }
+            for (tid, n) in &lost_by_tid {
+                writeln!(o, "# tid {tid}: {n} events lost (no ring free)")?;
             }
             if lost_no_ring > 0 {
                 writeln!(o, "# {lost_no_ring} events lost: more threads than rings (--rings)")?;

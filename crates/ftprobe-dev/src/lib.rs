@@ -100,6 +100,16 @@ pub fn sigcalls_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sigcalls")
 }
 
+/// Path of `rings MODE N K` (`-fpatchable-function-entry=5`, `-pthread`): `together`, N
+/// threads behind a barrier each calling `ring_work` K times; `oneafter`, N threads one after
+/// another (2 ms apart), thread t calling it K + t % 7 times. Each thread prints
+/// `tid=<tid> calls=<calls>`, main `total=<calls>`, then (`together`) `VmRSS=<kB>
+/// RssShmem=<kB>` as they were when every thread had made its calls and still held its ring,
+/// and `VmHWM=<kB>` (the peak) at the end.
+pub fn rings_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("rings")
+}
+
 /// Path of `fgraph_exc N` (C++, `-pg -mfentry -mrecord-mcount`, `-rdynamic`): N rounds of
 /// exceptions through traced frames (caught higher up, rethrown, a destructor calling a
 /// traced function during the unwind, a catch that returns without another traced call),

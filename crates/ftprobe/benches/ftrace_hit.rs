@@ -43,6 +43,7 @@ fn main() {
     let (rings, _fd) = SharedRings::create(RingConfig {
         nr_rings: 4,
         ring_bytes: 1 << 27,
+        budget_bytes: 0,
     })
     .unwrap();
     let mut rows = Vec::new();

@@ -2,7 +2,8 @@
 //! exit (the user-space form of the kernel's per-CPU kprobe state and its reset in
 //! `kprobe_fault_handler`, or uprobes' `arch_uprobe_abort_xol`).
 //!
-//! A thread's probe path keeps: its ring, the one-writer guard of that ring, the recursion
+//! A thread's probe path keeps: its ring, the writer sections open on that ring (nested by
+//! signal handlers, see `crate::ring`'s "Writers and nesting"), the recursion
 //! guard of `FTRACE_OPS_FL_RECURSION` ops, the kprobe running on it (`current_kprobe`), the
 //! single-step state of a non-boosted XOL slot, and whether the program's own SIGTRAP handler
 //! is running (to defer a nested SIGTRAP as the kernel would). One thread-local holds it all,
@@ -21,7 +22,7 @@
 use std::cell::Cell;
 
 use crate::kprobes::Kprobe;
-use crate::ring::RingWriter;
+use crate::ring::{RingWriter, MAX_NEST};
 
 /// This thread's ring.
 #[derive(Clone, Copy)]
@@ -30,8 +31,13 @@ pub(crate) enum ThreadRing {
     Unclaimed,
     /// Claimed.
     Claimed(RingWriter<'static>),
-    /// No ring was free: events are counted as lost.
-    NoneFree,
+    /// No ring was free: events are counted as lost, in the header's total and in the
+    /// thread's entry `slot` of its lost table; a claim is tried again once the reader has
+    /// freed a ring since `freed` (`SharedRings::freed`).
+    NoneFree { slot: u32, freed: u64 },
+    /// The thread released its ring (it is ending: its pthread key destructor ran): later
+    /// events are counted as lost, as in `NoneFree`, and never claim again.
+    Ended { slot: u32 },
 }
 
 /// Between a non-boosted int3 hit and its slot's trap.
@@ -67,12 +73,14 @@ impl Xol {
 /// is clear.
 pub(crate) struct ThreadState {
     pub ring: Cell<ThreadRing>,
-    /// A tracer is writing into this thread's ring (one producer per ring).
+    /// The innermost writer section open on this thread's ring: its stack pointer (8-aligned)
+    /// with its level in the low 3 bits (0 when none is open). See `crate::trace`.
     pub writing: Cell<u64>,
-    /// The ring's [`RingWriter::mark`] when the write began: a repair counts an abandoned
-    /// write as lost only if the ring's mark is still this one (the record was neither
-    /// published nor counted as dropped).
-    pub write_mark: Cell<u64>,
+    /// Per nested section level (as `RingWriter::begin` numbers them, 1 and up): the
+    /// `writing` of the section it nests in, and the ring's reserve pointer when it began.
+    /// Level 0 (the outermost) nests in nothing and keeps nothing.
+    pub level_prev: [Cell<u64>; MAX_NEST as usize],
+    pub level_reserved: [Cell<u64>; MAX_NEST as usize],
     /// An `FTRACE_OPS_FL_RECURSION` ops' callback is running.
     pub in_ftrace: Cell<u64>,
     /// The kprobe running (`current_kprobe`), from `kprobe_sp`.
@@ -94,7 +102,8 @@ thread_local! {
         ThreadState {
             ring: Cell::new(ThreadRing::Unclaimed),
             writing: Cell::new(0),
-            write_mark: Cell::new(0),
+            level_prev: [const { Cell::new(0) }; MAX_NEST as usize],
+            level_reserved: [const { Cell::new(0) }; MAX_NEST as usize],
             in_ftrace: Cell::new(0),
             kprobe: Cell::new(std::ptr::null()),
             kprobe_sp: Cell::new(0),
@@ -181,11 +190,11 @@ impl AltStack {
 impl ThreadState {
     /// Whether a guard is set at or below `sp` (the common case is none: nothing to check; a
     /// guard above `sp` belongs to a frame this entry is nested in, as when a kprobe event's
-    /// handler takes the ring's writer guard under the kprobe guard). `x - 1 < sp` is
+    /// handler opens a writer section under the kprobe guard). `x - 1 < sp` is
     /// `x != 0 && x <= sp`.
     #[inline(always)]
     fn maybe_stale(&self, sp: u64) -> bool {
-        (self.writing.get().wrapping_sub(1) < sp)
+        ((self.writing.get() & !7).wrapping_sub(1) < sp)
             | (self.in_ftrace.get().wrapping_sub(1) < sp)
             | (self.kprobe_sp.get().wrapping_sub(1) < sp)
             | (self.program_trap_sp.get().wrapping_sub(1) < sp)
@@ -232,22 +241,42 @@ impl ThreadState {
             // handler interrupted: live.
             !a.on || a.contains(recorded)
         };
-        if stale(self.writing.get()) {
-            // The write it guarded was abandoned. If it had reached its outcome (the record
-            // published, or counted in the ring's `lost`) before the exit, the ring's mark has
-            // moved: nothing is lost. Otherwise the event is counted as lost, as one a signal
-            // handler's interruption cost. A thread without a claimed ring had its event
-            // counted in `lost_no_ring` (only a jump between the claim and the count would be
-            // missed: the first event of a thread with no ring free).
-            self.writing.set(0);
-            let unpublished = match self.ring.get() {
-                ThreadRing::Claimed(w) => w.mark() == self.write_mark.get(),
-                ThreadRing::Unclaimed => true,
-                ThreadRing::NoneFree => false,
-            };
-            if unpublished {
-                if let Some(b) = crate::trace::buffer() {
-                    b.note_lost_recursion(1);
+        if stale(self.writing.get() & !7) {
+            // The innermost section was abandoned, and maybe sections it nests in: walk out
+            // to the outermost stale one (levels only go down on the way out; a section
+            // begun after its enclosing one committed reuses that level and ends the walk).
+            let mut at = self.writing.get();
+            loop {
+                let level = (at & 7) as usize;
+                let prev = match level {
+                    0 => 0,
+                    l => self.level_prev.get(l).map_or(0, Cell::get),
+                };
+                if prev == 0 || (prev & 7) >= (at & 7) || !stale(prev & !7) {
+                    break;
+                }
+                at = prev;
+            }
+            let d = (at & 7) as u32;
+            self.writing.set(match d {
+                0 => 0,
+                d => self.level_prev.get(d as usize).map_or(0, Cell::get),
+            });
+            // Sections d.. that had not committed (the ring's nesting still counts them):
+            // their records are never published, one event lost each. A section that had
+            // committed (a jump between its commit and the restore of `writing`) is not
+            // counted.
+            if let ThreadRing::Claimed(w) = self.ring.get() {
+                let n = w.nesting();
+                let lost = u64::from(n.saturating_sub(d));
+                let at = self.level_reserved.get(d as usize).map_or(0, Cell::get);
+                if n > d {
+                    w.abandon(d, at);
+                }
+                if lost > 0 {
+                    if let Some(b) = crate::trace::buffer() {
+                        b.note_lost_recursion(lost);
+                    }
                 }
             }
         }

@@ -1,5 +1,5 @@
-//! Per-thread single-producer ring buffers in a memfd shared by the traced process (the agent,
-//! which writes) and the `ftprobe` CLI (which reads, live and after the target died).
+//! Per-thread ring buffers in a memfd shared by the traced process (the agent, which writes)
+//! and the `ftprobe` CLI (which reads, live and after the target died).
 //!
 //! The CLI creates the memfd ([`SharedRings::create`]) without close-on-exec, so the target
 //! inherits it through `exec`; the agent maps it with [`SharedRings::attach`]. Both map it
@@ -13,28 +13,66 @@
 //!
 //! ```text
 //! offset
-//! 0 +-- Header: HEADER_BYTES = 159744 bytes (39 pages) ------------------------------+
+//! 0 +-- Header: HEADER_BYTES = 163840 bytes (40 pages) ------------------------------+
 //!   |   0 magic "FTPRING1"     8 version u32          12 header_bytes u32            |
-//!   |  16 nr_rings u32        20 ring_bytes u32       24 total_bytes u64 (file size) |
+//!   |  16 nr_rings u32        20 ring_bytes u32 (a ring's largest size: its stride)   |
+//!   |  24 total_bytes u64 (file size)                                                 |
 //!   |  32 clock.tsc_ref u64   40 clock.mono_ref_ns u64  48 clock.ns_per_tick_q32 u64 |
 //!   |  56 nr_objects u32      60 sigtrap_passed_pid u32 (see note_sigtrap_passed)    |
-//!   |  64 claimed u64 (the target's threads fetch_add)   72 lost_no_ring u64         |
-//!   |  80 lost_recursion u64 (events a tracer dropped: it was already running)          |
+//!   |  64 claimed u64 (rings 0..claimed have been owned: the readers' bound)          |
+//!   |  72 lost_no_ring u64 (events of threads that had no ring, all threads)         |
+//!   |  80 lost_recursion u64 (events a tracer dropped: nested too deep, or a write      |
+//!   |     abandoned by a non-local exit)                                             |
 //!   |  88 armed u64 (the agent armed everything it was asked to: the trace is on)        |
 //!   |  96 fgraph_overrun u64 (calls the function_graph tracer could not hook: full shadow |
 //!   |     stack)                                                                        |
+//!   | 104 budget_used u64 (bytes: the sum of the sizes of the rings owned)             |
+//!   | 112 freed u64 (rings the reader has freed so far: threads without a ring retry)  |
+//!   | 120 budget_bytes u64 (--buffer-size-kb: what ring sizes may add up to)          |
 //!   | 128 objects[512], 272 bytes each:                                              |
 //!   |       0 load_bias u64, 8 path_len u32, 12 claimed u32, 16 path[256]            |
 //!   | 139392 event_counters[1024], 16 bytes each (kprobe events, by event id):        |
 //!   |       0 dropped u64 (hits whose record was lost), 8 nmissed u64                |
+//!   | 155776 lost_tids[256], 16 bytes each (threads that had no ring):               |
+//!   |       0 tid u32, 4 reserved u32, 8 lost u64                                    |
 //!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
-//!   |  +0 line 0, written by the producer: 0 head u64, 8 lost u64,                   |
-//!   |          16 tail_cache u64, 24 tid u32, 28 pid u32 (its process), 32 comm[16]  |
-//!   | +64 line 1, written by the reader: 64 tail u64                                 |
+//!   |  +0 line 0, written by the producer: 0 head u64 (published), 8 lost u64,        |
+//!   |          16 tail_cache u64, 24 tid u32, 28 state u32 (0 free, 1 owned,          |
+//!   |          2 released), 32 comm[16], 48 reserved u64 (the reserve pointer),       |
+//!   |          56 size u32 (bytes in use, a power of two), 60 nest u32 (writers)      |
+//!   | +64 line 1, written by the reader: 64 tail u64; by the owner at its claim:    |
+//!   |          72 pid u32 (its process: a forked child's threads have their own)     |
 //!   +-- Data at data_offset = DESC_OFFSET + round_up(nr_rings * 128, 4096) ----------+
 //!   | ring 0: ring_bytes | ring 1: ring_bytes | ...  | ring nr_rings-1               |
 //!   +----------------------------------------------------------------- total_bytes --+
 //! ```
+//!
+//! # Owners, sizes and memory
+//!
+//! A ring belongs to one thread at a time, its owner. A thread claims a free ring at its
+//! first event ([`SharedRings::claim`]: state free -> owned, then `tid` and `comm`), and
+//! releases it when it ends ([`SharedRings::release`]: owned -> released, from a pthread key
+//! destructor). The reader frees a released ring once it has read everything in it
+//! ([`SharedRings::free_released`]): it takes the owner's tid, comm and `lost` first (its
+//! snapshot: every record it has read from the ring since it saw the owner's `tid` is that
+//! owner's), gives the ring's pages back to the system (`MADV_REMOVE`), zeroes the producer
+//! line and the tail and sets the state to free. So a ring's records always belong to the tid
+//! in its descriptor, and a reader that starts a new record stream each time it sees a new
+//! owner attributes every record correctly (the CLI's streams: one per owner).
+//!
+//! A ring's data area is `ring_bytes` of address space, of which the owner uses `size`
+//! bytes, starting at [`RingConfig::init_bytes`] (16 KiB). On its first lap (the reserve
+//! pointer never went past `size`), a record that does not fit before `size` doubles it
+//! instead of wrapping, as long as the owned rings' sizes stay within `budget_bytes`
+//! (`budget_used` counts them) and `size` within `ring_bytes`; the first wrap fixes `size`
+//! until the ring is freed. Pages are touched (and populated ahead, in chunks that double
+//! from 8 KiB to [`POPULATE_CHUNK`]) only as records reach them: a thread with a few events
+//! costs a page or two. A ring's initial size is granted even when the budget is spent, so
+//! memory stays below `max(budget_bytes, owners x init_bytes)`.
+//!
+//! A thread that finds no free ring counts its events in `lost_no_ring` and in its own entry
+//! of `lost_tids` (taken on its first loss; when the table is full only the total counts),
+//! and tries to claim again after the reader freed a ring (`freed` moved).
 //!
 //! # Records
 //!
@@ -44,10 +82,33 @@
 //!  bits 0..16 len (words, header included, >= 1) │ 16..32 rtype │ 32..64 aux (e.g. the CPU)
 //! ```
 //!
-//! Records never wrap: when a record does not fit before the end of the data area, the producer
-//! writes a header word with rtype [`RTYPE_PADDING`] (len 0: padding always runs to the end of
-//! the area) and puts the record at offset 0. `head` and `tail` are byte counters that only
-//! grow; a position is `counter & (ring_bytes - 1)`. `head - tail` bytes are unread.
+//! Records never wrap: when a record does not fit before the end of the ring's `size`, the
+//! producer writes a header word with rtype [`RTYPE_PADDING`] (len 0: padding always runs to
+//! the end of `size`) and puts the record at offset 0. `head`, `reserved` and `tail` are
+//! byte counters that only grow (from 0 when the ring is claimed); a position is
+//! `counter & (size - 1)` (during the first lap `counter < size`, so a larger `size` gives the
+//! same positions). `head - tail` bytes are unread.
+//!
+//! # Writers and nesting
+//!
+//! Only the owner thread writes, but a signal handler on that thread may interrupt a write
+//! and write records of its own, as interrupts nest in the kernel's ring buffer
+//! (`rb_reserve_next_event`, `rb_start_commit`/`rb_end_commit`). A write is: `nest += 1`;
+//! reserve room by moving `reserved` with a `cmpxchg` without a lock prefix (one instruction:
+//! atomic against a signal handler of the same thread, and only this thread writes it; a
+//! handler that reserved in between makes it fail and retry); fill; commit. The commit of the
+//! outermost writer (`nest == 1`) publishes `head = reserved` (Release), then drops `nest`,
+//! and looks again: a handler that ran between its load of `reserved` and its store of
+//! `nest` committed records that no one published, so it publishes again. A nested writer
+//! only drops `nest`. A nested writer never makes a ring's first wrap (nor grows it): on the
+//! first lap a nested record that does not fit before `size` is dropped, so `size` only
+//! changes in the outermost writer. `head` never goes back; a reader that finds `head`
+//! behind its tail (a ring freed and claimed again under it) reads nothing.
+//!
+//! A writer abandoned by a non-local exit (`siglongjmp` out of a handler) is repaired at the
+//! thread's next event (`crate::probe_state`): `nest` goes back to the number of writers
+//! still live and `reserved` back to where the first abandoned one began (to `head` when
+//! none is live): what it reserved is never published.
 //!
 //! Every access to the mapping goes through an atomic type: the peer is another process that
 //! may be buggy or dead, and no value it writes can make this side's code undefined behaviour;
@@ -72,6 +133,18 @@ pub const MIN_RING_BYTES: u32 = 4096;
 pub const MAX_RING_BYTES: u32 = 1 << 30;
 /// Largest number of rings.
 pub const MAX_RINGS: u32 = 1 << 16;
+/// A ring's size when it is claimed (or `ring_bytes` if smaller): see the module docs.
+pub const INIT_RING_BYTES: u32 = 16 << 10;
+/// Entries in the table of threads that had no ring.
+pub const MAX_LOST_TIDS: usize = 256;
+/// Writers nested on one thread (a write, a signal handler's inside it, ...): a deeper one
+/// drops its record (counted in `lost_recursion`), as the kernel's recursion lock stops at
+/// its few contexts.
+pub const MAX_NEST: u32 = 8;
+/// Ring states (the descriptor's `state`).
+const STATE_FREE: u32 = 0;
+const STATE_OWNED: u32 = 1;
+const STATE_RELEASED: u32 = 2;
 /// Entries in the objects table.
 pub const MAX_OBJECTS: usize = 512;
 /// Entries in the event counters table: kprobe events with a larger id keep their counters
@@ -84,9 +157,11 @@ pub const RTYPE_PADDING: u16 = u16::MAX;
 /// Longest record, in words, header word included.
 pub const MAX_RECORD_WORDS: usize = u16::MAX as usize;
 
-/// The producer maps its ring in by chunks of this many bytes on its first lap
-/// ([`RingWriter`]'s `populate_ahead`).
+/// The producer maps its ring in ahead of its records on its first lap, by chunks that double
+/// from 8 KiB up to this many bytes ([`RingWriter`]'s `populate_ahead`).
 pub const POPULATE_CHUNK: u64 = 256 << 10;
+/// The first populate chunk.
+const POPULATE_FIRST: u64 = 8 << 10;
 
 const PAGE: usize = 4096;
 const CACHE_LINE: usize = 64;
@@ -123,6 +198,15 @@ struct Header {
     /// Written by the target's threads on rare paths (a lost record, a missed hit), read by
     /// the CLI at the end: exact even when the target never reached its exit.
     event_counters: [EventCounters; MAX_EVENTS],
+    /// Threads that had no ring, and how many events each lost.
+    lost_tids: [LostTid; MAX_LOST_TIDS],
+}
+
+#[repr(C)]
+struct LostTid {
+    tid: AtomicU32,
+    _reserved: AtomicU32,
+    lost: AtomicU64,
 }
 
 /// The counters of one kprobe event, in the shared header.
@@ -141,6 +225,9 @@ struct Counters {
     lost_recursion: AtomicU64,
     armed: AtomicU64,
     fgraph_overrun: AtomicU64,
+    budget_used: AtomicU64,
+    freed: AtomicU64,
+    budget_bytes: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -150,7 +237,15 @@ struct CacheLine<T>(T);
 #[repr(C)]
 struct RingDesc {
     prod: CacheLine<ProducerLine>,
-    tail: CacheLine<AtomicU64>,
+    tail: CacheLine<ReaderLine>,
+}
+
+/// The reader's cache line: its tail, and the owner's process id (written once, at the claim,
+/// before the owner publishes its tid).
+#[repr(C)]
+struct ReaderLine {
+    tail: AtomicU64,
+    pid: AtomicU32,
 }
 
 #[repr(C)]
@@ -161,9 +256,14 @@ struct ProducerLine {
     /// when this one says the ring is too full, so it rarely touches the reader's cache line.
     tail_cache: AtomicU64,
     tid: AtomicU32,
-    /// The owner's process (thread group) id: a forked child's threads have their own.
-    pid: AtomicU32,
+    state: AtomicU32,
     comm: [AtomicU8; 16],
+    /// The reserve pointer: `head` plus what writers in progress reserved.
+    reserved: AtomicU64,
+    /// Bytes in use (a power of two): see the module docs.
+    size: AtomicU32,
+    /// Writers in progress on the owner thread (nested by signal handlers).
+    nest: AtomicU32,
 }
 
 const fn round_up(x: usize, to: usize) -> usize {
@@ -193,6 +293,9 @@ const _: () = {
     assert!(offset_of!(Header, counters) + offset_of!(Counters, lost_recursion) == 80);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, armed) == 88);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, fgraph_overrun) == 96);
+    assert!(offset_of!(Header, counters) + offset_of!(Counters, budget_used) == 104);
+    assert!(offset_of!(Header, counters) + offset_of!(Counters, freed) == 112);
+    assert!(offset_of!(Header, counters) + offset_of!(Counters, budget_bytes) == 120);
     assert!(offset_of!(Header, objects) == 128);
     assert!(size_of::<ObjectSlot>() == 272);
     assert!(offset_of!(ObjectSlot, load_bias) == 0);
@@ -200,8 +303,10 @@ const _: () = {
     assert!(offset_of!(ObjectSlot, path) == 16);
     assert!(offset_of!(Header, event_counters) == 139_392);
     assert!(size_of::<EventCounters>() == 16);
-    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 272 + MAX_EVENTS * 16);
-    assert!(HEADER_BYTES == 159_744);
+    assert!(offset_of!(Header, lost_tids) == 155_776);
+    assert!(size_of::<LostTid>() == 16);
+    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 272 + MAX_EVENTS * 16 + 4096);
+    assert!(HEADER_BYTES == 163_840);
     assert!(align_of::<Header>() <= PAGE);
     assert!(DESC_BYTES == 128);
     assert!(align_of::<RingDesc>() == CACHE_LINE);
@@ -211,7 +316,11 @@ const _: () = {
     assert!(offset_of!(ProducerLine, lost) == 8);
     assert!(offset_of!(ProducerLine, tail_cache) == 16);
     assert!(offset_of!(ProducerLine, tid) == 24);
+    assert!(offset_of!(ProducerLine, state) == 28);
     assert!(offset_of!(ProducerLine, comm) == 32);
+    assert!(offset_of!(ProducerLine, reserved) == 48);
+    assert!(offset_of!(ProducerLine, size) == 56);
+    assert!(offset_of!(ProducerLine, nest) == 60);
     assert!(size_of::<ProducerLine>() <= CACHE_LINE);
     assert!(MIN_RING_BYTES as usize % PAGE == 0);
 };
@@ -219,10 +328,14 @@ const _: () = {
 /// Sizes of a set of rings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingConfig {
-    /// Number of rings, one per traced thread, 1..=[`MAX_RINGS`].
+    /// Number of rings: how many threads can own one at once, 1..=[`MAX_RINGS`].
     pub nr_rings: u32,
-    /// Data bytes per ring: a power of two in [`MIN_RING_BYTES`]..=[`MAX_RING_BYTES`].
+    /// The largest size of one ring (its address space), in bytes: a power of two in
+    /// [`MIN_RING_BYTES`]..=[`MAX_RING_BYTES`].
     pub ring_bytes: u32,
+    /// What the sizes of the rings owned at once may add up to, in bytes (module docs); 0:
+    /// `nr_rings * ring_bytes` (every ring may grow to `ring_bytes`).
+    pub budget_bytes: u64,
 }
 
 impl RingConfig {
@@ -248,11 +361,37 @@ impl RingConfig {
             .ok_or(RingError::BadRingCount {
                 nr_rings: self.nr_rings,
             })?;
+        let budget_bytes = if self.budget_bytes == 0 {
+            self.ring_bytes as u64 * nr as u64
+        } else {
+            self.budget_bytes
+        };
         Ok(Layout {
-            cfg: self,
+            cfg: RingConfig {
+                budget_bytes,
+                ..self
+            },
             data_offset,
             total_bytes,
         })
+    }
+
+    /// The configuration for a total of `budget_bytes` over `nr_rings` rings: each ring may
+    /// grow to half the total (a power of two, at least [`MIN_RING_BYTES`], at most
+    /// [`MAX_RING_BYTES`]).
+    pub fn with_budget(nr_rings: u32, budget_bytes: u64) -> RingConfig {
+        let half = (budget_bytes / 2).clamp(MIN_RING_BYTES as u64, MAX_RING_BYTES as u64);
+        let ring_bytes = 1u32 << (63 - half.leading_zeros());
+        RingConfig {
+            nr_rings,
+            ring_bytes,
+            budget_bytes: budget_bytes.max(MIN_RING_BYTES as u64),
+        }
+    }
+
+    /// A ring's size when it is claimed: [`INIT_RING_BYTES`], or `ring_bytes` if smaller.
+    pub fn init_bytes(self) -> u32 {
+        INIT_RING_BYTES.min(self.ring_bytes)
     }
 
     /// Size of the memfd for this configuration, in bytes; `None` if the configuration is
@@ -697,6 +836,10 @@ impl SharedRings {
         h.nr_rings.store(cfg.nr_rings, Relaxed);
         h.ring_bytes.store(cfg.ring_bytes, Relaxed);
         h.total_bytes.store(layout.total_bytes as u64, Relaxed);
+        h.counters
+            .0
+            .budget_bytes
+            .store(layout.cfg.budget_bytes, Relaxed);
         // Release: publishes the fields above; pairs with the Acquire load in `attach`.
         h.magic.store(MAGIC_U64, Release);
         Ok((rings, fd))
@@ -740,6 +883,7 @@ impl SharedRings {
         let cfg = RingConfig {
             nr_rings: h.nr_rings.load(Relaxed),
             ring_bytes: h.ring_bytes.load(Relaxed),
+            budget_bytes: h.counters.0.budget_bytes.load(Relaxed),
         };
         // From here on only this validated copy of the sizes is used, never the header's.
         let layout = cfg.check()?;
@@ -788,35 +932,204 @@ impl SharedRings {
         })
     }
 
-    /// Probe path, async-signal-safe: takes the next free ring for thread `tid` (never 0) named
-    /// `comm`, of the calling process (its pid is stored with the tid, one raw syscall). `None` when all rings are taken; the caller then counts each event it drops with
-    /// [`note_lost_no_ring`](Self::note_lost_no_ring).
+    /// Probe path, async-signal-safe: takes a free ring for thread `tid` (never 0) named
+    /// `comm`, of the calling process (its pid is stored with the tid, one raw syscall), at
+    /// its initial size. `None` when all rings are owned; the caller then counts each event it
+    /// drops with [`note_lost_no_ring`](Self::note_lost_no_ring).
     ///
-    /// The writer is for this thread only, and must not be re-entered from a signal handler
-    /// on the same thread (the agent's recursion guard): one producer per ring. After `fork`
-    /// the child must claim a ring of its own.
+    /// The writer is for this thread only (and signal handlers that interrupt it, which nest:
+    /// module docs). The thread gives the ring back with [`release`](Self::release) when it
+    /// ends. After `fork` the child must claim a ring of its own.
     pub fn claim(&self, tid: u32, comm: [u8; 16]) -> Option<RingWriter<'_>> {
-        // Relaxed: only hands out unique indexes; the descriptor is published by `tid` below.
-        let i = self.header().counters.0.claimed.fetch_add(1, Relaxed);
-        let i = u32::try_from(i).ok()?;
-        let (desc, data) = (self.desc(i)?, self.data(i)?);
-        for (slot, byte) in desc.prod.0.comm.iter().zip(comm) {
-            slot.store(byte, Relaxed);
+        let n = self.layout.cfg.nr_rings;
+        let c = &self.header().counters.0;
+        // Start the scan after the rings claimed so far: a fresh ring when there is one (its
+        // pages were never touched), else the first freed one.
+        let start = (c.claimed.load(Relaxed) as u32).min(n);
+        for k in 0..n {
+            let i = (start + k) % n;
+            let desc = self.desc(i)?;
+            // Acquire: pairs with the Release store of STATE_FREE in `free_released`: the
+            // reader's zeroing of the descriptor happens before our writes to it.
+            if desc.prod.0.state.load(Relaxed) != STATE_FREE
+                || desc
+                    .prod
+                    .0
+                    .state
+                    .compare_exchange(STATE_FREE, STATE_OWNED, Acquire, Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            let data = self.data(i)?;
+            let init = self.layout.cfg.init_bytes();
+            // Relaxed: a statistic of sizes; the reader subtracts what it frees.
+            c.budget_used.fetch_add(u64::from(init), Relaxed);
+            c.claimed.fetch_max(u64::from(i) + 1, Relaxed);
+            let p = &desc.prod.0;
+            p.size.store(init, Relaxed);
+            for (slot, byte) in p.comm.iter().zip(comm) {
+                slot.store(byte, Relaxed);
+            }
+            desc.tail.0.pid.store(crate::sys::getpid(), Relaxed);
+            // Release: publishes `comm`, `size` and `pid`; pairs with the Acquire load in
+            // `SharedRings::owner`.
+            p.tid.store(tid, Release);
+            return Some(RingWriter {
+                ring: desc,
+                data,
+                budget: c,
+            });
         }
-        desc.prod.0.pid.store(crate::sys::getpid(), Relaxed);
-        // Release: publishes `comm` and `pid`; pairs with the Acquire load in `RingReader::tid`.
-        desc.prod.0.tid.store(tid, Release);
-        Some(RingWriter {
-            desc: &desc.prod.0,
-            tail: &desc.tail.0,
-            data,
-        })
+        None
     }
 
-    /// Probe path: counts one event dropped because its thread has no ring.
-    pub fn note_lost_no_ring(&self) {
-        // Relaxed: a statistic, read with `lost_no_ring`.
-        self.header().counters.0.lost_no_ring.fetch_add(1, Relaxed);
+    /// Probe path (a thread's end): give `w`'s ring back. The owner writes nothing into it
+    /// after this; the reader frees it once it has read it all.
+    pub fn release(&self, w: RingWriter<'_>) {
+        // Release: every record published before happens before the reader sees the state.
+        w.desc().state.store(STATE_RELEASED, Release);
+    }
+
+    /// Reader side: ring `i`'s owner now, (tid, comm, released); `None` while it is free.
+    pub fn owner(&self, i: u32) -> Option<(u32, [u8; 16], bool)> {
+        let p = &self.desc(i)?.prod.0;
+        // Acquire: pairs with the Release store in `claim`.
+        let tid = p.tid.load(Acquire);
+        if tid == 0 {
+            return None;
+        }
+        let mut comm = [0u8; 16];
+        for (o, b) in comm.iter_mut().zip(&p.comm) {
+            *o = b.load(Relaxed);
+        }
+        Some((tid, comm, p.state.load(Relaxed) == STATE_RELEASED))
+    }
+
+    /// Reader side: the process id of ring `i`'s owner (0 while it is free, or from an agent
+    /// that did not say); read it after [`owner`](Self::owner) saw the owner.
+    pub fn owner_pid(&self, i: u32) -> u32 {
+        // Relaxed: published by the claim's Release store of `tid` (read by `owner` first).
+        self.desc(i).map_or(0, |d| d.tail.0.pid.load(Relaxed))
+    }
+
+    /// Reader side: if ring `i` was released by its owner and everything in it was read,
+    /// free it for another thread: its memory goes back to the system and to the budget.
+    /// Returns the owner's (tid, comm, lost) then, `None` when the ring is not ready.
+    pub fn free_released(&self, i: u32) -> Option<(u32, [u8; 16], u64)> {
+        let desc = self.desc(i)?;
+        let p = &desc.prod.0;
+        // Acquire: pairs with `release`: the owner's last `head` is visible.
+        if p.state.load(Acquire) != STATE_RELEASED {
+            return None;
+        }
+        if p.head.load(Acquire) != desc.tail.0.tail.load(Relaxed) {
+            return None;
+        }
+        let (tid, comm, _) = self.owner(i)?;
+        let lost = p.lost.load(Relaxed);
+        let size = u64::from(p.size.load(Relaxed));
+        if let Some(data) = self.data(i) {
+            // Every page the owner or this reader may have touched: the owner writes and
+            // populates within `size`, the reader prefaults within it.
+            let touched = size
+                .next_multiple_of(PAGE as u64)
+                .min(data.len() as u64 * 8);
+            if touched > 0 {
+                // SAFETY: the range is the start of ring i's data area in our shared
+                // mapping; its owner released it and writes nothing more; MADV_REMOVE frees
+                // the memfd's pages (they read as zeros after).
+                unsafe {
+                    libc::madvise(
+                        data.as_ptr() as *mut libc::c_void,
+                        touched as usize,
+                        libc::MADV_REMOVE,
+                    )
+                };
+            }
+        }
+        for w in [
+            &p.head,
+            &p.lost,
+            &p.tail_cache,
+            &p.reserved,
+            &desc.tail.0.tail,
+        ] {
+            w.store(0, Relaxed);
+        }
+        for b in &p.comm {
+            b.store(0, Relaxed);
+        }
+        p.size.store(0, Relaxed);
+        p.nest.store(0, Relaxed);
+        p.tid.store(0, Relaxed);
+        desc.tail.0.pid.store(0, Relaxed);
+        let c = &self.header().counters.0;
+        // Relaxed: a statistic of sizes (see `claim`).
+        let _ = c
+            .budget_used
+            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(size)));
+        // Release: the zeroed descriptor before the state; pairs with `claim`'s Acquire.
+        p.state.store(STATE_FREE, Release);
+        // Relaxed: a hint for threads without a ring (they try `claim` again).
+        c.freed.fetch_add(1, Relaxed);
+        Some((tid, comm, lost))
+    }
+
+    /// Rings freed so far ([`free_released`](Self::free_released)): a thread without a ring
+    /// tries to claim one again when this moved.
+    #[inline(always)]
+    pub fn freed(&self) -> u64 {
+        // Relaxed: a hint.
+        self.header().counters.0.freed.load(Relaxed)
+    }
+
+    /// Bytes the owned rings' sizes add up to now.
+    pub fn budget_used(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.header().counters.0.budget_used.load(Relaxed)
+    }
+
+    /// Ring `i`'s size now (0 while it is free).
+    pub fn ring_size(&self, i: u32) -> Option<u32> {
+        // Relaxed: a statistic.
+        Some(self.desc(i)?.prod.0.size.load(Relaxed))
+    }
+
+    /// Control path (a thread's first event without a ring): the entry of `lost_tids` for
+    /// `tid`, taken now; `u32::MAX` when the table is full (then only the total counts).
+    pub fn lost_slot(&self, tid: u32) -> u32 {
+        for (k, e) in self.header().lost_tids.iter().enumerate() {
+            // Relaxed: the entry's own counter is all that is published with it.
+            match e.tid.compare_exchange(0, tid, Relaxed, Relaxed) {
+                Ok(_) => return k as u32,
+                Err(t) if t == tid => return k as u32,
+                Err(_) => {}
+            }
+        }
+        u32::MAX
+    }
+
+    /// Probe path: counts one event dropped because its thread has no ring, in the total and
+    /// in the thread's entry `slot` ([`lost_slot`](Self::lost_slot)).
+    pub fn note_lost_no_ring(&self, slot: u32) {
+        let h = self.header();
+        // Relaxed: statistics, read with `lost_no_ring` and `lost_by_tid`.
+        h.counters.0.lost_no_ring.fetch_add(1, Relaxed);
+        if let Some(e) = h.lost_tids.get(slot as usize) {
+            e.lost.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The threads that had no ring, (tid, events lost), in the order they lost their first.
+    pub fn lost_by_tid(&self) -> Vec<(u32, u64)> {
+        self.header()
+            .lost_tids
+            .iter()
+            // Relaxed: statistics.
+            .map(|e| (e.tid.load(Relaxed), e.lost.load(Relaxed)))
+            .filter(|&(t, n)| t != 0 && n != 0)
+            .collect()
     }
 
     /// Probe path: count `n` events a tracer dropped because it was already running on the
@@ -894,7 +1207,7 @@ impl SharedRings {
         self.header().sigtrap_passed_pid.load(Relaxed)
     }
 
-    /// Rings claimed so far (at most `nr_rings`); readers of rings `0..claimed()` see data.
+    /// Rings owned so far are among `0..claimed()` (at most `nr_rings`): the readers' bound.
     pub fn claimed(&self) -> u32 {
         // Relaxed: an index bound; each ring's own identity is published by its `tid`.
         let n = self.header().counters.0.claimed.load(Relaxed);
@@ -1050,10 +1363,11 @@ impl SharedRings {
         let (desc, data) = (self.desc(i)?, self.data(i)?);
         Some(RingReader {
             prod: &desc.prod.0,
-            tail_slot: &desc.tail.0,
+            tail_slot: &desc.tail.0.tail,
+            pid_slot: &desc.tail.0.pid,
             data,
             // Acquire: pairs with the Release store of an earlier reader's `drain`.
-            tail: desc.tail.0.load(Acquire),
+            tail: desc.tail.0.tail.load(Acquire),
             scratch: Vec::new(),
             corrupt_bytes: 0,
         })
@@ -1085,27 +1399,70 @@ const fn record_header_aux(nwords: usize, rtype: u16, aux: u32) -> u64 {
     record_header(nwords, rtype) | ((aux as u64) << 32)
 }
 
-/// The producer end of one ring: `Copy`, no allocation, no lock, no syscall, no panic;
-/// async-signal-safe. Borrowing the [`SharedRings`] keeps the mapping alive: the agent keeps
-/// its `SharedRings` in a `static`, so its writers are `RingWriter<'static>`.
+/// The producer end of one ring: `Copy`, no allocation, no lock, no syscall (but the
+/// first-lap populate), no panic; async-signal-safe, and re-entrant from a signal handler on
+/// the owner thread (module docs: writers nest). Borrowing the [`SharedRings`] keeps the
+/// mapping alive: the agent keeps its `SharedRings` in a `static`, so its writers are
+/// `RingWriter<'static>`.
 #[derive(Clone, Copy)]
-pub struct RingWriter<'a> {
-    desc: &'a ProducerLine,
-    tail: &'a AtomicU64,
-    /// Length is a power of two >= 512 (the ring's bytes / 8).
+pub struct RingWriter<'a, const IN_SECTION: bool = false> {
+    ring: &'a RingDesc,
+    /// The ring's whole address space (`ring_bytes / 8` words, the most `size` may grow to);
+    /// `size` bytes are in use.
     data: &'a [AtomicU64],
+    budget: &'a Counters,
 }
 
-impl fmt::Debug for RingWriter<'_> {
+impl<const S: bool> fmt::Debug for RingWriter<'_, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RingWriter")
             .field("data", &self.data.as_ptr())
-            .field("ring_bytes", &(self.data.len() * 8))
+            .field("size", &self.desc().size.load(Relaxed))
             .finish()
     }
 }
 
-impl RingWriter<'_> {
+/// `*p = new` if `*p == old`, in one `cmpxchg` without a lock prefix: atomic against a
+/// signal handler of this thread (an instruction is never interrupted half-way), and cheap;
+/// the producer line is written by this thread only.
+#[inline(always)]
+fn cmpxchg_local(p: &AtomicU64, old: u64, new: u64) -> bool {
+    let ok: u8;
+    // SAFETY: `p` is a valid, aligned 8-byte location (an AtomicU64 of our mapping); cmpxchg
+    // reads and writes only it, rax and the flags. No other thread writes it while this one
+    // owns the ring (the reader writes it only when the ring is free).
+    unsafe {
+        std::arch::asm!(
+            "cmpxchg qword ptr [{p}], {new}",
+            "sete {ok}",
+            p = in(reg) p.as_ptr(),
+            new = in(reg) new,
+            ok = out(reg_byte) ok,
+            inout("rax") old => _,
+            options(nostack),
+        )
+    };
+    ok != 0
+}
+
+/// Stops the compiler from moving memory accesses across it (no instruction): what a signal
+/// handler of this thread observes is program order.
+#[inline(always)]
+fn signal_fence() {
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// A writer inside a section the caller began ([`RingWriter::in_section`]): its writes
+/// neither begin nor commit, the section's commit publishes them.
+pub type SectionWriter<'a> = RingWriter<'a, true>;
+
+impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
+    /// The producer's line of the descriptor.
+    #[inline(always)]
+    fn desc(&self) -> &ProducerLine {
+        &self.ring.prod.0
+    }
+
     /// Writes one record: the header word, then `words`. Returns false, and counts one in
     /// this ring's `lost`, when it does not fit in the free space (the newest event is dropped,
     /// never one already written), when `words.len() + 1 > MAX_RECORD_WORDS` or the ring, or
@@ -1154,20 +1511,26 @@ impl RingWriter<'_> {
         if nwords > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
             return false;
         }
-        let Some((start, new_head)) = self.reserve(nwords) else {
-            return false;
+        if !IN_SECTION {
+            self.begin();
+        }
+        let ok = match self.reserve(nwords).and_then(|start| {
+            self.data
+                .get(start..start + nwords)
+                .and_then(|s| s.split_first())
+        }) {
+            Some((hdr, body)) => {
+                hdr.store(record_header_aux(nwords, rtype, aux), Relaxed);
+                fill(body);
+                self.point(hook::FILLED);
+                true
+            }
+            None => false,
         };
-        let Some((hdr, body)) = self
-            .data
-            .get(start..start + nwords)
-            .and_then(|s| s.split_first())
-        else {
-            debug_assert!(false, "reserve returned an out-of-range slot");
-            return false;
-        };
-        hdr.store(record_header_aux(nwords, rtype, aux), Relaxed);
-        fill(body);
-        self.publish(new_head)
+        if !IN_SECTION {
+            self.commit();
+        }
+        ok
     }
 
     /// Control path: [`write_aux`](Self::write_aux) that, when the record does not fit, leaves
@@ -1192,34 +1555,18 @@ impl RingWriter<'_> {
     /// the function tracer), read back by [`RingReader::drain_aux`].
     #[inline]
     pub fn write3_aux(&self, rtype: u16, aux: u32, a: u64, b: u64, c: u64) -> bool {
-        if rtype == RTYPE_PADDING {
-            return self.drop_one();
-        }
-        let Some((start, new_head)) = self.reserve(4) else {
-            return self.drop_one();
-        };
-        let Some([hdr, sa, sb, sc]) = self.data.get(start..start + 4) else {
-            debug_assert!(false, "reserve returned an out-of-range slot");
-            return self.drop_one();
-        };
-        hdr.store(record_header_aux(4, rtype, aux), Relaxed);
-        sa.store(a, Relaxed);
-        sb.store(b, Relaxed);
-        sc.store(c, Relaxed);
-        self.publish(new_head)
+        self.write_n_aux(rtype, aux, [a, b, c])
     }
 
-    /// The ring's head plus its `lost` count: changes with every record this producer
-    /// publishes or drops. Taken at the start of a write, it tells afterwards whether the
-    /// write reached its outcome (a repair after a non-local exit: `crate::probe_state`).
-    /// Two loads of the producer's own cache line, which the write loads anyway.
+    /// The ring's head plus its `lost` count: changes with every record the outermost writer
+    /// publishes or this ring drops. Two loads of the producer's own cache line.
     #[inline(always)]
     pub fn mark(&self) -> u64 {
         // Relaxed: only this producer stores either.
-        self.desc
+        self.desc()
             .head
             .load(Relaxed)
-            .wrapping_add(self.desc.lost.load(Relaxed))
+            .wrapping_add(self.desc().lost.load(Relaxed))
     }
 
     /// [`write_aux`](Self::write_aux) of a fixed number of payload words, inlined without a
@@ -1229,127 +1576,350 @@ impl RingWriter<'_> {
         if N + 1 > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
             return self.drop_one();
         }
-        let Some((start, new_head)) = self.reserve(N + 1) else {
-            return self.drop_one();
-        };
-        let Some((hdr, body)) = self
-            .data
-            .get(start..start + N + 1)
-            .and_then(|s| s.split_first())
-        else {
-            debug_assert!(false, "reserve returned an out-of-range slot");
-            return self.drop_one();
-        };
-        hdr.store(record_header_aux(N + 1, rtype, aux), Relaxed);
-        for (slot, w) in body.iter().zip(words) {
-            slot.store(w, Relaxed);
+        if !IN_SECTION {
+            self.begin();
         }
-        self.publish(new_head)
+        let ok = match self.reserve(N + 1).and_then(|start| {
+            self.data
+                .get(start..start + N + 1)
+                .and_then(|s| s.split_first())
+        }) {
+            Some((hdr, body)) => {
+                hdr.store(record_header_aux(N + 1, rtype, aux), Relaxed);
+                for (slot, w) in body.iter().zip(words) {
+                    slot.store(w, Relaxed);
+                }
+                self.point(hook::FILLED);
+                true
+            }
+            None => false,
+        };
+        if !IN_SECTION {
+            self.commit();
+        }
+        ok || self.drop_one()
     }
 
-    /// Finds room for `nwords` words at `head` and writes the padding word if the record has to
-    /// go to offset 0. Returns the record's first word index and the head after it.
+    /// Start a write (or a group of writes that publish together): one more writer on the
+    /// ring. Returns the writers already in progress (0: this is the outermost); a nested
+    /// writer's repair also needs [`reserved`](Self::reserved) as it is now (see
+    /// [`abandon`](Self::abandon)). Each `begin` is paired with one [`commit`](Self::commit).
     #[inline(always)]
-    fn reserve(&self, nwords: usize) -> Option<(usize, u64)> {
-        let ring_bytes = (self.data.len() * 8) as u64;
-        // Relaxed: only this producer stores `head`.
-        let head = self.desc.head.load(Relaxed);
-        let need = nwords as u64 * 8;
-        let pos = head & (ring_bytes - 1);
-        let to_end = ring_bytes - pos;
-        let (start, total) = if need <= to_end {
-            (pos, need)
-        } else {
-            (0, to_end + need)
-        };
-        if !self.has_room(head, total, ring_bytes) {
-            return None;
-        }
-        if start != pos {
-            let pad = self.data.get((pos / 8) as usize)?;
-            pad.store(record_header(0, RTYPE_PADDING), Relaxed);
-        }
-        let new_head = head.wrapping_add(total);
-        // First lap only (`head` counts bytes since the claim: below the ring's size, it is
-        // the position): entering a new chunk maps the next one in.
-        if new_head < ring_bytes
-            && (head == 0 || head / POPULATE_CHUNK != new_head / POPULATE_CHUNK)
-        {
-            self.populate_ahead(head, new_head, ring_bytes);
-        }
-        Some(((start / 8) as usize, new_head))
+    pub fn begin(&self) -> u32 {
+        // Relaxed load and store: a handler that interrupts between them runs whole writes
+        // (begin and commit) and leaves `nest` as it found it.
+        let n = self.desc().nest.load(Relaxed);
+        self.desc().nest.store(n.wrapping_add(1), Relaxed);
+        signal_fence();
+        self.point(hook::BEGUN);
+        n
     }
 
-    /// Producer, first lap: map the chunk after the one `new_head` entered (both first ones at
-    /// the first record) into this process with one `MADV_POPULATE_WRITE` (Linux 5.14+), so
-    /// that the writes into it take no page fault. One fault per 4 KiB page cost ~2-4 us on
-    /// this VM (a shared memfd page takes a write fault in each process that maps it, even
-    /// when the reader allocated it already, see `SharedRings::prefault`): ~30-60 ns per
-    /// function_graph call (64 bytes of records), against one system call per
-    /// [`POPULATE_CHUNK`]. Best effort and async-signal-safe (one raw system call); after a
-    /// refusal (an older kernel, a seccomp filter) it is not tried again in this process.
+    /// The reserve pointer: where the next record goes.
+    #[inline(always)]
+    pub fn reserved(&self) -> u64 {
+        // Relaxed: the owner thread's own value.
+        self.desc().reserved.load(Relaxed)
+    }
+
+    /// End a write begun with [`begin`](Self::begin): the outermost writer publishes
+    /// everything reserved, nested ones included (module docs).
+    #[inline(always)]
+    pub fn commit(&self) {
+        loop {
+            let n = self.desc().nest.load(Relaxed);
+            if n != 1 {
+                // Nested: the outermost writer publishes.
+                self.desc().nest.store(n.wrapping_sub(1), Relaxed);
+                signal_fence();
+                return;
+            }
+            let r = self.desc().reserved.load(Relaxed);
+            self.point(hook::COMMIT_LOADED);
+            // Release: publishes the records' words; pairs with the Acquire load in
+            // `RingReader::drain_aux`.
+            self.desc().head.store(r, Release);
+            signal_fence();
+            self.point(hook::PUBLISHED);
+            self.desc().nest.store(0, Relaxed);
+            signal_fence();
+            self.point(hook::UNNESTED);
+            // A handler that ran between the load of `reserved` and the store of `nest` saw
+            // a writer in progress and did not publish: publish its records now.
+            if self.desc().reserved.load(Relaxed) == r {
+                return;
+            }
+            self.desc().nest.store(1, Relaxed);
+            signal_fence();
+        }
+    }
+
+    /// This writer inside a section begun with [`begin`](Self::begin): its writes are
+    /// published by the section's [`commit`](Self::commit), not each by itself.
+    #[inline(always)]
+    pub fn in_section(self) -> SectionWriter<'a> {
+        RingWriter {
+            ring: self.ring,
+            data: self.data,
+            budget: self.budget,
+        }
+    }
+
+    /// Tests: a nested writer (a simulated signal handler) at point `p` of a write.
+    #[inline(always)]
+    fn point(&self, _p: u32) {
+        #[cfg(test)]
+        hook::fire(
+            &RingWriter {
+                ring: self.ring,
+                data: self.data,
+                budget: self.budget,
+            },
+            _p,
+        );
+    }
+
+    /// Writers in progress on this ring (nested).
+    #[inline(always)]
+    pub fn nesting(&self) -> u32 {
+        // Relaxed: the owner thread's own value.
+        self.desc().nest.load(Relaxed)
+    }
+
+    /// Repair after a non-local exit (`crate::probe_state`): the writers from `level` on (as
+    /// [`begin`](Self::begin) numbered them) were abandoned; `reserved_at` is what `begin`
+    /// returned for the writer at `level`. Their records are never published: the reserve
+    /// pointer goes back to where they began (to `head` when no writer is left).
+    pub fn abandon(&self, level: u32, reserved_at: u64) {
+        // Relaxed: only this thread writes the producer line.
+        let head = self.desc().head.load(Relaxed);
+        let back = if level == 0 {
+            head
+        } else {
+            // A live writer below `level` reserved nothing after `reserved_at` (it was
+            // interrupted): going back there is safe, never below what was published.
+            let cur = self.desc().reserved.load(Relaxed);
+            if reserved_at.wrapping_sub(head) <= cur.wrapping_sub(head) {
+                reserved_at
+            } else {
+                cur
+            }
+        };
+        self.desc().reserved.store(back, Relaxed);
+        self.desc().nest.store(level, Relaxed);
+        signal_fence();
+    }
+
+    /// Finds room for `nwords` words at the reserve pointer and writes the padding word if
+    /// the record has to go to offset 0. Returns the record's first word index.
+    #[inline(always)]
+    fn reserve(&self, nwords: usize) -> Option<usize> {
+        let need = nwords as u64 * 8;
+        loop {
+            // Relaxed: only this thread (and its signal handlers) store these.
+            let r = self.desc().reserved.load(Relaxed);
+            // A size that is not a power of two (only a scribbled line has one) gives
+            // positions that `data.get` refuses or that are wrong but in bounds.
+            let size = u64::from(self.desc().size.load(Relaxed));
+            if r <= size && r + need > size {
+                // The first lap's end (the ring never wrapped: `reserved` is at most `size`):
+                // the outermost writer grows the ring instead of wrapping, while the budget
+                // lets it; a nested one never wraps it first.
+                if self.nesting() > 1 {
+                    return None;
+                }
+                if self.grow(size) {
+                    continue;
+                }
+            }
+            let pos = r & size.wrapping_sub(1);
+            let to_end = size.wrapping_sub(pos);
+            let (start, total) = if need <= to_end {
+                (pos, need)
+            } else {
+                (0, to_end + need)
+            };
+            if !self.has_room(r, total, size) {
+                return None;
+            }
+            let new = r.wrapping_add(total);
+            self.point(hook::RESERVING);
+            if !cmpxchg_local(&self.desc().reserved, r, new) {
+                // A signal handler reserved in between: again from its end.
+                continue;
+            }
+            self.point(hook::RESERVED);
+            if start != pos {
+                let pad = self.data.get((pos / 8) as usize)?;
+                pad.store(record_header(0, RTYPE_PADDING), Relaxed);
+            }
+            // First lap only (the counter is the position): entering a new chunk maps the
+            // next one in.
+            // Chunks start at multiples of 8 KiB: most records cross no such line.
+            if new <= size
+                && (r == 0 || (r ^ new) >= POPULATE_FIRST)
+                && (r == 0 || populate_chunk_index(r) != populate_chunk_index(new))
+            {
+                let k = populate_chunk_index(new);
+                let from = if r == 0 {
+                    0
+                } else {
+                    populate_chunk_start(k + 1)
+                };
+                self.populate(from, populate_chunk_start(k + 2).min(size));
+            }
+            return Some((start / 8) as usize);
+        }
+    }
+
+    /// The outermost writer at the end of the first lap: double the ring's size if the budget
+    /// and `ring_bytes` allow. Out of line: once per doubling.
     #[cold]
     #[inline(never)]
-    fn populate_ahead(&self, head: u64, new_head: u64, ring_bytes: u64) {
+    fn grow(&self, size: u64) -> bool {
+        let new = size * 2;
+        if size == 0 || new > self.data.len() as u64 * 8 {
+            return false;
+        }
+        // Relaxed: written once by the reader before the target started.
+        let budget = self.budget.budget_bytes.load(Relaxed);
+        // Relaxed: the budget is a sum of sizes, not a publication. A locked instruction,
+        // but once per doubling, not per event.
+        let took = self.budget.budget_used.fetch_update(Relaxed, Relaxed, |u| {
+            let u2 = u.checked_add(size)?;
+            (u2 <= budget).then_some(u2)
+        });
+        if took.is_err() {
+            return false;
+        }
+        // Relaxed: published to the reader by the Release store of `head` that publishes the
+        // first record past the old size.
+        self.desc().size.store(new as u32, Relaxed);
+        // The records go on into the new half: map its first chunk in.
+        self.populate(size, size + size.min(POPULATE_CHUNK));
+        true
+    }
+
+    /// Producer, first lap: map bytes `[from, to)` of the ring into this process with one
+    /// `MADV_POPULATE_WRITE` (Linux 5.14+), so that the writes into them take no page fault:
+    /// at the first record the first two chunks, on entering a chunk the next one (within the
+    /// ring's size), on a doubling the new half's first chunk. Chunks double from 8 KiB to
+    /// [`POPULATE_CHUNK`]: a thread with a few events maps a few pages, a busy one makes one
+    /// system call per [`POPULATE_CHUNK`] (one fault per 4 KiB page cost ~2-4 us on this VM).
+    /// Best effort and async-signal-safe (one raw system call); after a refusal (an older
+    /// kernel, a seccomp filter) it is not tried again in this process.
+    #[cold]
+    #[inline(never)]
+    fn populate(&self, from: u64, to: u64) {
         static REFUSED: AtomicU8 = AtomicU8::new(0);
         if REFUSED.load(Relaxed) != 0 {
             return;
         }
-        let chunk = POPULATE_CHUNK;
-        let from = if head == 0 {
-            0
-        } else {
-            (new_head / chunk + 1) * chunk
-        };
-        let to = ((new_head / chunk + 2) * chunk).min(ring_bytes);
+        let to = to.min(self.data.len() as u64 * 8);
         if from >= to {
             return;
         }
         const MADV_POPULATE_WRITE: u64 = 23;
         let addr = self.data.as_ptr() as u64 + from;
         // SAFETY: [addr, addr + len) lies inside this ring's data area of our shared mapping
-        // (page-aligned: the data area is, and so are `from` and `to`, or `to` is its end);
-        // populating changes no contents; a raw syscall: no errno, no lock.
-        let r = unsafe {
+        // (page-aligned: the data area is, and so are `from` and `to`); populating changes no
+        // contents; a raw syscall: no errno, no lock.
+        let ret = unsafe {
             crate::sys::raw_syscall4(libc::SYS_madvise, addr, to - from, MADV_POPULATE_WRITE, 0)
         };
-        if r < 0 && r != -(libc::EINTR as i64) && r != -(libc::EAGAIN as i64) {
+        if ret < 0 && ret != -(libc::EINTR as i64) && ret != -(libc::EAGAIN as i64) {
             REFUSED.store(1, Relaxed);
         }
     }
 
     #[inline(always)]
-    fn has_room(&self, head: u64, total: u64, ring_bytes: u64) -> bool {
-        // A tail "ahead" of head or more than a ring behind (a corrupted reader) means full.
+    fn has_room(&self, reserved: u64, total: u64, size: u64) -> bool {
+        // A tail "ahead" of the reserve pointer or more than a ring behind (a corrupted
+        // reader) means full.
         let fits = |tail: u64| {
-            let free = ring_bytes.checked_sub(head.wrapping_sub(tail));
+            let free = size.checked_sub(reserved.wrapping_sub(tail));
             free.is_some_and(|free| total <= free)
         };
         // Relaxed: the producer's own copy of a value it loaded with Acquire below.
-        if fits(self.desc.tail_cache.load(Relaxed)) {
+        if fits(self.desc().tail_cache.load(Relaxed)) {
             return true;
         }
         // Acquire: pairs with the Release store in `RingReader::drain`: the reader's loads of
         // the bytes it freed happen before our stores that reuse them.
-        let tail = self.tail.load(Acquire);
+        let tail = self.ring.tail.0.tail.load(Acquire);
         // Relaxed: producer-private.
-        self.desc.tail_cache.store(tail, Relaxed);
+        self.desc().tail_cache.store(tail, Relaxed);
         fits(tail)
-    }
-
-    #[inline(always)]
-    fn publish(&self, new_head: u64) -> bool {
-        // Release: publishes the record's words; pairs with the Acquire load in
-        // `RingReader::drain`.
-        self.desc.head.store(new_head, Release);
-        true
     }
 
     #[cold]
     fn drop_one(&self) -> bool {
-        // Relaxed: a statistic, read by `RingReader::lost`.
-        self.desc.lost.fetch_add(1, Relaxed);
+        // Relaxed: a statistic, read by `RingReader::lost`. The owner thread's own counter,
+        // but a signal handler may drop one in between a load and a store: a locked add, on
+        // the (cold) dropping path only.
+        self.desc().lost.fetch_add(1, Relaxed);
         false
+    }
+}
+
+/// The points of a write where the tests let a "signal handler" write (`RingWriter::point`).
+mod hook {
+    pub(super) const BEGUN: u32 = 1;
+    pub(super) const RESERVING: u32 = 2;
+    pub(super) const RESERVED: u32 = 3;
+    pub(super) const FILLED: u32 = 4;
+    pub(super) const COMMIT_LOADED: u32 = 5;
+    pub(super) const PUBLISHED: u32 = 6;
+    pub(super) const UNNESTED: u32 = 7;
+
+    /// A nested write, run at a point.
+    #[cfg(test)]
+    pub(super) type Nested = fn(&super::RingWriter<'_>);
+
+    #[cfg(test)]
+    thread_local! {
+        /// The point to fire at (once), and the nested write to run there.
+        pub(super) static AT: std::cell::Cell<(u32, Option<Nested>)> =
+            const { std::cell::Cell::new((0, None)) };
+    }
+
+    #[cfg(test)]
+    pub(super) fn fire(w: &super::RingWriter<'_>, p: u32) {
+        let (at, f) = AT.get();
+        if at == p {
+            if let Some(f) = f {
+                AT.set((0, None));
+                f(w);
+            }
+        }
+    }
+}
+
+/// The populate chunk that byte `at` of a ring's first lap is in: 0 for [0, 8K), 1 for
+/// [8K, 16K), 2 for [16K, 32K), ... doubling up to [`POPULATE_CHUNK`], then one per
+/// [`POPULATE_CHUNK`].
+#[inline(always)]
+fn populate_chunk_index(at: u64) -> u64 {
+    // Chunk k >= 1 starts at POPULATE_FIRST << (k - 1) while that is below POPULATE_CHUNK.
+    const DOUBLINGS: u64 = (POPULATE_CHUNK / POPULATE_FIRST).trailing_zeros() as u64;
+    if at < POPULATE_FIRST {
+        0
+    } else if at < POPULATE_CHUNK {
+        1 + u64::from(63 - (at / POPULATE_FIRST).leading_zeros())
+    } else {
+        1 + DOUBLINGS + (at - POPULATE_CHUNK) / POPULATE_CHUNK
+    }
+}
+
+/// The first byte of populate chunk `k` ([`populate_chunk_index`]).
+fn populate_chunk_start(k: u64) -> u64 {
+    const DOUBLINGS: u64 = (POPULATE_CHUNK / POPULATE_FIRST).trailing_zeros() as u64;
+    if k == 0 {
+        0
+    } else if k <= DOUBLINGS {
+        POPULATE_FIRST << (k - 1)
+    } else {
+        POPULATE_CHUNK + (k - 1 - DOUBLINGS) * POPULATE_CHUNK
     }
 }
 
@@ -1357,6 +1927,7 @@ impl RingWriter<'_> {
 pub struct RingReader<'a> {
     prod: &'a ProducerLine,
     tail_slot: &'a AtomicU64,
+    pid_slot: &'a AtomicU32,
     data: &'a [AtomicU64],
     /// This reader's tail; published to `tail_slot` at the end of each `drain`.
     tail: u64,
@@ -1394,7 +1965,7 @@ impl RingReader<'_> {
     /// The owner's process id (valid once `tid() != 0`; 0 from an agent that did not say).
     pub fn pid(&self) -> u32 {
         // Relaxed: published by `tid`'s Release store (load `tid()` first).
-        self.prod.pid.load(Relaxed)
+        self.pid_slot.load(Relaxed)
     }
 
     /// Records the producer dropped because the ring was full.
@@ -1418,53 +1989,163 @@ impl RingReader<'_> {
 
     /// [`drain`](Self::drain), also passing each record's `aux` header bits:
     /// `f(rtype, aux, payload)`.
-    pub fn drain_aux(&mut self, mut f: impl FnMut(u16, u32, &[u64])) -> usize {
-        let ring_bytes = (self.data.len() * 8) as u64;
-        // Acquire: pairs with the Release store in `RingWriter::publish`: the record words
-        // before `head` are visible.
-        let head = self.prod.head.load(Acquire);
+    pub fn drain_aux(&mut self, f: impl FnMut(u16, u32, &[u64])) -> usize {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let n = self.drain_aux_in(&mut scratch, f);
+        self.scratch = scratch;
+        n
+    }
+
+    /// [`drain_aux`](Self::drain_aux) that copies the records through `scratch` (cleared
+    /// first), a buffer the caller keeps from drain to drain: a reader made for one drain
+    /// then does not allocate (and fault in) a buffer of the ring's size each time.
+    pub fn drain_aux_in(
+        &mut self,
+        scratch: &mut Vec<u64>,
+        f: impl FnMut(u16, u32, &[u64]),
+    ) -> usize {
+        self.drain_aux_in_max(scratch, u64::MAX, f)
+    }
+
+    /// [`drain_aux_in`](Self::drain_aux_in) of at most about `max_bytes` of records (whole
+    /// records: it stops at the first record past that many bytes; at least one): a reader
+    /// that keeps up in pieces holds a piece, not a whole ring.
+    pub fn drain_aux_in_max(
+        &mut self,
+        scratch: &mut Vec<u64>,
+        max_bytes: u64,
+        mut f: impl FnMut(u16, u32, &[u64]),
+    ) -> usize {
+        scratch.clear();
         let mut count = 0;
+        self.drain_words(scratch, max_bytes, |words| {
+            let mut at = 0;
+            while at < words.len() {
+                let hdr = words[at];
+                let len = (hdr & 0xffff) as usize;
+                f(
+                    (hdr >> 16) as u16,
+                    (hdr >> 32) as u32,
+                    &words[at + 1..at + len],
+                );
+                at += len;
+                count += 1;
+            }
+        });
+        count
+    }
+
+    /// Bulk form of [`drain`](Self::drain): copies every record published so far, as the ring
+    /// holds them (header word `len | rtype << 16 | aux << 32`, then the payload; no padding),
+    /// to the end of `buf`, checked record by record, and frees their space. Returns the
+    /// number of records. What does not parse is skipped and counted in
+    /// [`corrupt_bytes`](Self::corrupt_bytes).
+    pub fn drain_raw(&mut self, buf: &mut Vec<u64>) -> usize {
+        let mut count = 0;
+        self.drain_words(buf, u64::MAX, |words| {
+            let mut at = 0;
+            while at < words.len() {
+                at += (words[at] & 0xffff) as usize;
+                count += 1;
+            }
+        });
+        count
+    }
+
+    /// Copy the published records to the end of `buf` (the words as they are in the ring,
+    /// padding left out), checking each header against what was published; call `f` with
+    /// the valid records (whole records only: what this call appended); then free their
+    /// space.
+    /// Stops after about `max_bytes` of records (at a record's start: module docs of
+    /// [`drain_aux_in_max`](Self::drain_aux_in_max)); the rest stays for the next drain.
+    fn drain_words(&mut self, buf: &mut Vec<u64>, max_bytes: u64, f: impl FnOnce(&[u64])) {
+        let base = buf.len();
+        // Acquire: pairs with the Release store in `RingWriter::commit`: the record words
+        // before `head` (and the ring's `size`) are visible.
+        let head = self.prod.head.load(Acquire);
+        // Relaxed: published by `head` (Acquire above).
+        let size = u64::from(self.prod.size.load(Relaxed));
         let avail = head.wrapping_sub(self.tail);
-        if avail > ring_bytes || avail % 8 != 0 {
+        if avail == 0 {
+            return;
+        }
+        if avail > u64::MAX / 2 {
+            // `head` behind the tail: the ring was freed and claimed again under this reader
+            // (or the producer line was scribbled over). Nothing to read from it.
+            return;
+        }
+        if !size.is_power_of_two() || size > self.data.len() as u64 * 8 {
+            self.resync(head, avail);
+            self.tail_slot.store(self.tail, Release);
+            return;
+        }
+        if avail > size || avail % 8 != 0 {
             self.resync(head, avail);
         }
-        while self.tail != head {
-            let left = head.wrapping_sub(self.tail);
-            let pos = self.tail & (ring_bytes - 1);
-            let to_end = ring_bytes - pos;
+        // Copy the whole span (at most two pieces: before and after the wrap) with relaxed
+        // loads, then walk the copy: what is checked is what is handed out.
+        let mut t = self.tail;
+        // Bytes of records taken so far, and where a drain limited by `max_bytes` stopped.
+        let mut taken: u64 = 0;
+        let mut stop: Option<u64> = None;
+        while t != head {
+            let left = head.wrapping_sub(t);
+            let pos = t & (size - 1);
+            let to_end = size - pos;
             let idx = (pos / 8) as usize;
-            let Some(hdr) = self.data.get(idx).map(|w| w.load(Relaxed)) else {
+            let piece = left.min(to_end);
+            let Some(words) = self.data.get(idx..idx + (piece / 8) as usize) else {
                 break;
             };
-            let len = (hdr & 0xffff) as usize;
-            let rtype = (hdr >> 16) as u16;
-            if rtype == RTYPE_PADDING {
-                if to_end > left {
-                    self.resync(head, left);
+            let from = buf.len();
+            buf.extend(words.iter().map(|w| w.load(Relaxed)));
+            // Walk this piece's records.
+            let mut at = from;
+            let mut end = buf.len();
+            let mut skip_to_end = false;
+            while at < end {
+                if taken >= max_bytes {
+                    stop = Some(t.wrapping_add(((at - from) * 8) as u64));
+                    end = at;
                     break;
                 }
-                self.tail = self.tail.wrapping_add(to_end);
-                continue;
+                let hdr = buf[at];
+                let len = (hdr & 0xffff) as usize;
+                let rtype = (hdr >> 16) as u16;
+                if rtype == RTYPE_PADDING {
+                    // Padding runs to the end of `size`: valid only if the records go on at 0.
+                    if to_end > left {
+                        self.corrupt_bytes =
+                            self.corrupt_bytes.wrapping_add(((end - at) * 8) as u64);
+                        end = at;
+                        t = head;
+                        break;
+                    }
+                    end = at;
+                    skip_to_end = true;
+                    break;
+                }
+                if len == 0 || at + len > end {
+                    // Runs past what was published, or no length: skip to `head`.
+                    self.corrupt_bytes = self.corrupt_bytes.wrapping_add(((end - at) * 8) as u64);
+                    end = at;
+                    t = head;
+                    break;
+                }
+                at += len;
+                taken += 8 * len as u64;
             }
-            let bytes = len as u64 * 8;
-            let record = self.data.get(idx..idx + len);
-            let Some((_, body)) = record
-                .filter(|_| len > 0 && bytes <= left && bytes <= to_end)
-                .and_then(|r| r.split_first())
-            else {
-                self.resync(head, left);
+            buf.truncate(end);
+            if t == head || stop.is_some() {
                 break;
-            };
-            self.scratch.clear();
-            self.scratch.extend(body.iter().map(|w| w.load(Relaxed)));
-            f(rtype, (hdr >> 32) as u32, &self.scratch);
-            self.tail = self.tail.wrapping_add(bytes);
-            count += 1;
+            }
+            t = t.wrapping_add(if skip_to_end { to_end } else { piece });
         }
+        self.tail = stop.unwrap_or(head);
+        f(&buf[base..]);
         // Release: our loads of the consumed words happen before the producer reuses them;
         // pairs with the Acquire load in `RingWriter::has_room`.
         self.tail_slot.store(self.tail, Release);
-        count
     }
 
     #[cold]
@@ -1485,6 +2166,7 @@ mod tests {
         SharedRings::create(RingConfig {
             nr_rings,
             ring_bytes,
+            budget_bytes: 0,
         })
         .expect("create")
         .0
@@ -1566,32 +2248,42 @@ mod tests {
     }
 
     /// The producer maps the chunk ahead of its writes in on its first lap (one
-    /// MADV_POPULATE_WRITE per chunk instead of one page fault per page): pages it has not
-    /// written yet are present, the ones two chunks ahead not yet.
+    /// MADV_POPULATE_WRITE per chunk instead of one page fault per page), chunks doubling with
+    /// the ring: at the first record its first 16 KiB (its initial size), no more; when it
+    /// doubles, the new half's first chunk.
     #[test]
     fn producer_maps_the_next_chunk_in_on_its_first_lap() {
         if !rings(1, 4096).prefault(0, 0, 4096) {
             eprintln!("skipped: MADV_POPULATE_WRITE refused (kernel < 5.14?)");
             return;
         }
-        let chunk = POPULATE_CHUNK as usize;
-        let sr = rings(1, (4 * chunk) as u32);
+        let sr = rings(1, 1 << 20);
         let w = sr.claim(1, COMM).unwrap();
-        assert!(!page_present(&sr, chunk + 4096), "fresh memfd");
+        assert!(!page_present(&sr, 12 << 10), "fresh memfd");
         assert!(w.write_n_aux(5, 0, [1, 2]));
         assert!(
-            page_present(&sr, chunk + 4096),
-            "chunk 1 mapped at the first record"
+            page_present(&sr, 12 << 10),
+            "the first 16 KiB at the first record"
         );
-        assert!(!page_present(&sr, 2 * chunk + 4096));
-        // Into chunk 1: chunk 2 is mapped, chunk 3 not yet.
+        assert!(!page_present(&sr, 16 << 10), "not past the initial size");
+        assert_eq!(sr.ring_size(0), Some(16 << 10));
+        // Past 16 KiB: the ring doubled (first lap) and its new half is mapped.
         let mut r = sr.reader(0).unwrap();
-        while head_of(&r) < chunk as u64 + 64 {
+        while head_of(&r) < (16 << 10) + 64 {
             assert!(w.write_n_aux(5, 0, [0; 7]));
             r.drain(|_, _| {});
         }
-        assert!(page_present(&sr, 2 * chunk + 4096));
-        assert!(!page_present(&sr, 3 * chunk + 4096));
+        assert_eq!(sr.ring_size(0), Some(32 << 10));
+        assert!(page_present(&sr, 28 << 10));
+        assert!(!page_present(&sr, 32 << 10));
+        // Into the 256 KiB chunks: the next one is mapped ahead.
+        while head_of(&r) < (256 << 10) + 64 {
+            assert!(w.write_n_aux(5, 0, [0; 7]));
+            r.drain(|_, _| {});
+        }
+        assert_eq!(sr.ring_size(0), Some(512 << 10));
+        assert!(page_present(&sr, (512 << 10) - 4096));
+        assert!(!page_present(&sr, 512 << 10));
     }
 
     /// Many records of lengths 1..=13 words across ~40 wraps of a 4 KiB ring, drained every few
@@ -1766,6 +2458,7 @@ mod tests {
         let (sr, fd) = SharedRings::create(RingConfig {
             nr_rings: 4,
             ring_bytes: 16384,
+            budget_bytes: 0,
         })
         .unwrap();
         // Inherited across exec: no FD_CLOEXEC.
@@ -1795,6 +2488,7 @@ mod tests {
         let (sr, fd) = SharedRings::create(RingConfig {
             nr_rings: 2,
             ring_bytes: 4096,
+            budget_bytes: 0,
         })
         .unwrap();
         let (child, status) = fork_child(fd.as_raw_fd(), 1, 4242, false);
@@ -1811,6 +2505,7 @@ mod tests {
         let (_sr, fd) = SharedRings::create(RingConfig {
             nr_rings: 1,
             ring_bytes: 4096,
+            budget_bytes: 0,
         })
         .unwrap();
         let err = sys::ftruncate(fd.as_fd(), 4096).unwrap_err();
@@ -1835,6 +2530,7 @@ mod tests {
         let cfg = RingConfig {
             nr_rings: 2,
             ring_bytes: 8192,
+            budget_bytes: 0,
         };
         let total = cfg.total_bytes().unwrap();
         assert_eq!(total, HEADER_BYTES + 4096 + 2 * 8192);
@@ -1843,7 +2539,7 @@ mod tests {
         assert!(matches!(err, RingError::TooSmall { len: 100 }), "{err:?}");
         assert_eq!(
             err.to_string(),
-            "ring memfd is 100 bytes, smaller than the 159744-byte header: \
+            "ring memfd is 100 bytes, smaller than the 163840-byte header: \
              not an ftprobe ring buffer"
         );
 
@@ -1890,7 +2586,8 @@ mod tests {
 
         // And the same header at the right size attaches.
         let ok = SharedRings::attach(raw_memfd(total, &hdr).as_fd()).unwrap();
-        assert_eq!(ok.config(), cfg);
+        assert_eq!(ok.config(), sr.config());
+        assert_eq!(ok.config().budget_bytes, 2 * 8192);
         assert_eq!(ok.clock(), sr.clock());
     }
 
@@ -1900,6 +2597,7 @@ mod tests {
             let err = SharedRings::create(RingConfig {
                 nr_rings,
                 ring_bytes,
+                budget_bytes: 0,
             })
             .unwrap_err();
             assert!(
@@ -1922,10 +2620,15 @@ mod tests {
         assert!(sr.claim(104, COMM).is_none());
         assert_eq!(sr.claimed(), 3);
         assert_eq!(sr.lost_no_ring(), 0);
+        let (s103, s104) = (sr.lost_slot(103), sr.lost_slot(104));
+        assert_eq!((s103, s104, sr.lost_slot(103)), (0, 1, 0));
         for _ in 0..5 {
-            sr.note_lost_no_ring();
+            sr.note_lost_no_ring(s103);
         }
-        assert_eq!(sr.lost_no_ring(), 5);
+        sr.note_lost_no_ring(s104);
+        sr.note_lost_no_ring(u32::MAX);
+        assert_eq!(sr.lost_no_ring(), 7);
+        assert_eq!(sr.lost_by_tid(), vec![(103, 5), (104, 1)]);
         // Each writer has its own ring.
         for (t, w) in ws.iter().enumerate() {
             assert!(w.unwrap().write(1, &[t as u64]));
@@ -2026,7 +2729,8 @@ mod tests {
         assert!(w.write(1, &[3]));
         assert_eq!(drain_all(&mut r), vec![(1, vec![3])]);
         // A head more than a ring ahead.
-        w.desc.head.store(head_of(&r) + 10_000, Relaxed);
+        w.desc().head.store(head_of(&r) + 10_000, Relaxed);
+        w.desc().reserved.store(head_of(&r), Relaxed);
         assert_eq!(drain_all(&mut r), vec![]);
         assert_eq!(r.corrupt_bytes(), 24 + 10_000);
         assert!(w.write(1, &[4]));
@@ -2075,5 +2779,205 @@ mod tests {
             drain_all(&mut sr.reader(0).unwrap()),
             vec![(5, vec![1, 2, 3])]
         );
+    }
+
+    /// A nested writer ("a signal handler" of the owner thread) at each point of a write:
+    /// both records are published, whole, in the order they reserved, by the outermost
+    /// commit at the latest; nothing is left reserved and unpublished, nothing stuck.
+    #[test]
+    fn a_write_interrupted_at_each_point_by_a_nested_one() {
+        fn nested(w: &RingWriter<'_>) {
+            assert!(w.write3(9, 90, 91, 92));
+        }
+        let points = [
+            hook::BEGUN,
+            hook::RESERVING,
+            hook::RESERVED,
+            hook::FILLED,
+            hook::COMMIT_LOADED,
+            hook::PUBLISHED,
+            hook::UNNESTED,
+        ];
+        for p in points {
+            let sr = rings(1, 4096);
+            let w = sr.claim(1, COMM).unwrap();
+            let mut r = sr.reader(0).unwrap();
+            hook::AT.set((p, Some(nested)));
+            assert!(w.write3(1, 10, 11, 12), "point {p}");
+            assert_eq!(hook::AT.get().0, 0, "point {p} fired");
+            let got = drain_all(&mut r);
+            // Before the outer reserved, the nested record comes first.
+            let (outer, inner) = ((1, vec![10, 11, 12]), (9, vec![90, 91, 92]));
+            let want = if p <= hook::RESERVING {
+                vec![inner, outer]
+            } else {
+                vec![outer, inner]
+            };
+            assert_eq!(got, want, "point {p}");
+            assert_eq!(w.nesting(), 0, "point {p}");
+            assert_eq!(head_of(&r), w.desc().reserved.load(Relaxed), "point {p}");
+            assert_eq!((r.lost(), r.corrupt_bytes()), (0, 0), "point {p}");
+            // The ring goes on.
+            assert!(w.write3(2, 3, 4, 5));
+            assert_eq!(drain_all(&mut r), vec![(2, vec![3, 4, 5])], "point {p}");
+        }
+    }
+
+    /// The wrap rule under nesting: the outer write pads to the end and goes to offset 0, a
+    /// nested one interrupts it between its reservation and its padding word, or before its
+    /// reservation (then the nested one wraps). Every record is read whole, in order.
+    #[test]
+    fn wrap_under_nesting() {
+        fn nested(w: &RingWriter<'_>) {
+            assert!(w.write(9, &[7; 5]));
+        }
+        for p in [hook::RESERVING, hook::RESERVED, hook::FILLED] {
+            let sr = rings(1, 4096);
+            let w = sr.claim(1, COMM).unwrap();
+            let mut r = sr.reader(0).unwrap();
+            // A whole lap, then one word: the second lap (the size is fixed); then up to
+            // 16 bytes before the end; all read.
+            assert!(w.write(1, &[0; 511]));
+            assert_eq!(drain_all(&mut r).len(), 1);
+            assert!(w.write(1, &[]));
+            assert_eq!(drain_all(&mut r).len(), 1);
+            assert!(w.write(1, &[0; 508]));
+            assert_eq!(drain_all(&mut r).len(), 1);
+            assert_eq!(head_of(&r) % 4096, 4080);
+            hook::AT.set((p, Some(nested)));
+            // 4 words do not fit in the last 2: padding, then offset 0.
+            assert!(w.write3(2, 1, 2, 3), "point {p}");
+            let got = drain_all(&mut r);
+            let (outer, inner) = ((2, vec![1, 2, 3]), (9, vec![7; 5]));
+            let want = if p == hook::RESERVING {
+                vec![inner, outer]
+            } else {
+                vec![outer, inner]
+            };
+            assert_eq!(got, want, "point {p}");
+            assert_eq!((r.lost(), r.corrupt_bytes(), w.nesting()), (0, 0, 0));
+        }
+    }
+
+    /// On the ring's first lap a nested writer that does not fit before the end drops its
+    /// record (it never wraps nor grows the ring: only the outermost does); the outer one
+    /// grows the ring and goes on.
+    #[test]
+    fn a_nested_writer_never_makes_the_first_wrap() {
+        fn nested(w: &RingWriter<'_>) {
+            assert!(!w.write(9, &[7; 5]));
+        }
+        let sr = rings(1, 1 << 16);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(sr.ring_size(0), Some(16 << 10));
+        assert!(w.write(1, &[0; 2045])); // 16384 - 16 bytes
+        hook::AT.set((hook::BEGUN, Some(nested)));
+        assert!(w.write3(2, 1, 2, 3));
+        assert_eq!(sr.ring_size(0), Some(32 << 10));
+        let got = drain_all(&mut r);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1], (2, vec![1, 2, 3]));
+        assert_eq!((r.lost(), r.corrupt_bytes()), (1, 0));
+    }
+
+    /// A repair after the nested writer was abandoned (its handler jumped out) with the outer
+    /// one still live: the nest count goes back, the reserve pointer back to where the nested
+    /// one began; the outer commit publishes only the outer records.
+    #[test]
+    fn abandon_rewinds_to_the_abandoned_writer() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        let l0 = w.begin();
+        assert_eq!(l0, 0);
+        assert!(w.in_section().write3(1, 1, 1, 1));
+        let at = w.reserved();
+        let l1 = w.begin();
+        assert_eq!(l1, 1);
+        assert!(w.in_section().write3(9, 9, 9, 9)); // then abandoned
+        w.abandon(1, at);
+        assert_eq!(w.nesting(), 1);
+        assert!(w.in_section().write3(2, 2, 2, 2));
+        w.commit();
+        assert_eq!(
+            drain_all(&mut r),
+            vec![(1, vec![1, 1, 1]), (2, vec![2, 2, 2])]
+        );
+        // Everything abandoned: back to head.
+        w.begin();
+        assert!(w.in_section().write3(3, 3, 3, 3));
+        w.abandon(0, 0);
+        assert_eq!(w.nesting(), 0);
+        assert!(w.write3(4, 4, 4, 4));
+        assert_eq!(drain_all(&mut r), vec![(4, vec![4, 4, 4])]);
+        assert_eq!(r.corrupt_bytes(), 0);
+    }
+
+    /// A ring released by its owner is freed only once read to the end; then another thread
+    /// claims it, from a clean start, and a reader left from before (its tail ahead of the
+    /// new owner's head) reads nothing rather than garbage.
+    #[test]
+    fn rings_are_freed_after_their_owner_released_them_and_reused() {
+        let sr = rings(1, 1 << 16);
+        let w = sr.claim(100, COMM).unwrap();
+        let mut old = sr.reader(0).unwrap();
+        for i in 0..1000u64 {
+            assert!(w.write3(1, i, i, i));
+        }
+        assert_eq!(sr.ring_size(0), Some(32 << 10), "grew on its first lap");
+        let used = sr.budget_used();
+        assert!(sr.claim(101, COMM).is_none(), "one ring, owned");
+        assert_eq!(sr.free_released(0), None, "not released");
+        sr.release(w);
+        assert_eq!(sr.owner(0).map(|o| (o.0, o.2)), Some((100, true)));
+        assert_eq!(sr.free_released(0), None, "not read yet");
+        let freed = sr.freed();
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(drain_all(&mut r).len(), 1000);
+        let (tid, comm, lost) = sr.free_released(0).unwrap();
+        assert_eq!((tid, comm, lost), (100, COMM, 0));
+        assert_eq!(sr.freed(), freed + 1);
+        assert_eq!(sr.budget_used(), used - (32 << 10));
+        assert_eq!(sr.owner(0), None);
+        assert_eq!(resident_pages(&sr, 0, 0, 1 << 16), 0, "its pages are gone");
+        // A new owner starts clean.
+        let w2 = sr.claim(101, *b"second\0\0\0\0\0\0\0\0\0\0").unwrap();
+        assert_eq!(sr.ring_size(0), Some(16 << 10));
+        assert!(w2.write3(2, 7, 8, 9));
+        assert_eq!(sr.owner(0).map(|o| (o.0, o.2)), Some((101, false)));
+        // `old` read up to 1000 records' worth before: the new head is behind its tail.
+        let old_tail = old.tail;
+        old.tail = 32_000;
+        assert_eq!(drain_all(&mut old), vec![]);
+        assert_eq!(old.corrupt_bytes(), 0);
+        old.tail = old_tail;
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(drain_all(&mut r), vec![(2, vec![7, 8, 9])]);
+    }
+
+    /// The bulk drain hands out the records as the ring holds them, padding left out, and
+    /// skips what does not parse.
+    #[test]
+    fn drain_raw_copies_whole_records() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        assert!(w.write(1, &[0; 500]));
+        let mut buf = Vec::new();
+        assert_eq!(r.drain_raw(&mut buf), 1);
+        assert_eq!(buf.len(), 501);
+        assert!(w.write3_aux(2, 5, 1, 2, 3)); // fits before the end
+        assert!(w.write(3, &[4; 20])); // padding, then offset 0
+        buf.clear();
+        assert_eq!(r.drain_raw(&mut buf), 2);
+        assert_eq!(
+            buf[..4],
+            [record_header_aux(4, 2, 5), 1, 2, 3],
+            "first record"
+        );
+        assert_eq!(buf[4], record_header(21, 3));
+        assert_eq!(buf.len(), 4 + 21);
+        assert_eq!(r.corrupt_bytes(), 0);
     }
 }

@@ -1,15 +1,25 @@
 //! The trace buffer of this process (kernel/trace/trace.c's global buffer): the shared rings,
 //! and this thread's ring, claimed on its first event. Used by every tracer (function tracer,
-//! kprobe events). Probe path: no allocation, no lock.
+//! function_graph, kprobe events). Probe path: no allocation, no lock.
 //!
-//! A thread claims its ring with two raw syscalls (`gettid`, `prctl(PR_GET_NAME)`); when no
-//! ring is free its events are counted in the header's `lost_no_ring`. After `fork` the
-//! child's thread claims a ring of its own (one producer per ring).
+//! A thread claims a free ring with two raw syscalls (`gettid`, `prctl(PR_GET_NAME)`), with
+//! its signals blocked meanwhile (so that a handler's event cannot claim a second one); when
+//! no ring is free its events are counted in the header's `lost_no_ring` and in its own entry
+//! of the lost table. The claim gives the thread a value for a pthread key whose destructor,
+//! when the thread ends, closes its function_graph calls and releases the ring for the reader
+//! to free and another thread to claim. After `fork` the child's thread claims a ring of its
+//! own.
+//!
+//! Every write goes through a writer section (`begin` ... `end`): the ring's nesting
+//! (`RingWriter::begin`/`commit`: a signal handler that interrupts a section writes its own
+//! records into the same ring, published with the outermost section's commit), and
+//! `ThreadState::writing`, the innermost section's stack pointer and level, from which a
+//! repair after a non-local exit finds the sections abandoned (`crate::probe_state`).
 
 use std::sync::OnceLock;
 
 use crate::probe_state::{self, stack_pointer, Entry, ThreadRing, ThreadState};
-use crate::ring::{self, RingWriter, SharedRings};
+use crate::ring::{self, RingWriter, SectionWriter, SharedRings};
 use crate::sys;
 
 /// Record types written into the rings.
@@ -46,6 +56,7 @@ pub fn set_buffer(rings: SharedRings) -> bool {
     if RINGS.set(rings).is_err() {
         return false;
     }
+    init_ring_key();
     // SAFETY: registers a plain extern "C" callback; pthread_atfork has no other contract.
     unsafe { libc::pthread_atfork(None, None, Some(forget_ring_in_child)) };
     true
@@ -67,111 +78,267 @@ pub fn this_thread_ring() -> Option<RingWriter<'static>> {
 fn ring_of(t: &ThreadState) -> Option<RingWriter<'static>> {
     match t.ring.get() {
         ThreadRing::Claimed(w) => Some(w),
-        ThreadRing::NoneFree => {
-            if let Some(r) = RINGS.get() {
-                r.note_lost_no_ring();
+        _ => no_ring(t),
+    }
+}
+
+/// Probe path, a thread without a ring: claim one (its first event, or a ring was freed since
+/// it last found none), else count the event as lost.
+#[cold]
+#[inline(never)]
+fn no_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
+    let rings = RINGS.get()?;
+    let slot = match t.ring.get() {
+        ThreadRing::Claimed(w) => return Some(w),
+        ThreadRing::Unclaimed => None,
+        ThreadRing::NoneFree { slot, freed } => (rings.freed() == freed).then_some(slot),
+        ThreadRing::Ended { slot } if slot != u32::MAX => Some(slot),
+        ThreadRing::Ended { .. } => {
+            let slot = rings.lost_slot(sys::gettid());
+            t.ring.set(ThreadRing::Ended { slot });
+            Some(slot)
+        }
+    };
+    if let Some(slot) = slot {
+        rings.note_lost_no_ring(slot);
+        return None;
+    }
+    match claim_ring(t, rings) {
+        Some(w) => Some(w),
+        None => {
+            if let ThreadRing::NoneFree { slot, .. } = t.ring.get() {
+                rings.note_lost_no_ring(slot);
             }
             None
         }
-        ThreadRing::Unclaimed => claim_ring(t),
     }
 }
 
-/// What a kprobe event does with a hit ([`event_ring`]).
-pub enum EventRing {
-    /// Record into this ring; the guard ends the write (drop it after publishing).
-    Ring(RingWriter<'static>, WriteGuard),
-    /// No ring for this thread (counted in `lost_no_ring`): the hit counts, its record is lost.
-    NoRing,
-    /// Another write into this thread's ring is in progress (a signal handler interrupted
-    /// it): the hit counts, its record is lost (counted in `lost_recursion`).
-    Busy,
-}
-
-/// The thread's write into its ring is in progress while this lives ([`event_ring`]).
-pub struct WriteGuard(&'static ThreadState);
-
-impl Drop for WriteGuard {
-    fn drop(&mut self) {
-        self.0.writing.set(0);
-    }
-}
-
-/// Take the one-writer guard of this thread's ring (its frame's stack pointer `sp`), after
-/// repairing what a non-local exit left; `false` when a write is in progress.
+/// Open a writer section on `w` at stack pointer `sp`: its level, or `None` (the event
+/// counted in `lost_recursion`) when [`MAX_NEST`] sections are open already.
 #[inline(always)]
-fn begin_write(t: &ThreadState, sp: u64) -> bool {
-    let _ = t.enter(Entry::Here(sp));
-    if t.writing.get() != 0 {
+fn begin_section(t: &ThreadState, w: RingWriter<'static>, sp: u64) -> Option<u32> {
+    let level = w.begin();
+    if level != 0 {
+        return begin_nested(t, w, sp, level);
+    }
+    // The outermost: it nests in nothing (`level_prev[0]` is never read) and a repair of it
+    // goes back to the ring's `head` (no reserve pointer to keep).
+    t.writing.set(sp & !7);
+    Some(0)
+}
+
+/// [`begin_section`] of a nested section (a signal handler's, inside a write).
+#[cold]
+#[inline(never)]
+fn begin_nested(t: &ThreadState, w: RingWriter<'static>, sp: u64, level: u32) -> Option<u32> {
+    let (Some(prev), Some(res)) = (
+        t.level_prev.get(level as usize),
+        t.level_reserved.get(level as usize),
+    ) else {
+        w.commit();
         if let Some(b) = RINGS.get() {
             b.note_lost_recursion(1);
         }
-        return false;
-    }
-    t.writing.set(sp);
-    true
+        return None;
+    };
+    prev.set(t.writing.get());
+    res.set(w.reserved());
+    t.writing.set((sp & !7) | u64::from(level));
+    Some(level)
 }
 
-/// Probe path, kprobe events: this thread's ring, or why there is none; one TLS access.
-#[inline]
-pub fn event_ring() -> EventRing {
-    let t = probe_state::this_thread();
-    if !begin_write(t, stack_pointer()) {
-        return EventRing::Busy;
-    }
-    match ring_of(t) {
-        Some(w) => {
-            t.write_mark.set(w.mark());
-            EventRing::Ring(w, WriteGuard(t))
-        }
-        None => {
-            t.writing.set(0);
-            EventRing::NoRing
-        }
-    }
-}
-
-/// Probe path, the function tracer's: calls `f` with this thread's ring unless a tracer is
-/// already writing into it on this thread (a signal handler interrupted the function tracer
-/// or a kprobe event, or their own code called a traced function): then nothing is written
-/// and one event is counted in the buffer's `lost_recursion`. One TLS access for the guard
-/// and the ring together.
+/// Close the section at `level`: commit (the outermost publishes), then restore `writing`.
 #[inline(always)]
-pub fn with_ring_guarded(f: impl FnOnce(RingWriter<'static>)) {
-    with_ring_guarded_of(probe_state::this_thread(), f)
+fn end_section(t: &ThreadState, w: RingWriter<'static>, level: u32) {
+    w.commit();
+    let prev = if level == 0 {
+        0
+    } else {
+        t.level_prev.get(level as usize).map_or(0, |c| c.get())
+    };
+    t.writing.set(prev);
+}
+
+/// Probe path, the tracers': calls `f` with this thread's ring inside a writer section (a
+/// signal handler that interrupts it writes its own records, nested: module docs). Nothing
+/// is written when the thread has no ring (counted in `lost_no_ring`) or sections nest too
+/// deep (counted in `lost_recursion`). One TLS access for the state and the ring together.
+#[inline(always)]
+pub fn with_ring_guarded(f: impl FnOnce(SectionWriter<'static>)) {
+    with_ring_guarded_of(probe_state::this_thread(), f);
 }
 
 /// [`with_ring_guarded`] for thread state `t` (no TLS access).
+/// Returns whether `f` ran.
 #[inline(always)]
-pub(crate) fn with_ring_guarded_of(t: &ThreadState, f: impl FnOnce(RingWriter<'static>)) {
-    if !begin_write(t, stack_pointer()) {
-        return;
-    }
-    if let Some(w) = ring_of(t) {
-        t.write_mark.set(w.mark());
-        f(w);
-    }
-    t.writing.set(0);
+pub(crate) fn with_ring_guarded_of(
+    t: &ThreadState,
+    f: impl FnOnce(SectionWriter<'static>),
+) -> bool {
+    let sp = stack_pointer();
+    let _ = t.enter(Entry::Here(sp));
+    let Some(w) = ring_of(t) else {
+        return false;
+    };
+    let Some(level) = begin_section(t, w, sp) else {
+        return false;
+    };
+    f(w.in_section());
+    end_section(t, w, level);
+    true
 }
 
-/// Probe path, first event of a thread: claim its ring. Out of line and cold, so that the
-/// hot path's stack frame stays small (probes may run on small signal stacks).
-#[cold]
-#[inline(never)]
-fn claim_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
-    let rings = RINGS.get()?;
-    let state = match rings.claim(sys::gettid(), sys::thread_comm()) {
-        Some(w) => ThreadRing::Claimed(w),
-        None => ThreadRing::NoneFree,
-    };
-    t.ring.set(state);
-    match state {
-        ThreadRing::Claimed(w) => Some(w),
-        _ => {
-            rings.note_lost_no_ring();
-            None
+/// A writer section open on this thread's ring ([`event_section`]); dropping it closes the
+/// section (the outermost publishes).
+/// Small: it lives in the event's frame (the writer is the thread's, looked up again).
+pub struct EventSection {
+    t: &'static ThreadState,
+    level: u32,
+}
+
+impl EventSection {
+    /// The writer, inside the section.
+    #[inline(always)]
+    pub fn writer(&self) -> Option<SectionWriter<'static>> {
+        match self.t.ring.get() {
+            ThreadRing::Claimed(w) => Some(w.in_section()),
+            _ => None,
         }
     }
+}
+
+impl Drop for EventSection {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // The ring a section began on stays the thread's until the thread ends.
+        if let ThreadRing::Claimed(w) = self.t.ring.get() {
+            end_section(self.t, w, self.level);
+        }
+    }
+}
+
+/// Probe path, kprobe events: a writer section on this thread's ring, or `None` (no ring,
+/// or sections nested too deep: the hit counts, its record is lost). Not a closure as
+/// [`with_ring_guarded`] takes: the event's code then stays in its caller's frame, which
+/// matters on a small signal stack; and out of line itself, so that its own locals (the
+/// repair check, a first event's claim) are not in that frame.
+#[inline(never)]
+pub fn event_section() -> Option<EventSection> {
+    let t = probe_state::this_thread();
+    let sp = stack_pointer();
+    let _ = t.enter(Entry::Here(sp));
+    let w = ring_of(t)?;
+    let level = begin_section(t, w, sp)?;
+    Some(EventSection { t, level })
+}
+
+/// Probe path, first event of a thread (or a retry after a ring was freed): claim a ring,
+/// with every signal blocked (one claim per thread, even when a handler's event comes
+/// meanwhile). Inlined into [`no_ring`], which is out of line and cold, so that the hot
+/// path's stack frame stays small and the first event's adds one frame (probes may run on
+/// small signal stacks).
+#[inline(always)]
+fn claim_ring(t: &ThreadState, rings: &'static SharedRings) -> Option<RingWriter<'static>> {
+    let all: u64 = !0;
+    let mut old: u64 = 0;
+    // SAFETY: rt_sigprocmask(SIG_BLOCK, &all, &old, 8) reads and writes 8 bytes each.
+    unsafe {
+        sys::raw_syscall4(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK as u64,
+            &all as *const u64 as u64,
+            &mut old as *mut u64 as u64,
+            8,
+        )
+    };
+    let state = match t.ring.get() {
+        // A handler claimed between our look and the block.
+        ThreadRing::Claimed(w) => ThreadRing::Claimed(w),
+        ThreadRing::Ended { slot } => ThreadRing::Ended { slot },
+        prior => {
+            let tid = sys::gettid();
+            // Taken before the claim: a ring freed after this is seen by the next retry.
+            let freed = rings.freed();
+            match rings.claim(tid, sys::thread_comm()) {
+                Some(w) => {
+                    note_thread_ring();
+                    ThreadRing::Claimed(w)
+                }
+                None => ThreadRing::NoneFree {
+                    slot: match prior {
+                        ThreadRing::NoneFree { slot, .. } => slot,
+                        _ => rings.lost_slot(tid),
+                    },
+                    freed,
+                },
+            }
+        }
+    };
+    t.ring.set(state);
+    // SAFETY: rt_sigprocmask(SIG_SETMASK, &old, NULL, 8) reads 8 bytes.
+    unsafe {
+        sys::raw_syscall4(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK as u64,
+            &old as *const u64 as u64,
+            0,
+            8,
+        )
+    };
+    match state {
+        ThreadRing::Claimed(w) => Some(w),
+        _ => None,
+    }
+}
+
+/// The pthread key whose destructor releases a thread's ring (`u64::MAX`: none).
+static RING_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// glibc keeps the values of the first 32 keys in the thread descriptor: a
+/// `pthread_setspecific` of one allocates nothing and takes no lock (the probe path may).
+const KEYS_IN_DESCRIPTOR: libc::pthread_key_t = 32;
+
+/// Control path, with the buffer: create the key (`release_at_exit` is its destructor).
+fn init_ring_key() {
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: pthread_key_create writes key; the destructor has the C signature.
+    let r = unsafe { libc::pthread_key_create(&mut key, Some(release_at_exit)) };
+    if r == 0 && key < KEYS_IN_DESCRIPTOR {
+        RING_KEY.store(u64::from(key), std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Probe path (a claim): give this thread a value for the key, so that its destructor runs
+/// when the thread ends.
+fn note_thread_ring() {
+    let k = RING_KEY.load(std::sync::atomic::Ordering::Acquire);
+    if k != u64::MAX {
+        // SAFETY: a key of the first block (see KEYS_IN_DESCRIPTOR): a store in this
+        // thread's descriptor, async-signal-safe in practice; the value is never
+        // dereferenced.
+        unsafe { libc::pthread_setspecific(k as libc::pthread_key_t, std::ptr::dangling()) };
+    }
+}
+
+/// The key's destructor, in the ending thread (glibc's `start_thread`): close the thread's
+/// function_graph calls (their records go into the ring), then release the ring. Events
+/// after this are counted as lost for the thread (`ThreadRing::Ended`).
+unsafe extern "C" fn release_at_exit(_: *mut libc::c_void) {
+    release_this_thread();
+}
+
+/// Release this thread's ring (its end): see `release_at_exit`.
+pub fn release_this_thread() {
+    let t = probe_state::this_thread();
+    let Some(rings) = RINGS.get() else { return };
+    let ThreadRing::Claimed(w) = t.ring.get() else {
+        return;
+    };
+    crate::ftrace::fgraph::thread_ending(t);
+    // The thread's last sections are closed (a destructor runs outside any probe).
+    t.ring.set(ThreadRing::Ended { slot: u32::MAX });
+    rings.release(w);
 }
 
 /// Probe path: timestamp and CPU for an event.
@@ -188,9 +355,9 @@ pub fn cpu() -> u32 {
 }
 
 /// Control path: write `text` as [`rtype::TEXT`] records of kind `kind` (split in pieces of
-/// at most 4 KiB) into this thread's ring, under the ring's one-writer guard (a caller in a
-/// signal handler that interrupted a write writes nothing: `false`). The records are built
-/// before the guard is taken, so that a traced `malloc` is not counted as lost.
+/// at most 4 KiB) into this thread's ring, in one writer section (`false`: some did not
+/// fit, or the thread has no ring). The records are built before the section begins, so that
+/// a traced `malloc` does not nest in it.
 pub fn write_text(kind: u32, text: &str) -> bool {
     let records: Vec<Vec<u64>> = text
         .as_bytes()
@@ -206,15 +373,8 @@ pub fn write_text(kind: u32, text: &str) -> bool {
                 .collect()
         })
         .collect();
-    let t = probe_state::this_thread();
-    if !begin_write(t, stack_pointer()) {
-        return false;
-    }
-    let ok = ring_of(t).is_some_and(|w| {
-        t.write_mark.set(w.mark());
-        records.iter().all(|r| w.write_aux(rtype::TEXT, kind, r))
-    });
-    t.writing.set(0);
+    let mut ok = false;
+    with_ring_guarded(|w| ok = records.iter().all(|r| w.write_aux(rtype::TEXT, kind, r)));
     ok
 }
 
@@ -223,15 +383,19 @@ mod tests {
     use super::*;
     use crate::ring::RingConfig;
 
-    /// A write left by a non-local exit (here a panic that unwinds out of the closure, as a
+    /// A section left by a non-local exit (here a panic that unwinds out of it, as a
     /// `siglongjmp` out of a signal handler leaves it) is counted as lost by the next entry's
-    /// repair only if its record was not published: a jump between the publish and the
-    /// guard's release counted a recorded event as lost too.
+    /// repair only if it had not committed: a jump between the commit and the restore of
+    /// `writing` must not count a recorded event as lost. And a nested section abandoned
+    /// inside a live one (a handler that jumped back into the handler it interrupted) leaves
+    /// the ring neither stuck nor corrupt: its record is never published, the live one's
+    /// records are, and the ring goes on.
     #[test]
     fn a_write_published_before_a_jump_out_is_not_counted_as_lost() {
         let (rings, _fd) = SharedRings::create_uncalibrated(RingConfig {
             nr_rings: 4,
             ring_bytes: 1 << 16,
+            budget_bytes: 0,
         })
         .unwrap();
         // The only test of this binary that sets the buffer.
@@ -239,34 +403,70 @@ mod tests {
         let b = buffer().unwrap();
         std::thread::spawn(move || {
             let lost = || b.lost_recursion();
-            let abandon = |publish: bool| {
+            // A section: its record written, committed if `commit`, then a jump out (before
+            // `writing` is restored).
+            let abandon = |commit: bool, x: u64| {
                 let r = std::panic::catch_unwind(|| {
-                    with_ring_guarded(|w| {
-                        if publish {
-                            assert!(w.write3(rtype::FUNC, 1, 2, 3));
-                        }
-                        panic!("a jump out of the write");
-                    })
+                    // Deeper than any frame of `write_one`, as a signal handler's frames are
+                    // below the code it interrupted.
+                    let pad = std::hint::black_box([0u8; 4096]);
+                    let t = probe_state::this_thread();
+                    let sp = stack_pointer();
+                    std::hint::black_box(&pad);
+                    let _ = t.enter(Entry::Here(sp));
+                    let w = ring_of(t).unwrap();
+                    begin_section(t, w, sp).unwrap();
+                    assert!(w.in_section().write3(rtype::FUNC, x, x, x));
+                    if commit {
+                        w.commit();
+                    }
+                    panic!("a jump out of the write");
                 });
                 assert!(r.is_err());
             };
-            let write_one = || with_ring_guarded(|w| assert!(w.write3(rtype::FUNC, 4, 5, 6)));
+            let write_one = |x: u64| with_ring_guarded(|w| assert!(w.write3(rtype::FUNC, x, x, x)));
             let mut reader = b.reader(0).unwrap();
             let mut records = || {
-                let mut n = 0;
-                reader.drain(|_, _| n += 1);
-                n
+                let mut got = Vec::new();
+                reader.drain(|_, w| got.push(w[0]));
+                got
             };
-            write_one();
-            assert_eq!((records(), lost()), (1, 0));
-            // Published, then abandoned: recorded, not lost.
-            abandon(true);
-            write_one();
-            assert_eq!((records(), lost()), (2, 0), "published and abandoned");
-            // Abandoned before it published: lost.
-            abandon(false);
-            write_one();
-            assert_eq!((records(), lost()), (1, 1), "abandoned unpublished");
+            write_one(1);
+            assert_eq!((records(), lost()), (vec![1], 0));
+            // Committed, then abandoned: recorded, not lost.
+            abandon(true, 2);
+            write_one(3);
+            assert_eq!(
+                (records(), lost()),
+                (vec![2, 3], 0),
+                "committed and abandoned"
+            );
+            // Abandoned before it committed: lost, never published.
+            abandon(false, 4);
+            write_one(5);
+            assert_eq!((records(), lost()), (vec![5], 1), "abandoned uncommitted");
+            // Nested: inside a live section, a nested one is abandoned; then another nested
+            // one, and the outer goes on and commits.
+            with_ring_guarded(|w| {
+                assert!(w.write3(rtype::FUNC, 6, 6, 6));
+                abandon(false, 7);
+                write_one(8);
+                assert!(w.write3(rtype::FUNC, 9, 9, 9));
+            });
+            assert_eq!(
+                (records(), lost()),
+                (vec![6, 8, 9], 2),
+                "a nested section abandoned"
+            );
+            let w = match probe_state::this_thread().ring.get() {
+                ThreadRing::Claimed(w) => w,
+                _ => panic!("no ring"),
+            };
+            assert_eq!(w.nesting(), 0, "not stuck");
+            assert_eq!(probe_state::this_thread().writing.get(), 0);
+            write_one(10);
+            assert_eq!((records(), lost()), (vec![10], 2));
+            assert_eq!(reader.corrupt_bytes(), 0);
         })
         .join()
         .unwrap();

@@ -933,12 +933,10 @@ fn kretprobe_dispatcher(ri: &KretprobeInstance, regs: &PtRegs) -> i32 {
 /// `ret_ip` where it returned to, the last word of the head).
 #[inline(always)]
 fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
-    let (w, _writing) = match trace::event_ring() {
-        trace::EventRing::Ring(w, guard) => (w, guard),
-        trace::EventRing::NoRing | trace::EventRing::Busy => {
-            tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
-            return;
-        }
+    let section = trace::event_section();
+    let Some(w) = section.as_ref().and_then(trace::EventSection::writer) else {
+        tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
+        return;
     };
     let (tsc, cpu) = trace::clock();
     let (head, fixed) = (tk.head_words, tk.fixed_words);
@@ -985,6 +983,7 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
             });
         },
     );
+    drop(section);
     if !written {
         tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
     }

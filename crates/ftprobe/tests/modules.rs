@@ -101,6 +101,7 @@ fn main() {
     let (rings, fd) = SharedRings::create(RingConfig {
         nr_rings: 2,
         ring_bytes: 1 << 16,
+        budget_bytes: 0,
     })
     .unwrap();
     let reader = SharedRings::attach(fd.as_fd()).unwrap();

@@ -40,6 +40,7 @@
 use std::sync::atomic::{compiler_fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::fgraph_unwind as unwind;
+pub(crate) use super::fgraph_unwind::thread_ending;
 use super::{FtraceError, FtraceOps, PtRegs, FTRACE_OPS_FL_GRAPH};
 use crate::arch::x86_64::return_trampoline;
 use crate::arch::x86_64::sites::SitePlace;

@@ -452,6 +452,18 @@ unsafe extern "C" fn thread_exit_dtor(p: *mut libc::c_void) {
     thread_ended(ss);
 }
 
+/// The thread is ending (the trace buffer's key destructor, before it releases the ring):
+/// close every call left now, while the ring can take their records. Nothing when the thread
+/// has no shadow stack or no call open.
+pub(crate) fn thread_ending(t: &probe_state::ThreadState) {
+    if t.fgraph.get().is_null() {
+        return;
+    }
+    if let Some(ss) = shadow_stack(t) {
+        thread_ended(ss);
+    }
+}
+
 /// Close every call of a thread that ended.
 fn thread_ended(ss: &mut ShadowStack) {
     let rettime = crate::ring::read_tsc();
