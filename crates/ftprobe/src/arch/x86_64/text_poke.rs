@@ -33,6 +33,52 @@ pub struct Poke {
     pub new: [u8; 5],
 }
 
+/// What the patching layer has done since the process started: counted with relaxed atomics
+/// outside the probe path (the SIGTRAP handler adds one to `emulated` per site it emulates).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PokeStats {
+    /// Calls of [`text_poke_batch`] that wrote something.
+    pub batches: u64,
+    /// Sites rewritten by those batches (an XRay exit sled counts as one).
+    pub sites: u64,
+    /// Bytes of code stored by them (int3s, tails, first bytes; a failed batch's restores too).
+    pub bytes: u64,
+    /// `membarrier(PRIVATE_EXPEDITED_SYNC_CORE)` calls made by them and by [`poke_byte`].
+    pub sync_core: u64,
+    /// `mprotect` calls made by [`make_writable`].
+    pub mprotect: u64,
+    /// Threads that hit an int3 of a batch in flight and had the site's new instruction
+    /// emulated by the SIGTRAP handler.
+    pub emulated: u64,
+}
+
+static STAT_BATCHES: AtomicU64 = AtomicU64::new(0);
+static STAT_SITES: AtomicU64 = AtomicU64::new(0);
+static STAT_BYTES: AtomicU64 = AtomicU64::new(0);
+static STAT_SYNC_CORE: AtomicU64 = AtomicU64::new(0);
+static STAT_MPROTECT: AtomicU64 = AtomicU64::new(0);
+static STAT_EMULATED: AtomicU64 = AtomicU64::new(0);
+
+/// The counters of [`PokeStats`] as they are now (subtract two readings for one operation).
+pub fn stats() -> PokeStats {
+    // Relaxed: statistics, no ordering with the code they count.
+    PokeStats {
+        batches: STAT_BATCHES.load(Ordering::Relaxed),
+        sites: STAT_SITES.load(Ordering::Relaxed),
+        bytes: STAT_BYTES.load(Ordering::Relaxed),
+        sync_core: STAT_SYNC_CORE.load(Ordering::Relaxed),
+        mprotect: STAT_MPROTECT.load(Ordering::Relaxed),
+        emulated: STAT_EMULATED.load(Ordering::Relaxed),
+    }
+}
+
+/// `sync_core_all_threads`, counted in [`PokeStats::sync_core`].
+fn sync_core() -> Result<(), SyscallError> {
+    // Relaxed: a statistic.
+    STAT_SYNC_CORE.fetch_add(1, Ordering::Relaxed);
+    sys::sync_core_all_threads()
+}
+
 /// Errors of the patching layer.
 #[derive(Debug, thiserror::Error)]
 pub enum TextPokeError {
@@ -136,7 +182,9 @@ pub unsafe fn poke_byte(addr: u64, byte: u8) -> Result<(), TextPokeError> {
     init()?;
     // SAFETY: the caller's contract.
     unsafe { std::ptr::write_volatile(addr as *mut u8, byte) };
-    sys::sync_core_all_threads()?;
+    // Relaxed: a statistic.
+    STAT_BYTES.fetch_add(1, Ordering::Relaxed);
+    sync_core()?;
     Ok(())
 }
 
@@ -448,6 +496,8 @@ pub unsafe fn make_writable(start: u64, len: u64) -> Result<(), TextPokeError> {
     let page = sys::page_size() as u64;
     let lo = start & !(page - 1);
     let hi = (start + len).div_ceil(page) * page;
+    // Relaxed: a statistic.
+    STAT_MPROTECT.fetch_add(1, Ordering::Relaxed);
     // SAFETY: the caller guarantees the range is our mapped code; RWX only adds permissions.
     unsafe {
         sys::mprotect(
@@ -483,6 +533,9 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
         return Ok(());
     }
     init()?;
+    // Relaxed: statistics.
+    STAT_BATCHES.fetch_add(1, Ordering::Relaxed);
+    STAT_SITES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
     let mut batch = Box::new(pokes.to_vec());
     batch.sort_by_key(|p| p.addr);
     let batch = Box::into_raw(batch);
@@ -493,11 +546,13 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
             // SAFETY: see above.
             unsafe { std::ptr::write_volatile(p.addr as *mut u8, INT3) };
         }
-        sys::sync_core_all_threads()?;
+        // Relaxed: a statistic.
+        STAT_BYTES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
+        sync_core()?;
         poke_bytes(pokes, |p| &p.new, 1..SITE_LEN as usize);
-        sys::sync_core_all_threads()?;
+        sync_core()?;
         poke_bytes(pokes, |p| &p.new, 0..1);
-        sys::sync_core_all_threads()
+        sync_core()
     })();
     if result.is_err() {
         // Put every site back as it was, through the same int3-first order; the batch stays
@@ -506,11 +561,13 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
             // SAFETY: see above.
             unsafe { std::ptr::write_volatile(p.addr as *mut u8, INT3) };
         }
-        let _ = sys::sync_core_all_threads();
+        // Relaxed: a statistic.
+        STAT_BYTES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
+        let _ = sync_core();
         poke_bytes(pokes, |p| &p.old, 1..SITE_LEN as usize);
-        let _ = sys::sync_core_all_threads();
+        let _ = sync_core();
         poke_bytes(pokes, |p| &p.old, 0..1);
-        let _ = sys::sync_core_all_threads();
+        let _ = sync_core();
     }
     BATCH.store(std::ptr::null_mut(), Ordering::SeqCst);
     // A handler that incremented HANDLERS_ACTIVE before our store may still read the batch
@@ -525,6 +582,8 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
 
 /// Write bytes `range` of each site's `which` contents.
 fn poke_bytes(pokes: &[Poke], which: fn(&Poke) -> &[u8; 5], range: std::ops::Range<usize>) {
+    // Relaxed: a statistic.
+    STAT_BYTES.fetch_add((pokes.len() * range.len()) as u64, Ordering::Relaxed);
     for p in pokes {
         for i in range.clone() {
             // SAFETY: text_poke_batch's contract: each address is a site in writable code; the
@@ -641,6 +700,8 @@ fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
     HANDLERS_ACTIVE.fetch_sub(1, Ordering::SeqCst);
     match found {
         Some(p) => {
+            // Relaxed: a statistic (an atomic add: async-signal-safe).
+            STAT_EMULATED.fetch_add(1, Ordering::Relaxed);
             emulate(uc, &p);
             true
         }
