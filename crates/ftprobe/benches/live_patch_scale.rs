@@ -43,6 +43,27 @@ fn diff(a: PokeStats, b: PokeStats) -> PokeStats {
     }
 }
 
+/// CPU time of the calling thread, ms.
+fn cpu_ms() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+}
+
+/// Register then unregister the tracer: (wall ms, CPU ms) of each.
+fn cycle_times() -> [(f64, f64); 2] {
+    let (t, c) = (Instant::now(), cpu_ms());
+    ftrace::register_ftrace_function(&TRACER).expect("register");
+    let on = (t.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
+    let (t, c) = (Instant::now(), cpu_ms());
+    ftrace::unregister_ftrace_function(&TRACER).expect("unregister");
+    [on, (t.elapsed().as_secs_f64() * 1e3, cpu_ms() - c)]
+}
+
 fn ms_stats(mut v: Vec<f64>) -> String {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let mean = v.iter().sum::<f64>() / v.len() as f64;
@@ -88,13 +109,15 @@ fn main() {
     let mut w = scale::Workers::start(THREADS, walk);
     let limit = Duration::from_secs(60);
     let (mut on, mut off) = (Vec::new(), Vec::new());
+    let (mut on_cpu, mut off_cpu) = (Vec::new(), Vec::new());
     let (mut on_stats, mut off_stats) = (PokeStats::default(), PokeStats::default());
     let (mut emul_on, mut emul_off) = (0, 0);
     for cycle in 0..CYCLES {
         w.run_walks(THREADS as u64, limit);
-        let (s0, t) = (text_poke::stats(), Instant::now());
+        let (s0, t, c) = (text_poke::stats(), Instant::now(), cpu_ms());
         ftrace::register_ftrace_function(&TRACER).expect("register");
         on.push(t.elapsed().as_secs_f64() * 1e3);
+        on_cpu.push(cpu_ms() - c);
         on_stats = diff(s0, text_poke::stats());
         emul_on += on_stats.emulated;
         let calls0 = w.stop();
@@ -113,9 +136,10 @@ fn main() {
         );
         w.resume();
         w.run_walks(1, limit);
-        let (s0, t) = (text_poke::stats(), Instant::now());
+        let (s0, t, c) = (text_poke::stats(), Instant::now(), cpu_ms());
         ftrace::unregister_ftrace_function(&TRACER).expect("unregister");
         off.push(t.elapsed().as_secs_f64() * 1e3);
+        off_cpu.push(cpu_ms() - c);
         off_stats = diff(s0, text_poke::stats());
         emul_off += off_stats.emulated;
         w.stop();
@@ -125,10 +149,25 @@ fn main() {
         }));
         w.resume();
     }
+    // The same with the threads stopped at their barrier: the cost of the calls themselves,
+    // without 8 runnable threads sharing the CPUs with the caller.
+    w.stop();
+    let (mut idle_on, mut idle_off) = (Vec::new(), Vec::new());
+    for _ in 0..CYCLES {
+        let [a, b] = cycle_times();
+        idle_on.push(a.0);
+        idle_off.push(b.0);
+    }
+    w.resume();
     let calls = w.finish();
     println!("{n} sites, {THREADS} threads walking all of them, {CYCLES} cycles ({calls} calls):");
     println!("  enable  (register_ftrace_function):   {}", ms_stats(on));
+    println!("     its CPU time:                      {}", ms_stats(on_cpu));
     println!("  disable (unregister_ftrace_function): {}", ms_stats(off));
+    println!("     its CPU time:                      {}", ms_stats(off_cpu));
+    println!("  threads stopped at a barrier instead:");
+    println!("  enable:                               {}", ms_stats(idle_on));
+    println!("  disable:                              {}", ms_stats(idle_off));
     for (name, s, e) in [
         ("enable", on_stats, emul_on),
         ("disable", off_stats, emul_off),

@@ -74,7 +74,19 @@ fn chunk_source(n: usize, lo: usize, hi: usize) -> String {
 /// A shared object of `n` tree functions, built (or found built) in `dir`; `Err` says why not.
 /// Returns the path and the seconds spent compiling (0 when it was already built).
 pub fn build(dir: &Path, n: usize, flavour: Flavour) -> Result<(PathBuf, f64), String> {
-    let key = crc32fast::hash(include_bytes!("mod.rs"));
+    let chunks: Vec<(usize, usize)> = (0..n)
+        .step_by(CHUNK)
+        .map(|lo| (lo, (lo + CHUNK).min(n)))
+        .collect();
+    let sources: Vec<String> = chunks
+        .iter()
+        .map(|&(lo, hi)| chunk_source(n, lo, hi))
+        .collect();
+    // Keyed by what is compiled and how.
+    let mut h = crc32fast::Hasher::new();
+    sources.iter().for_each(|s| h.update(s.as_bytes()));
+    h.update(flavour.flags().concat().as_bytes());
+    let key = h.finalize();
     let out = dir.join(format!("scale-{}-{n}-{key:08x}", flavour.name()));
     let so = out.join("libfxscale.so");
     if so.exists() {
@@ -82,17 +94,13 @@ pub fn build(dir: &Path, n: usize, flavour: Flavour) -> Result<(PathBuf, f64), S
     }
     std::fs::create_dir_all(&out).map_err(|e| format!("{out:?}: {e}"))?;
     let t = Instant::now();
-    let chunks: Vec<(usize, usize)> = (0..n)
-        .step_by(CHUNK)
-        .map(|lo| (lo, (lo + CHUNK).min(n)))
-        .collect();
     let jobs = std::thread::available_parallelism().map_or(2, |p| p.get());
     let mut objs = Vec::new();
-    for group in chunks.chunks(jobs) {
+    for group in chunks.iter().zip(&sources).collect::<Vec<_>>().chunks(jobs) {
         let mut children = Vec::new();
-        for &(lo, hi) in group {
+        for &(&(lo, _), source) in group {
             let src = out.join(format!("f{lo}.c"));
-            std::fs::write(&src, chunk_source(n, lo, hi)).map_err(|e| e.to_string())?;
+            std::fs::write(&src, source).map_err(|e| e.to_string())?;
             let obj = out.join(format!("f{lo}.o"));
             let child = Command::new("gcc")
                 .args(["-O1", "-fPIC", "-fno-ipa-icf", "-c"])
