@@ -162,12 +162,24 @@ fn main() {
     let calls = w.finish();
     println!("{n} sites, {THREADS} threads walking all of them, {CYCLES} cycles ({calls} calls):");
     println!("  enable  (register_ftrace_function):   {}", ms_stats(on));
-    println!("     its CPU time:                      {}", ms_stats(on_cpu));
+    println!(
+        "     its CPU time:                      {}",
+        ms_stats(on_cpu)
+    );
     println!("  disable (unregister_ftrace_function): {}", ms_stats(off));
-    println!("     its CPU time:                      {}", ms_stats(off_cpu));
+    println!(
+        "     its CPU time:                      {}",
+        ms_stats(off_cpu)
+    );
     println!("  threads stopped at a barrier instead:");
-    println!("  enable:                               {}", ms_stats(idle_on));
-    println!("  disable:                              {}", ms_stats(idle_off));
+    println!(
+        "  enable:                               {}",
+        ms_stats(idle_on)
+    );
+    println!(
+        "  disable:                              {}",
+        ms_stats(idle_off)
+    );
     for (name, s, e) in [
         ("enable", on_stats, emul_on),
         ("disable", off_stats, emul_off),

@@ -1163,7 +1163,13 @@ impl State {
             .registered
             .iter()
             // SAFETY: registered ops have a live hash, not freed while the lock is held.
-            .map(|&op| (op, unsafe { &*op.hash.load(Ordering::Relaxed) }.as_slice(), 0))
+            .map(|&op| {
+                (
+                    op,
+                    unsafe { &*op.hash.load(Ordering::Relaxed) }.as_slice(),
+                    0,
+                )
+            })
             .collect();
         // The last trampoline looked up: neighbouring sites almost always want the same one.
         let mut last_tramp: Option<((usize, Variant, usize, usize), u64)> = None;

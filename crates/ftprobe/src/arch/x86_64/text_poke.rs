@@ -87,7 +87,9 @@ pub enum TextPokeError {
     Syscall(#[from] SyscallError),
 }
 
-static BATCH: AtomicPtr<Vec<Poke>> = AtomicPtr::new(std::ptr::null_mut());
+/// The batch in flight, sorted by address: a pointer to [`text_poke_batch`]'s local copy of
+/// the slice pointer, null between batches.
+static BATCH: AtomicPtr<*const [Poke]> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLERS_ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// Signals whose handler is ftprobe's (bit `sig`): SIGTRAP, and the fault signals once an
@@ -536,37 +538,47 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
     // Relaxed: statistics.
     STAT_BATCHES.fetch_add(1, Ordering::Relaxed);
     STAT_SITES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
-    let mut batch = Box::new(pokes.to_vec());
-    batch.sort_by_key(|p| p.addr);
-    let batch = Box::into_raw(batch);
-    // Release pairs with the Acquire load in `sigtrap_handler`: the handler sees the whole Vec.
+    // Sorted for the handler's binary search; the callers' batches usually are already (sites
+    // in address order), and are then published as they are, without a copy.
+    let copy: Vec<Poke>;
+    let sorted: &[Poke] = if pokes.is_sorted_by_key(|p| p.addr) {
+        pokes
+    } else {
+        let mut v = pokes.to_vec();
+        v.sort_by_key(|p| p.addr);
+        copy = v;
+        &copy
+    };
+    let published: *const [Poke] = sorted;
+    let batch = &published as *const *const [Poke] as *mut *const [Poke];
+    // Release pairs with the Acquire load in `sigtrap_handler`: the handler sees the whole slice.
     BATCH.store(batch, Ordering::SeqCst);
     let result = (|| {
-        for p in pokes {
+        for p in sorted {
             // SAFETY: see above.
             unsafe { std::ptr::write_volatile(p.addr as *mut u8, INT3) };
         }
         // Relaxed: a statistic.
         STAT_BYTES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
         sync_core()?;
-        poke_bytes(pokes, |p| &p.new, 1..SITE_LEN as usize);
+        poke_bytes(sorted, |p| &p.new, 1..SITE_LEN as usize);
         sync_core()?;
-        poke_bytes(pokes, |p| &p.new, 0..1);
+        poke_bytes(sorted, |p| &p.new, 0..1);
         sync_core()
     })();
     if result.is_err() {
         // Put every site back as it was, through the same int3-first order; the batch stays
         // published meanwhile so a thread that traps is still emulated (as the old bytes now).
-        for p in pokes {
+        for p in sorted {
             // SAFETY: see above.
             unsafe { std::ptr::write_volatile(p.addr as *mut u8, INT3) };
         }
         // Relaxed: a statistic.
         STAT_BYTES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
         let _ = sync_core();
-        poke_bytes(pokes, |p| &p.old, 1..SITE_LEN as usize);
+        poke_bytes(sorted, |p| &p.old, 1..SITE_LEN as usize);
         let _ = sync_core();
-        poke_bytes(pokes, |p| &p.old, 0..1);
+        poke_bytes(sorted, |p| &p.old, 0..1);
         let _ = sync_core();
     }
     BATCH.store(std::ptr::null_mut(), Ordering::SeqCst);
@@ -575,8 +587,7 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
     while HANDLERS_ACTIVE.load(Ordering::SeqCst) != 0 {
         std::thread::yield_now();
     }
-    // SAFETY: `batch` came from Box::into_raw above and no handler can reach it any more.
-    drop(unsafe { Box::from_raw(batch) });
+    // No handler can reach `published` or the slice any more: both may go.
     result.map_err(Into::into)
 }
 
@@ -584,6 +595,15 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
 fn poke_bytes(pokes: &[Poke], which: fn(&Poke) -> &[u8; 5], range: std::ops::Range<usize>) {
     // Relaxed: a statistic.
     STAT_BYTES.fetch_add((pokes.len() * range.len()) as u64, Ordering::Relaxed);
+    if range == (1..SITE_LEN as usize) {
+        for p in pokes {
+            let tail: [u8; 4] = which(p)[1..].try_into().expect("4 bytes");
+            // SAFETY: as below; `[u8; 4]` has alignment 1. The int3 on the first byte keeps
+            // every thread from decoding the tail while it changes, in any store order.
+            unsafe { std::ptr::write_volatile((p.addr as usize + 1) as *mut [u8; 4], tail) };
+        }
+        return;
+    }
     for p in pokes {
         for i in range.clone() {
             // SAFETY: text_poke_batch's contract: each address is a site in writable code; the
@@ -690,9 +710,9 @@ fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
     let batch = BATCH.load(Ordering::SeqCst);
     let mut found = None;
     if !batch.is_null() {
-        // SAFETY: a non-null BATCH points to a live Vec until HANDLERS_ACTIVE drops to zero
-        // after BATCH is cleared (see text_poke_batch).
-        let pokes = unsafe { &*batch };
+        // SAFETY: a non-null BATCH points to text_poke_batch's live slice pointer, and that
+        // to its live slice, until HANDLERS_ACTIVE drops to zero after BATCH is cleared.
+        let pokes = unsafe { &**batch };
         if let Ok(i) = pokes.binary_search_by_key(&addr, |p| p.addr) {
             found = Some(pokes[i]);
         }
