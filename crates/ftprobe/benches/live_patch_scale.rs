@@ -37,6 +37,7 @@ fn diff(a: PokeStats, b: PokeStats) -> PokeStats {
         batches: b.batches - a.batches,
         sites: b.sites - a.sites,
         bytes: b.bytes - a.bytes,
+        pages: b.pages - a.pages,
         sync_core: b.sync_core - a.sync_core,
         mprotect: b.mprotect - a.mprotect,
         emulated: b.emulated - a.emulated,
@@ -185,10 +186,10 @@ fn main() {
         ("disable", off_stats, emul_off),
     ] {
         println!(
-            "  {name}, each: {} batch, {} sites, {} bytes written, {} membarrier \
+            "  {name}, each: {} batch, {} sites, {} bytes written on {} pages, {} membarrier \
              (SYNC_CORE), {} mprotect; hits of an int3 in flight emulated: {e} over the \
              {CYCLES} cycles",
-            s.batches, s.sites, s.bytes, s.sync_core, s.mprotect
+            s.batches, s.sites, s.bytes, s.pages, s.sync_core, s.mprotect
         );
     }
 }

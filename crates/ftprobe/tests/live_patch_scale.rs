@@ -158,6 +158,17 @@ fn main() {
         "3 membarriers a batch"
     );
     assert_eq!(s.mprotect, start.mprotect, "no mprotect while patching");
+    let page = ftprobe::sys::page_size() as u64;
+    let mut pages: Vec<u64> = sites
+        .iter()
+        .flat_map(|ip| [ip / page, (ip + 4) / page])
+        .collect();
+    pages.dedup();
+    assert_eq!(
+        s.pages - start.pages,
+        2 * CYCLES as u64 * pages.len() as u64,
+        "each batch writes on the pages of the sites, each once"
+    );
     println!(
         "live_patch_scale: {} sites ({N_PATCHABLE} patchable + {N_FENTRY} fentry), {THREADS} \
          threads, {CYCLES} cycles: {total} calls, {} hits, {} sites emulated in flight: ok",

@@ -43,6 +43,8 @@ pub struct PokeStats {
     pub sites: u64,
     /// Bytes of code stored by them (int3s, tails, first bytes; a failed batch's restores too).
     pub bytes: u64,
+    /// Pages of code those bytes are on, counted once per batch.
+    pub pages: u64,
     /// `membarrier(PRIVATE_EXPEDITED_SYNC_CORE)` calls made by them and by [`poke_byte`].
     pub sync_core: u64,
     /// `mprotect` calls made by [`make_writable`].
@@ -55,6 +57,7 @@ pub struct PokeStats {
 static STAT_BATCHES: AtomicU64 = AtomicU64::new(0);
 static STAT_SITES: AtomicU64 = AtomicU64::new(0);
 static STAT_BYTES: AtomicU64 = AtomicU64::new(0);
+static STAT_PAGES: AtomicU64 = AtomicU64::new(0);
 static STAT_SYNC_CORE: AtomicU64 = AtomicU64::new(0);
 static STAT_MPROTECT: AtomicU64 = AtomicU64::new(0);
 static STAT_EMULATED: AtomicU64 = AtomicU64::new(0);
@@ -66,6 +69,7 @@ pub fn stats() -> PokeStats {
         batches: STAT_BATCHES.load(Ordering::Relaxed),
         sites: STAT_SITES.load(Ordering::Relaxed),
         bytes: STAT_BYTES.load(Ordering::Relaxed),
+        pages: STAT_PAGES.load(Ordering::Relaxed),
         sync_core: STAT_SYNC_CORE.load(Ordering::Relaxed),
         mprotect: STAT_MPROTECT.load(Ordering::Relaxed),
         emulated: STAT_EMULATED.load(Ordering::Relaxed),
@@ -549,6 +553,19 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
         copy = v;
         &copy
     };
+    // Relaxed: a statistic. Sorted: a page is counted once (a site across two, twice).
+    let page = sys::page_size() as u64;
+    let mut last_page = None;
+    let mut pages = 0;
+    for p in sorted {
+        for pg in [p.addr / page, (p.addr + SITE_LEN - 1) / page] {
+            if last_page != Some(pg) {
+                last_page = Some(pg);
+                pages += 1;
+            }
+        }
+    }
+    STAT_PAGES.fetch_add(pages, Ordering::Relaxed);
     let published: *const [Poke] = sorted;
     let batch = &published as *const *const [Poke] as *mut *const [Poke];
     // Release pairs with the Acquire load in `sigtrap_handler`: the handler sees the whole slice.
