@@ -85,8 +85,8 @@ fn main() {
     HI.store(*sites.last().unwrap(), Ordering::Relaxed);
     // Both objects in one walk: a thread runs the patchable tree, then the fentry tree.
     static ROOTS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
-    ROOTS[0].store(walks[0].1 as u64, Ordering::Relaxed);
-    ROOTS[1].store(walks[1].1 as u64, Ordering::Relaxed);
+    ROOTS[0].store(walks[0].1 as usize as u64, Ordering::Relaxed);
+    ROOTS[1].store(walks[1].1 as usize as u64, Ordering::Relaxed);
     unsafe extern "C" fn both(c: *mut u64) {
         for r in &ROOTS {
             // SAFETY: a generated root, `void fx_f0(unsigned long *)`.

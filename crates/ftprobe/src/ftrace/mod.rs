@@ -1162,13 +1162,11 @@ impl State {
         let mut hashes: Vec<(&'static FtraceOps, &[u64], usize)> = self
             .registered
             .iter()
-            // SAFETY: registered ops have a live hash, not freed while the lock is held.
             .map(|&op| {
-                (
-                    op,
-                    unsafe { &*op.hash.load(Ordering::Relaxed) }.as_slice(),
-                    0,
-                )
+                // SAFETY: registered ops have a live hash, replaced only under the lock we
+                // hold and never freed (retired).
+                let h = unsafe { &*op.hash.load(Ordering::Relaxed) };
+                (op, h.as_slice(), 0)
             })
             .collect();
         // The last trampoline looked up: neighbouring sites almost always want the same one.
@@ -1181,7 +1179,7 @@ impl State {
             let mut graph = false;
             let mut only: Option<&'static FtraceOps> = None;
             for (op, h, at) in hashes.iter_mut() {
-                let op: &'static FtraceOps = *op;
+                let op: &'static FtraceOps = op;
                 while h.get(*at).is_some_and(|&x| x < ip) {
                     *at += 1;
                 }
