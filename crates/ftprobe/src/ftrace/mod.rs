@@ -1166,6 +1166,7 @@ impl State {
                 // SAFETY: registered ops have a live hash, replaced only under the lock we
                 // hold and never freed (retired).
                 let h = unsafe { &*op.hash.load(Ordering::Relaxed) };
+                debug_assert!(h.is_sorted(), "hash_of builds hashes in record order");
                 (op, h.as_slice(), 0)
             })
             .collect();
