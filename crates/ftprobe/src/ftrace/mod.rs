@@ -1197,21 +1197,39 @@ impl State {
     /// Recompute every site's wanted bytes and patch those that differ, in one batch.
     /// On error no site has changed.
     fn update_sites(&mut self) -> Result<(), FtraceError> {
-        let mut pokes = Vec::new();
-        let mut new_flags = Vec::new();
+        let n = self.records.len();
+        let mut pokes = Vec::with_capacity(n);
+        let mut new_flags = Vec::with_capacity(n);
         // Sites a graph user holds (sorted): their XRay exit sleds are patched too.
         let mut graph_ips = Vec::new();
-        for i in 0..self.records.len() {
+        // Each registered ops' hash (sorted, like the records) and how far this walk has
+        // got in it: one merge pass over records and hashes, no search per site.
+        let mut hashes: Vec<(&'static FtraceOps, &[u64], usize)> = self
+            .registered
+            .iter()
+            .map(|&op| {
+                // SAFETY: registered ops have a live hash, replaced only under the lock we
+                // hold and never freed (retired).
+                let h = unsafe { &*op.hash.load(Ordering::Relaxed) };
+                debug_assert!(h.is_sorted(), "hash_of builds hashes in record order");
+                (op, h.as_slice(), 0)
+            })
+            .collect();
+        // The last trampoline looked up: neighbouring sites almost always want the same one.
+        let mut last_tramp: Option<((usize, Variant, usize, usize), u64)> = None;
+        for i in 0..n {
             let ip = self.records[i].ip;
             let mut count = 0u64;
             let mut save_regs = false;
             let mut ipmodify = false;
             let mut graph = false;
             let mut only: Option<&'static FtraceOps> = None;
-            for &op in &self.registered {
-                // SAFETY: registered ops have a live hash.
-                let h = unsafe { &*op.hash.load(Ordering::Relaxed) };
-                if h.binary_search(&ip).is_ok() {
+            for (op, h, at) in hashes.iter_mut() {
+                let op: &'static FtraceOps = op;
+                while h.get(*at).is_some_and(|&x| x < ip) {
+                    *at += 1;
+                }
+                if h.get(*at) == Some(&ip) {
                     count += 1;
                     save_regs |= op.flags & FTRACE_OPS_FL_SAVE_REGS != 0;
                     ipmodify |= op.flags & FTRACE_OPS_FL_IPMODIFY != 0;
@@ -1248,7 +1266,16 @@ impl State {
                     | if ipmodify { FTRACE_FL_IPMODIFY } else { 0 }
                     | if count == 1 { FTRACE_FL_DIRECT } else { 0 };
                 let obj = self.meta[i].obj;
-                let tramp = self.trampoline(obj, ip, variant, ops_ptr, func)?;
+                let key = (obj, variant, ops_ptr as usize, func as usize);
+                let tramp = match last_tramp {
+                    // `trampoline` keys its cache the same way: the same answer, unhashed.
+                    Some((k, t)) if k == key => t,
+                    _ => {
+                        let t = self.trampoline(obj, ip, variant, ops_ptr, func)?;
+                        last_tramp = Some((key, t));
+                        t
+                    }
+                };
                 nops::call_rel32(ip, tramp).expect("trampoline areas are within rel32 reach")
             };
             new_flags.push(flags);
@@ -1295,7 +1322,8 @@ impl State {
                 ));
             }
         }
-        let batch: Vec<Poke> = pokes.iter().chain(&exit_pokes).map(|p| p.1).collect();
+        let mut batch = Vec::with_capacity(pokes.len() + exit_pokes.len());
+        batch.extend(pokes.iter().chain(&exit_pokes).map(|p| p.1));
         // SAFETY: every address is a canonicalized 5-byte site, or an XRay exit sled whose
         // first byte is a whole instruction (`ret`, `jmp`) that nothing falls through from,
         // in code made writable by init; the state lock we hold excludes concurrent patching.

@@ -33,6 +33,56 @@ pub struct Poke {
     pub new: [u8; 5],
 }
 
+/// What the patching layer has done since the process started: counted with relaxed atomics
+/// outside the probe path (the SIGTRAP handler adds one to `emulated` per site it emulates).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PokeStats {
+    /// Calls of [`text_poke_batch`] that wrote something.
+    pub batches: u64,
+    /// Sites rewritten by those batches (an XRay exit sled counts as one).
+    pub sites: u64,
+    /// Bytes of code stored by them (int3s, tails, first bytes; a failed batch's restores too).
+    pub bytes: u64,
+    /// Pages of code those bytes are on, counted once per batch.
+    pub pages: u64,
+    /// `membarrier(PRIVATE_EXPEDITED_SYNC_CORE)` calls made by them and by [`poke_byte`].
+    pub sync_core: u64,
+    /// `mprotect` calls made by [`make_writable`].
+    pub mprotect: u64,
+    /// Threads that hit an int3 of a batch in flight and had the site's new instruction
+    /// emulated by the SIGTRAP handler.
+    pub emulated: u64,
+}
+
+static STAT_BATCHES: AtomicU64 = AtomicU64::new(0);
+static STAT_SITES: AtomicU64 = AtomicU64::new(0);
+static STAT_BYTES: AtomicU64 = AtomicU64::new(0);
+static STAT_PAGES: AtomicU64 = AtomicU64::new(0);
+static STAT_SYNC_CORE: AtomicU64 = AtomicU64::new(0);
+static STAT_MPROTECT: AtomicU64 = AtomicU64::new(0);
+static STAT_EMULATED: AtomicU64 = AtomicU64::new(0);
+
+/// The counters of [`PokeStats`] as they are now (subtract two readings for one operation).
+pub fn stats() -> PokeStats {
+    // Relaxed: statistics, no ordering with the code they count.
+    PokeStats {
+        batches: STAT_BATCHES.load(Ordering::Relaxed),
+        sites: STAT_SITES.load(Ordering::Relaxed),
+        bytes: STAT_BYTES.load(Ordering::Relaxed),
+        pages: STAT_PAGES.load(Ordering::Relaxed),
+        sync_core: STAT_SYNC_CORE.load(Ordering::Relaxed),
+        mprotect: STAT_MPROTECT.load(Ordering::Relaxed),
+        emulated: STAT_EMULATED.load(Ordering::Relaxed),
+    }
+}
+
+/// `sync_core_all_threads`, counted in [`PokeStats::sync_core`].
+fn sync_core() -> Result<(), SyscallError> {
+    // Relaxed: a statistic.
+    STAT_SYNC_CORE.fetch_add(1, Ordering::Relaxed);
+    sys::sync_core_all_threads()
+}
+
 /// Errors of the patching layer.
 #[derive(Debug, thiserror::Error)]
 pub enum TextPokeError {
@@ -41,7 +91,9 @@ pub enum TextPokeError {
     Syscall(#[from] SyscallError),
 }
 
-static BATCH: AtomicPtr<Vec<Poke>> = AtomicPtr::new(std::ptr::null_mut());
+/// The batch in flight, sorted by address: a pointer to [`text_poke_batch`]'s local copy of
+/// the slice pointer, null between batches.
+static BATCH: AtomicPtr<*const [Poke]> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLERS_ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// Signals whose handler is ftprobe's (bit `sig`): SIGTRAP, and the fault signals once an
@@ -136,7 +188,9 @@ pub unsafe fn poke_byte(addr: u64, byte: u8) -> Result<(), TextPokeError> {
     init()?;
     // SAFETY: the caller's contract.
     unsafe { std::ptr::write_volatile(addr as *mut u8, byte) };
-    sys::sync_core_all_threads()?;
+    // Relaxed: a statistic.
+    STAT_BYTES.fetch_add(1, Ordering::Relaxed);
+    sync_core()?;
     Ok(())
 }
 
@@ -448,6 +502,8 @@ pub unsafe fn make_writable(start: u64, len: u64) -> Result<(), TextPokeError> {
     let page = sys::page_size() as u64;
     let lo = start & !(page - 1);
     let hi = (start + len).div_ceil(page) * page;
+    // Relaxed: a statistic.
+    STAT_MPROTECT.fetch_add(1, Ordering::Relaxed);
     // SAFETY: the caller guarantees the range is our mapped code; RWX only adds permissions.
     unsafe {
         sys::mprotect(
@@ -484,34 +540,64 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
         return Ok(());
     }
     init()?;
-    let mut batch = Box::new(pokes.to_vec());
-    batch.sort_by_key(|p| p.addr);
-    let batch = Box::into_raw(batch);
-    // Release pairs with the Acquire load in `sigtrap_handler`: the handler sees the whole Vec.
+    // Relaxed: statistics.
+    STAT_BATCHES.fetch_add(1, Ordering::Relaxed);
+    STAT_SITES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
+    // Sorted for the handler's binary search; the callers' batches usually are already (sites
+    // in address order), and are then published as they are, without a copy.
+    let copy: Vec<Poke>;
+    let sorted: &[Poke] = if pokes.is_sorted_by_key(|p| p.addr) {
+        pokes
+    } else {
+        let mut v = pokes.to_vec();
+        v.sort_by_key(|p| p.addr);
+        copy = v;
+        &copy
+    };
+    // Relaxed: a statistic. Sorted: a page is counted once (a site across two, twice).
+    let page = sys::page_size() as u64;
+    let mut last_page = None;
+    let mut pages = 0;
+    for p in sorted {
+        for pg in [p.addr / page, (p.addr + SITE_LEN - 1) / page] {
+            if last_page != Some(pg) {
+                last_page = Some(pg);
+                pages += 1;
+            }
+        }
+    }
+    STAT_PAGES.fetch_add(pages, Ordering::Relaxed);
+    let published: *const [Poke] = sorted;
+    let batch = &published as *const *const [Poke] as *mut *const [Poke];
+    // Release pairs with the Acquire load in `sigtrap_handler`: the handler sees the whole slice.
     BATCH.store(batch, Ordering::SeqCst);
     let result = (|| {
-        for p in pokes {
+        for p in sorted {
             // SAFETY: see above.
             unsafe { std::ptr::write_volatile(p.addr as *mut u8, INT3) };
         }
-        sys::sync_core_all_threads()?;
-        poke_bytes(pokes, |p| &p.new, 1..SITE_LEN as usize);
-        sys::sync_core_all_threads()?;
-        poke_bytes(pokes, |p| &p.new, 0..1);
-        sys::sync_core_all_threads()
+        // Relaxed: a statistic.
+        STAT_BYTES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
+        sync_core()?;
+        poke_bytes(sorted, |p| &p.new, 1..SITE_LEN as usize);
+        sync_core()?;
+        poke_bytes(sorted, |p| &p.new, 0..1);
+        sync_core()
     })();
     if result.is_err() {
         // Put every site back as it was, through the same int3-first order; the batch stays
         // published meanwhile so a thread that traps is still emulated (as the old bytes now).
-        for p in pokes {
+        for p in sorted {
             // SAFETY: see above.
             unsafe { std::ptr::write_volatile(p.addr as *mut u8, INT3) };
         }
-        let _ = sys::sync_core_all_threads();
-        poke_bytes(pokes, |p| &p.old, 1..SITE_LEN as usize);
-        let _ = sys::sync_core_all_threads();
-        poke_bytes(pokes, |p| &p.old, 0..1);
-        let _ = sys::sync_core_all_threads();
+        // Relaxed: a statistic.
+        STAT_BYTES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
+        let _ = sync_core();
+        poke_bytes(sorted, |p| &p.old, 1..SITE_LEN as usize);
+        let _ = sync_core();
+        poke_bytes(sorted, |p| &p.old, 0..1);
+        let _ = sync_core();
     }
     BATCH.store(std::ptr::null_mut(), Ordering::SeqCst);
     // A handler that incremented HANDLERS_ACTIVE before our store may still read the batch
@@ -519,13 +605,23 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
     while HANDLERS_ACTIVE.load(Ordering::SeqCst) != 0 {
         std::thread::yield_now();
     }
-    // SAFETY: `batch` came from Box::into_raw above and no handler can reach it any more.
-    drop(unsafe { Box::from_raw(batch) });
+    // No handler can reach `published` or the slice any more: both may go.
     result.map_err(Into::into)
 }
 
 /// Write bytes `range` of each site's `which` contents.
 fn poke_bytes(pokes: &[Poke], which: fn(&Poke) -> &[u8; 5], range: std::ops::Range<usize>) {
+    // Relaxed: a statistic.
+    STAT_BYTES.fetch_add((pokes.len() * range.len()) as u64, Ordering::Relaxed);
+    if range == (1..SITE_LEN as usize) {
+        for p in pokes {
+            let tail: [u8; 4] = which(p)[1..].try_into().expect("4 bytes");
+            // SAFETY: as below; `[u8; 4]` has alignment 1. The int3 on the first byte keeps
+            // every thread from decoding the tail while it changes, in any store order.
+            unsafe { std::ptr::write_volatile((p.addr as usize + 1) as *mut [u8; 4], tail) };
+        }
+        return;
+    }
     for p in pokes {
         for i in range.clone() {
             // SAFETY: text_poke_batch's contract: each address is a site in writable code; the
@@ -632,9 +728,9 @@ fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
     let batch = BATCH.load(Ordering::SeqCst);
     let mut found = None;
     if !batch.is_null() {
-        // SAFETY: a non-null BATCH points to a live Vec until HANDLERS_ACTIVE drops to zero
-        // after BATCH is cleared (see text_poke_batch).
-        let pokes = unsafe { &*batch };
+        // SAFETY: a non-null BATCH points to text_poke_batch's live slice pointer, and that
+        // to its live slice, until HANDLERS_ACTIVE drops to zero after BATCH is cleared.
+        let pokes = unsafe { &**batch };
         if let Ok(i) = pokes.binary_search_by_key(&addr, |p| p.addr) {
             found = Some(pokes[i]);
         }
@@ -642,6 +738,8 @@ fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
     HANDLERS_ACTIVE.fetch_sub(1, Ordering::SeqCst);
     match found {
         Some(p) => {
+            // Relaxed: a statistic (an atomic add: async-signal-safe).
+            STAT_EMULATED.fetch_add(1, Ordering::Relaxed);
             emulate(uc, &p);
             true
         }
