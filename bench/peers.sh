@@ -616,6 +616,30 @@ else
 	done
 	rm -rf "$W"/lua-ft-rec*.data*
 fi
+# ---- memory: 64 threads against 1 (issue 12) -------------------------------------------
+# The `rings` fixture (crates/ftprobe-dev/c/rings.c) with N threads behind a barrier, 200
+# traced calls each, under `ftprobe record` with default options: the program's own VmRSS and
+# RssShmem (the ring pages it touched) when every thread has made its calls and still holds
+# its ring, and the recording's events and losses.
+MEM_LINES=()
+RINGS_BIN=
+[[ -x $FIXTURE_PATH ]] && RINGS_BIN=$(dirname "$("$FIXTURE_PATH" threads-patchable 2>/dev/null)")/rings
+if ((FT_OK)) && [[ -x $RINGS_BIN ]]; then
+	for nt in 1 64; do
+		rm -rf "$W/mem.data" "$W/mem.data.old"
+		out=$("$FTPROBE" record -d "$W/mem.data" -- "$RINGS_BIN" together "$nt" 200 2>/dev/null)
+		mem=$(grep -o 'VmRSS=[0-9]* RssShmem=[0-9]*' <<<"$out" | head -n 1)
+		ev=$(ft_rec_events "$W/mem.data")
+		MEM_LINES+=("$nt thread(s) x 200 calls: program's ${mem:-?} (kB), recorded $ev")
+	done
+	rm -rf "$W/mem.data" "$W/mem.data.old"
+else
+	MEM_LINES+=("skipped: no ftprobe or no rings fixture ($RINGS_BIN)")
+fi
+mem_lines() {
+	local l
+	for l in "${MEM_LINES[@]}"; do echo "- $l"; done
+}
 lua_table() {
 	local i base=${LUA_MED[0]:-}
 	echo "| row (lua-patchable fib.lua $LUA_N) | wall s (median) | min-max | x untraced | events recorded |"
@@ -701,6 +725,9 @@ lua_table
 echo
 echo "Record throughput (one thread; bytes per event: ftprobe 32 B per function entry, 48 B per kprobe event with 2 args; uftrace 16 B per entry + 16 B per exit = 32 B per call):"
 throughput
+echo
+echo "Memory, ftprobe record of N threads (rings together N 200):"
+mem_lines
 ((QUICK)) && echo "(--quick: tiny N, one run: a smoke test, the figures mean nothing)"
 
 # ftprobe's own rows must run: a peer may be skipped, ftprobe may not (the smoke test fails on
@@ -775,6 +802,13 @@ if ((!QUICK)); then
 			"32 B per call (its row is per call). Whole-program lines: events / (traced - untraced wall) in the Lua rows."
 		echo
 		throughput
+		echo
+		echo "#### Memory: 64 threads against 1 (ftprobe record, default options)"
+		echo
+		echo "The rings fixture (N threads behind a barrier, 200 traced calls each): the program's VmRSS and" \
+			"RssShmem (ring pages) in kB when every thread has made its calls, and what the recording holds."
+		echo
+		mem_lines
 		echo
 		echo "Commands (\$W: the temp dir with the builds):"
 		echo
