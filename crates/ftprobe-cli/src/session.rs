@@ -66,8 +66,9 @@ pub struct SessionArgs {
     /// Total size of the traced process's ring buffers, in KiB (at least 4). Each thread's
     /// ring starts at 16 KiB and doubles when it fills on its first lap, up to half of this,
     /// while the rings' sizes add up to at most this; its pages are touched only as records
-    /// reach them.
-    #[arg(long = "buffer-size-kb", default_value_t = 131072)]
+    /// reach them (the default costs nothing until a thread writes faster than the CLI
+    /// reads).
+    #[arg(long = "buffer-size-kb", default_value_t = 524288)]
     pub buffer_size_kb: u32,
     /// Number of rings: at most this many threads record at once (a thread's ring is freed
     /// for another one when it ends).
