@@ -103,7 +103,7 @@ unsafe fn graph_entry(
         let cpu = trace::cpu();
         recorded = w.write_n_aux(
             rtype::FGRAPH_ENT,
-            cpu | (depth as u32) << 16,
+            crate::record::fgraph_ent_aux(cpu, depth as u32),
             [ent.calltime, ent.func],
         );
     });
@@ -137,7 +137,7 @@ unsafe fn graph_return(
     trace::with_ring_guarded_of(ret.thread(), |w| {
         // Its rettime likewise.
         let cpu = trace::cpu();
-        let aux = cpu | (ret.exit as u32) << 12 | depth << 16;
+        let aux = crate::record::fgraph_ret_aux(cpu, ret.exit, depth);
         // data[2]: the call's start taken after this thread's ring claim (its first record),
         // else the shadow stack's calltime.
         let calltime = if data[2] != 0 { data[2] } else { ret.calltime };

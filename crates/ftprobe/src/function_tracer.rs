@@ -29,7 +29,7 @@ unsafe extern "C" fn function_trace_call(
 ) {
     trace::with_ring_guarded(|w| {
         let (tsc, cpu) = trace::clock();
-        w.write3_aux(RTYPE_FUNC, cpu, tsc, ip, parent_ip);
+        w.write3_aux(RTYPE_FUNC, crate::record::func_aux(cpu), tsc, ip, parent_ip);
     });
 }
 

@@ -14,6 +14,7 @@ pub mod function_tracer;
 pub mod kprobes;
 mod probe_state;
 pub mod process;
+pub mod record;
 pub mod ring;
 pub mod sys;
 pub mod trace;

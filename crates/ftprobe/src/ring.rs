@@ -82,6 +82,8 @@
 //!  bits 0..16 len (words, header included, >= 1) │ 16..32 rtype │ 32..64 aux (e.g. the CPU)
 //! ```
 //!
+//! The tracers' record types, their `aux` bits and payloads: [`crate::record`].
+//!
 //! Records never wrap: when a record does not fit before the end of the ring's `size`, the
 //! producer writes a header word with rtype [`RTYPE_PADDING`] (len 0: padding always runs to
 //! the end of `size`) and puts the record at offset 0. `head`, `reserved` and `tail` are

@@ -22,7 +22,8 @@ use crate::probe_state::{self, stack_pointer, Entry, ThreadRing, ThreadState};
 use crate::ring::{self, RingWriter, SectionWriter, SharedRings};
 use crate::sys;
 
-/// Record types written into the rings.
+/// Record types written into the rings. Their `aux` bits and payload words are documented, and
+/// decoded, in [`crate::record`].
 pub mod rtype {
     /// Function entry: aux = CPU; words: tsc, ip, parent_ip.
     pub const FUNC: u16 = 1;

@@ -952,7 +952,7 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     // stacks (a sigaltstack of a few KiB).
     let written = w.write_with(
         rtype::KPROBE,
-        cpu | (tk.id << 12),
+        crate::record::kprobe_aux(cpu, tk.id),
         head + fixed + data_bytes.div_ceil(8),
         |slots| {
             slots[0].store(tsc, Ordering::Relaxed);
