@@ -17,8 +17,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ftprobe::trace::rtype;
-use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
+use ftprobe::record::Record;
+use ftprobe::trace_kprobe::RecordDecoder;
 use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 
@@ -139,25 +139,29 @@ fn chrome_events(rec: &mut Recording, out: &mut JsonArray<'_>) -> Result<()> {
             })?;
         }
         rec.for_each(i, &mut |rt, aux, w| {
-            match rt {
-                rtype::FUNC if w.len() >= 3 && !graph => {
+            match Record::decode(rt, aux, w) {
+                Some(Record::Func {
+                    ts, ip, parent_ip, ..
+                }) if !graph => {
                     let mut parent = Vec::new();
-                    syms.push_return_name(w[2], &mut parent);
+                    syms.push_return_name(parent_ip, &mut parent);
                     out.push(json!({
-                        "name": name_of(&mut syms, w[1]),
+                        "name": name_of(&mut syms, ip),
                         "cat": "function",
                         "ph": "i", "s": "t",
-                        "ts": us(mono.tsc_to_mono_ns(w[0])),
+                        "ts": us(mono.tsc_to_mono_ns(ts)),
                         "pid": pid, "tid": tid,
                         "args": { "parent": String::from_utf8_lossy(&parent) },
                     }));
                 }
-                rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
-                    let id = (aux >> 12) as usize;
+                Some(Record::Kprobe {
+                    ts, event, words, ..
+                }) => {
+                    let id = event as usize;
                     let Some(def) = events.get(id) else { return };
                     let dec = decoders.get(id).and_then(Option::as_ref);
                     let args: serde_json::Map<String, Value> =
-                        crate::output::kprobe_args(def, dec, w, &mut syms)
+                        crate::output::kprobe_args(def, dec, words, &mut syms)
                             .into_iter()
                             .map(|(n, t)| {
                                 // A number stays a number; the rest as `trace` prints it.
@@ -173,7 +177,7 @@ fn chrome_events(rec: &mut Recording, out: &mut JsonArray<'_>) -> Result<()> {
                         "name": def.event,
                         "cat": "kprobe",
                         "ph": "i", "s": "t",
-                        "ts": us(mono.tsc_to_mono_ns(w[0])),
+                        "ts": us(mono.tsc_to_mono_ns(ts)),
                         "pid": pid, "tid": tid,
                         "args": args,
                     }));

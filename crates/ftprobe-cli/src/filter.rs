@@ -11,11 +11,10 @@
 use std::str::FromStr;
 
 use ftprobe::ftrace::glob::FilterEntry;
+use ftprobe::record::{self, depth_of, rtype, Record};
 use ftprobe::ring::Clock;
-use ftprobe::trace::rtype;
 use rustc_hash::FxHashMap;
 
-use crate::graph::depth_of;
 use crate::symbols::Symbols;
 
 /// A point of `--time-range`: a timestamp as printed (`SECONDS.MICROS`), or a time with a
@@ -249,8 +248,8 @@ impl ThreadFilter {
         out: &mut dyn FnMut(u16, u32, &[u64]),
     ) {
         let f = cx.filters;
-        if crate::merge::timed(rt) && !w.is_empty() {
-            let ns = cx.clock.tsc_to_mono_ns(w[0]);
+        if let Some(ts) = record::timestamp(rt, w) {
+            let ns = cx.clock.tsc_to_mono_ns(ts);
             if ns < cx.range.0 || ns > cx.range.1 {
                 return;
             }
@@ -261,8 +260,10 @@ impl ThreadFilter {
                     Some(a) => aux = a,
                     None => return,
                 }
-            } else if matches!(rt, rtype::FUNC | rtype::KPROBE) && w.len() >= 2 {
-                let (inf, inn) = cx.names.check(f, w[1]);
+            } else if let Some(Record::Func { ip: addr, .. } | Record::Kprobe { addr, .. }) =
+                Record::decode(rt, aux, w)
+            {
+                let (inf, inn) = cx.names.check(f, addr);
                 if (!f.filter.is_empty() && !inf) || inn {
                     return;
                 }
@@ -287,8 +288,8 @@ impl ThreadFilter {
     fn graph_names(&mut self, cx: &mut Ctx<'_>, rt: u16, aux: u32, w: &[u64]) -> Option<u32> {
         let f = cx.filters;
         let d = depth_of(aux);
-        match rt {
-            rtype::FGRAPH_ENT if w.len() >= 2 => {
+        match Record::decode(rt, aux, w) {
+            Some(Record::GraphEntry { func, .. }) => {
                 if let Some(h) = self.hidden {
                     if d > h {
                         return None;
@@ -299,7 +300,7 @@ impl ThreadFilter {
                 if self.region.is_some_and(|b| d <= b) {
                     self.region = None;
                 }
-                let (inf, inn) = cx.names.check(f, w[1]);
+                let (inf, inn) = cx.names.check(f, func);
                 if inn {
                     self.hidden = Some(d);
                     return None;
@@ -311,7 +312,7 @@ impl ThreadFilter {
                     self.region = Some(d);
                 }
             }
-            rtype::FGRAPH_RET if w.len() >= 2 => {
+            Some(Record::GraphReturn { .. }) => {
                 if let Some(h) = self.hidden {
                     if d >= h {
                         if d == h {
@@ -330,11 +331,11 @@ impl ThreadFilter {
                     if d == b {
                         self.region = None;
                     }
-                    return Some(rebase(aux, d - b));
+                    return Some(record::with_depth(aux, d - b));
                 }
             }
-            rtype::KPROBE
-                if self.hidden.is_some() || (!f.filter.is_empty() && self.region.is_none()) =>
+            _ if rt == rtype::KPROBE
+                && (self.hidden.is_some() || (!f.filter.is_empty() && self.region.is_none())) =>
             {
                 return None;
             }
@@ -342,7 +343,7 @@ impl ThreadFilter {
         }
         Some(match self.region {
             Some(b) if matches!(rt, rtype::FGRAPH_ENT | rtype::FGRAPH_RET) => {
-                rebase(aux, d.saturating_sub(b))
+                record::with_depth(aux, d.saturating_sub(b))
             }
             _ => aux,
         })
@@ -360,12 +361,13 @@ impl ThreadFilter {
         out: &mut dyn FnMut(u16, u32, &[u64]),
     ) {
         let min = cx.filters.min_duration_ns;
-        if crate::merge::timed(rt) && !w.is_empty() {
-            let now = cx.clock.tsc_to_mono_ns(w[0]);
+        if let Some(ts) = record::timestamp(rt, w) {
+            let now = cx.clock.tsc_to_mono_ns(ts);
             // The innermost pending entry at least `min` old: it and the calls around it
             // are long enough, with the events before the next pending entry.
-            let old = self.pending.iter().rposition(|(t, _, pw)| {
-                *t == rtype::FGRAPH_ENT && now.saturating_sub(cx.clock.tsc_to_mono_ns(pw[0])) >= min
+            let old = self.pending.iter().rposition(|(t, a, pw)| {
+                matches!(Record::decode(*t, *a, pw), Some(Record::GraphEntry { ts, .. })
+                    if now.saturating_sub(cx.clock.tsc_to_mono_ns(ts)) >= min)
             });
             if let Some(k) = old {
                 let end = self.pending[k + 1..]
@@ -377,10 +379,15 @@ impl ThreadFilter {
                 }
             }
         }
-        match rt {
-            rtype::FGRAPH_ENT if w.len() >= 2 => self.pending.push((rt, aux, w.to_vec())),
-            rtype::FGRAPH_RET if w.len() >= 4 => {
-                let d = depth_of(aux);
+        match Record::decode(rt, aux, w) {
+            Some(Record::GraphEntry { .. }) => self.pending.push((rt, aux, w.to_vec())),
+            Some(Record::GraphReturn {
+                ts,
+                func,
+                calltime,
+                depth: d,
+                ..
+            }) => {
                 // Entries deeper than this return never returned: short, dropped.
                 while let Some(p) = self
                     .pending
@@ -390,7 +397,8 @@ impl ThreadFilter {
                     self.pending.remove(p);
                 }
                 let open = self.pending.iter().rposition(|(t, a, pw)| {
-                    *t == rtype::FGRAPH_ENT && depth_of(*a) == d && pw[1] == w[1]
+                    matches!(Record::decode(*t, *a, pw),
+                        Some(Record::GraphEntry { func: f, depth, .. }) if depth == d && f == func)
                 });
                 if let Some(p) = open {
                     // Still pending, so shorter than `min`: dropped with its entry (the
@@ -400,8 +408,8 @@ impl ThreadFilter {
                 }
                 let dur = cx
                     .clock
-                    .tsc_to_mono_ns(w[0])
-                    .saturating_sub(cx.clock.tsc_to_mono_ns(w[2]));
+                    .tsc_to_mono_ns(ts)
+                    .saturating_sub(cx.clock.tsc_to_mono_ns(calltime));
                 if dur >= min {
                     out(rt, aux, w);
                 }
@@ -420,11 +428,6 @@ impl ThreadFilter {
         self.region = None;
         self.hidden = None;
     }
-}
-
-/// `aux` with its depth replaced.
-fn rebase(aux: u32, depth: u32) -> u32 {
-    (aux & 0xffff) | (depth << 16)
 }
 
 #[cfg(test)]

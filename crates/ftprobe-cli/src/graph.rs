@@ -29,6 +29,8 @@
 
 use std::collections::HashMap;
 
+use ftprobe::ftrace::fgraph::FgraphExit;
+
 use crate::symbols::Symbols;
 
 /// How a call ended (the engine's `FgraphExit`, in the return record's `aux`).
@@ -40,16 +42,18 @@ pub enum Exit {
     Lost,
 }
 
-impl Exit {
-    pub fn from_aux(aux: u32) -> Exit {
-        match (aux >> 12) & 0xf {
-            0 => Exit::Returned,
-            1 => Exit::Unwound,
-            2 => Exit::Longjmp,
-            _ => Exit::Lost,
+impl From<FgraphExit> for Exit {
+    fn from(e: FgraphExit) -> Exit {
+        match e {
+            FgraphExit::Returned => Exit::Returned,
+            FgraphExit::Unwound => Exit::Unwound,
+            FgraphExit::Longjmp => Exit::Longjmp,
+            FgraphExit::Lost => Exit::Lost,
         }
     }
+}
 
+impl Exit {
     fn mark(self) -> &'static str {
         match self {
             Exit::Returned => "",
@@ -58,11 +62,6 @@ impl Exit {
             Exit::Lost => ": lost",
         }
     }
-}
-
-/// The depth in a function_graph record's `aux`.
-pub fn depth_of(aux: u32) -> u32 {
-    aux >> 16
 }
 
 /// The tracer's options (`trace_options` of the function_graph tracer).

@@ -13,7 +13,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use ftprobe::trace::rtype;
+use ftprobe::record;
 
 /// A record of a queue, borrowed.
 #[derive(Clone, Copy)]
@@ -23,14 +23,6 @@ pub struct Rec<'a> {
     /// Its merge key: its timestamp, or the timestamp of the ring's record before it.
     pub key: u64,
     pub words: &'a [u64],
-}
-
-/// Whether records of this type carry a timestamp (their first payload word).
-pub fn timed(rt: u16) -> bool {
-    matches!(
-        rt,
-        rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
-    )
 }
 
 /// One ring's records, stored as `[header, key, payload...]` in one vector (no allocation
@@ -60,14 +52,11 @@ impl Queue {
     }
 
     pub fn push(&mut self, rt: u16, aux: u32, w: &[u64]) {
-        if timed(rt) && !w.is_empty() {
-            self.last_ts = self.last_ts.max(w[0]);
+        let ts = record::timestamp(rt, w);
+        if let Some(ts) = ts {
+            self.last_ts = self.last_ts.max(ts);
         }
-        let key = if timed(rt) && !w.is_empty() {
-            w[0]
-        } else {
-            self.last_ts
-        };
+        let key = ts.unwrap_or(self.last_ts);
         self.words
             .push(u64::from(rt) | ((w.len() as u64 & 0xffff) << 16) | (u64::from(aux) << 32));
         self.words.push(key);
@@ -214,6 +203,7 @@ impl Merge {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ftprobe::record::rtype;
 
     #[test]
     fn merges_by_timestamp_ties_by_ring() {

@@ -80,10 +80,10 @@ pub fn kprobe_event(
     out: &mut Vec<u8>,
     def: &ProbeDef,
     decoder: Option<&RecordDecoder>,
+    addr: u64,
     words: &[u64],
     syms: &mut Symbols,
 ) {
-    let addr = words[1];
     out.extend_from_slice(def.event.as_bytes());
     out.extend_from_slice(b": (");
     // A return event (trace_kprobe.c, `print_kretprobe_event()`): `(ret_ip <- func)`, the

@@ -36,8 +36,8 @@
 use std::io::Write;
 
 use anyhow::Result;
-use ftprobe::trace::rtype;
-use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
+use ftprobe::record::Record;
+use ftprobe::trace_kprobe::RecordDecoder;
 use prost::Message;
 use rustc_hash::FxHashMap;
 
@@ -304,13 +304,14 @@ fn instants(
     let mut out = Vec::new();
     let mut last = 0u64;
     rec.for_each(i, &mut |rt, aux, w| {
-        let (name, cat, args) = match rt {
-            rtype::FUNC if w.len() >= 3 && !graph => {
+        let rec = Record::decode(rt, aux, w);
+        let (name, cat, args) = match rec {
+            Some(Record::Func { ip, parent_ip, .. }) if !graph => {
                 let mut parent = Vec::new();
-                syms.push_return_name(w[2], &mut parent);
+                syms.push_return_name(parent_ip, &mut parent);
                 let parent = String::from_utf8_lossy(&parent).into_owned();
                 (
-                    name_of(syms, w[1]),
+                    name_of(syms, ip),
                     CAT_FUNCTION,
                     vec![DebugAnnotation {
                         name: Some("parent".into()),
@@ -319,11 +320,11 @@ fn instants(
                     }],
                 )
             }
-            rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
-                let id = (aux >> 12) as usize;
+            Some(Record::Kprobe { event, words, .. }) => {
+                let id = event as usize;
                 let Some(def) = events.get(id) else { return };
                 let dec = decoders.get(id).and_then(Option::as_ref);
-                let args = crate::output::kprobe_args(def, dec, w, syms)
+                let args = crate::output::kprobe_args(def, dec, words, syms)
                     .into_iter()
                     .map(|(n, t)| annotation(n, t))
                     .collect();
@@ -331,7 +332,10 @@ fn instants(
             }
             _ => return,
         };
-        last = last.max(mono.tsc_to_mono_ns(w[0]));
+        let Some(ts) = rec.and_then(|r| r.ts()) else {
+            return;
+        };
+        last = last.max(mono.tsc_to_mono_ns(ts));
         out.push(Event {
             ts: last,
             kind: Kind::Instant(name, cat, args),

@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use ftprobe::events::ProbeDef;
+use ftprobe::record::{self, rtype, Record};
 use ftprobe::ring::Clock;
-use ftprobe::trace::rtype;
 use ftprobe::trace_kprobe;
 
 use crate::filter::{Ctx as FilterCx, Filters, Names, ThreadFilter};
-use crate::graph::Exit;
 use crate::record::{Info, FORMAT};
 use crate::session::Source;
 use crate::symbols::Symbols;
+use ftprobe::ftrace::fgraph::FgraphExit;
 
 /// The data directory `ftprobe record` writes when no `-d` is given, and the readers read
 /// when none is given: the last recording made there.
@@ -238,8 +238,8 @@ impl Recording {
                 continue;
             };
             while let Some((rt, _)) = f.next().with_context(|| format!("{}", path.display()))? {
-                if crate::merge::timed(rt) && !f.words.is_empty() {
-                    first = first.min(clock.tsc_to_mono_ns(f.words[0]));
+                if let Some(ts) = record::timestamp(rt, &f.words) {
+                    first = first.min(clock.tsc_to_mono_ns(ts));
                     break;
                 }
             }
@@ -519,22 +519,27 @@ impl Recording {
             }
         }
         self.for_each(i, &mut |rt, aux, w| {
-            match rt {
-                rtype::FGRAPH_ENT if w.len() >= 2 => {
-                    let ns = clock.tsc_to_mono_ns(w[0]);
+            match Record::decode(rt, aux, w) {
+                Some(Record::GraphEntry { ts, func, .. }) => {
+                    let ns = clock.tsc_to_mono_ns(ts);
                     last_ns = last_ns.max(ns);
                     stack.push(Frame {
-                        func: w[1],
+                        func,
                         start_ns: ns,
                         child_ns: 0,
                     });
-                    funcs.push(w[1]);
+                    funcs.push(func);
                 }
-                rtype::FGRAPH_RET if w.len() >= 4 => {
-                    let end_ns = clock.tsc_to_mono_ns(w[0]);
+                Some(Record::GraphReturn {
+                    ts,
+                    func,
+                    calltime,
+                    exit,
+                    ..
+                }) => {
+                    let end_ns = clock.tsc_to_mono_ns(ts);
                     last_ns = last_ns.max(end_ns);
-                    let start_ns = clock.tsc_to_mono_ns(w[2]);
-                    let func = w[1];
+                    let start_ns = clock.tsc_to_mono_ns(calltime);
                     // Its entry's frame; frames above it never returned (cut at this return).
                     let child_ns = match stack.iter().rposition(|fr| fr.func == func) {
                         Some(p) => {
@@ -551,15 +556,18 @@ impl Recording {
                         start_ns,
                         dur_ns,
                         self_ns: dur_ns.saturating_sub(child_ns),
-                        cut: Exit::from_aux(aux) != Exit::Returned,
+                        cut: exit != FgraphExit::Returned,
                     };
                     if let Some(p) = stack.last_mut() {
                         p.child_ns += dur_ns;
                     }
                     f(&call, &funcs);
                 }
-                rtype::FUNC | rtype::KPROBE if !w.is_empty() => {
-                    last_ns = last_ns.max(clock.tsc_to_mono_ns(w[0]));
+                // FUNC, KPROBE: their time (even of one too short to decode).
+                _ if matches!(rt, rtype::FUNC | rtype::KPROBE) => {
+                    if let Some(ts) = record::timestamp(rt, w) {
+                        last_ns = last_ns.max(clock.tsc_to_mono_ns(ts));
+                    }
                 }
                 _ => {}
             }

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use ftprobe::events::FetchType;
-use ftprobe::trace::rtype;
-use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
+use ftprobe::record::Record;
+use ftprobe::trace_kprobe::RecordDecoder;
 use rustc_hash::FxHashMap;
 
 use crate::recording::{DataDir, Recording};
@@ -296,18 +296,18 @@ pub fn run(args: ReportArgs) -> Result<i32> {
                     .add(c.dur_ns, c.self_ns, c.cut, nested);
             })?;
         }
-        rec.for_each(i, &mut |rt, aux, w| match rt {
-            rtype::FUNC if w.len() >= 2 && tracer == "function" => {
-                let name = name_of(&mut syms, w[1]);
+        rec.for_each(i, &mut |rt, aux, w| match Record::decode(rt, aux, w) {
+            Some(Record::Func { ip, .. }) if tracer == "function" => {
+                let name = name_of(&mut syms, ip);
                 stats.entry(name).or_default().add(0, 0, false, false);
             }
-            rtype::KPROBE if w.len() >= RECORD_HEAD_WORDS => {
-                let id = (aux >> 12) as usize;
+            Some(Record::Kprobe { event, words, .. }) => {
+                let id = event as usize;
                 let Some(def) = events.get(id) else { return };
                 hits[id] += 1;
                 if let Some(arg) = &args.hist {
                     let dec = decoders.get(id).and_then(Option::as_ref);
-                    let v = crate::output::kprobe_args(def, dec, w, &mut syms)
+                    let v = crate::output::kprobe_args(def, dec, words, &mut syms)
                         .into_iter()
                         .find(|(n, _)| n == arg)
                         .and_then(|(_, t)| number(&t));

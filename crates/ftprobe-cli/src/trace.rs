@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use ftprobe::events::ProbeDef;
+use ftprobe::ftrace::fgraph::FgraphExit;
+use ftprobe::record::{self, rtype, Record};
 use ftprobe::ring::Clock;
-use ftprobe::trace::rtype;
-use ftprobe::trace_kprobe::{RecordDecoder, RECORD_HEAD_WORDS};
+use ftprobe::trace_kprobe::RecordDecoder;
 
 use crate::merge::Merge;
 use crate::output;
@@ -289,21 +290,12 @@ impl Printer {
             let mut records = 0usize;
             let readable = rings.drain(i, |rt, aux, w| {
                 records += 1;
-                match rt {
-                    rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
-                        if !w.is_empty() =>
-                    {
-                        got += 1;
-                        self.merge.push(i, rt, aux, w);
-                    }
-                    rtype::TEXT => texts.push((
-                        aux,
-                        w.iter()
-                            .flat_map(|x| x.to_le_bytes())
-                            .filter(|&b| b != 0)
-                            .collect::<Vec<u8>>(),
-                    )),
-                    _ => {}
+                // Timed records (with a timestamp) are merged; TEXT is the agent's.
+                if record::timestamp(rt, w).is_some() {
+                    got += 1;
+                    self.merge.push(i, rt, aux, w);
+                } else if let Some(t @ Record::Text { kind, .. }) = Record::decode(rt, aux, w) {
+                    texts.push((kind, t.text_bytes().filter(|&b| b != 0).collect()));
                 }
             });
             // A live ring is drained in pieces: done when a last drain finds nothing.
@@ -520,7 +512,6 @@ impl Printer {
             }
             _ => {}
         }
-        let _ = key;
         if self.graph.is_some() {
             self.print_graph_head(r);
             return;
@@ -535,27 +526,30 @@ impl Printer {
         let words = head.words;
         let mark = lines.len();
         lines.extend_from_slice(&owner.prefix);
-        output::push_cpu_time(lines, aux & 0xfff, self.clock.tsc_to_mono_ns(words[0]));
-        match rt {
-            rtype::FUNC if words.len() == 3 => {
+        // Every record queued here is timed: its merge key is its timestamp.
+        output::push_cpu_time(lines, record::cpu_of(aux), self.clock.tsc_to_mono_ns(key));
+        match Record::decode(rt, aux, words) {
+            Some(Record::Func { ip, parent_ip, .. }) if words.len() == 3 => {
                 // kernel/trace/trace_output.c, print_fn_trace(): no parent when it is 0.
-                syms.push_name(words[1], lines);
-                if words[2] != 0 {
+                syms.push_name(ip, lines);
+                if parent_ip != 0 {
                     lines.extend_from_slice(b" <-");
-                    syms.push_return_name(words[2], lines);
+                    syms.push_return_name(parent_ip, lines);
                 }
                 lines.push(b'\n');
                 self.printed += 1;
             }
-            rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
-                let id = (aux >> 12) as usize;
+            Some(Record::Kprobe {
+                addr, event, words, ..
+            }) => {
+                let id = event as usize;
                 if let Some(def) = self.events.get(id) {
                     if self.seen.len() <= id {
                         self.seen.resize(id + 1, 0);
                     }
                     self.seen[id] += 1;
                     let decoder = self.decoders.get(id).and_then(Option::as_ref);
-                    output::kprobe_event(lines, def, decoder, words, syms);
+                    output::kprobe_event(lines, def, decoder, addr, words, syms);
                     self.printed += 1;
                 } else {
                     // Not an event of ours (a mismatched agent): no line.
@@ -579,7 +573,7 @@ impl Printer {
             prefix: Vec::new(),
         });
         let ctx = crate::graph::Ctx {
-            cpu: e.aux & 0xfff,
+            cpu: record::cpu_of(e.aux),
             pid: owner.tid,
             comm: &owner.comm,
         };
@@ -587,41 +581,54 @@ impl Printer {
         let syms = self.symbols.as_mut().expect("set before printing");
         let clock = &self.clock;
         let lines = &mut self.lines;
-        let words = e.words;
-        let depth = crate::graph::depth_of(e.aux);
         let mut leaf = false;
-        match e.rtype {
-            rtype::FGRAPH_ENT if words.len() >= 2 => {
-                let func = words[1];
-                let ret = q.second().filter(|r| {
-                    r.rtype == rtype::FGRAPH_RET
-                        && r.words.len() >= 4
-                        && crate::graph::Exit::from_aux(r.aux) == crate::graph::Exit::Returned
-                        && r.words[1] == func
-                });
+        match Record::decode(e.rtype, e.aux, e.words) {
+            Some(Record::GraphEntry { func, depth, .. }) => {
+                // A leaf: the ring's next record is this call's return.
+                let ret = q
+                    .second()
+                    .and_then(|r| match Record::decode(r.rtype, r.aux, r.words) {
+                        Some(Record::GraphReturn {
+                            ts,
+                            func: f,
+                            calltime,
+                            retval,
+                            exit: FgraphExit::Returned,
+                            ..
+                        }) if f == func => Some((ts, calltime, retval)),
+                        _ => None,
+                    });
                 match ret {
-                    Some(r) => {
-                        let rw = r.words;
+                    Some((ts, calltime, retval)) => {
                         let ns = clock
-                            .tsc_to_mono_ns(rw[0])
-                            .saturating_sub(clock.tsc_to_mono_ns(rw[2]));
-                        graph.leaf(lines, ctx, func, depth, ns, rw[3], syms);
+                            .tsc_to_mono_ns(ts)
+                            .saturating_sub(clock.tsc_to_mono_ns(calltime));
+                        graph.leaf(lines, ctx, func, depth, ns, retval, syms);
                         leaf = true;
                     }
                     None => graph.nested(lines, ctx, func, depth, syms),
                 }
                 self.printed += 1;
             }
-            rtype::FGRAPH_RET if words.len() >= 4 => {
+            Some(Record::GraphReturn {
+                ts,
+                func,
+                calltime,
+                retval,
+                depth,
+                exit,
+                ..
+            }) => {
                 let ns = clock
-                    .tsc_to_mono_ns(words[0])
-                    .saturating_sub(clock.tsc_to_mono_ns(words[2]));
-                let exit = crate::graph::Exit::from_aux(e.aux);
-                graph.ret(lines, ctx, words[1], depth, ns, words[3], exit, syms);
+                    .tsc_to_mono_ns(ts)
+                    .saturating_sub(clock.tsc_to_mono_ns(calltime));
+                graph.ret(lines, ctx, func, depth, ns, retval, exit.into(), syms);
                 self.printed += 1;
             }
-            rtype::KPROBE if words.len() >= RECORD_HEAD_WORDS => {
-                let id = (e.aux >> 12) as usize;
+            Some(Record::Kprobe {
+                addr, event, words, ..
+            }) => {
+                let id = event as usize;
                 if let Some(def) = self.events.get(id) {
                     if self.seen.len() <= id {
                         self.seen.resize(id + 1, 0);
@@ -629,7 +636,7 @@ impl Printer {
                     self.seen[id] += 1;
                     let decoder = self.decoders.get(id).and_then(Option::as_ref);
                     let mut text = Vec::new();
-                    output::kprobe_event(&mut text, def, decoder, words, syms);
+                    output::kprobe_event(&mut text, def, decoder, addr, words, syms);
                     graph.comment(lines, ctx, &text);
                     self.printed += 1;
                 }

@@ -5,9 +5,8 @@
 //! longjmp or loss that ended it), into the thread's ring. The CLI prints ftrace's
 //! function_graph layout from them.
 //!
-//! Records (see `trace::rtype`): ENT: aux = CPU | depth << 16; words: tsc, func. RET: aux =
-//! CPU | exit << 12 | depth << 16; words: tsc, func, calltime, retval. `depth` is the
-//! tracer's own: 0 for the outermost recorded call of the thread (the graph function with
+//! Records: [`crate::record`] (their layouts, and their decoder). `depth` is the tracer's
+//! own: 0 for the outermost recorded call of the thread (the graph function with
 //! [`GraphConfig::graph_function`]).
 //!
 //! Semantics of the kernel's controls:

@@ -15,13 +15,16 @@
 //!                                                      (crate::trace_kprobe)
 //! TEXT         kind                                    UTF-8 bytes, NUL-padded to words
 //! PROFILE      event id                                dropped hits, nmissed
-//! FGRAPH_ENT   0..12 CPU, 16..32 depth                 tsc (calltime), func
-//! FGRAPH_RET   0..12 CPU, 12..16 exit (FgraphExit),    tsc (at the return), func,
-//!              16..32 depth                            calltime (tsc at entry), retval
+//! FGRAPH_ENT   0..12 CPU, 16..32 depth                 tsc (the shadow stack's calltime),
+//!                                                      func
+//! FGRAPH_RET   0..12 CPU, 12..16 exit (FgraphExit),    tsc (at the return, or when the
+//!              16..32 depth                            call was found cut off), func,
+//!                                                      calltime (tsc at entry), retval (rax)
 //! ```
 //!
 //! `tsc` is the raw TSC (the buffer's clock converts it). A record shorter than its type's
-//! payload (not one the tracers write) decodes to `None`. The writers build their `aux` with
+//! fixed words (FUNC 3, KPROBE [`RECORD_HEAD_WORDS`], PROFILE 2, FGRAPH_ENT 2, FGRAPH_RET 4:
+//! not one the tracers write) decodes to `None`; TEXT has any length. The writers build their `aux` with
 //! the `const fn`s here ([`func_aux`], [`kprobe_aux`], [`fgraph_ent_aux`],
 //! [`fgraph_ret_aux`]).
 
@@ -78,6 +81,22 @@ pub const fn with_depth(aux: u32, depth: u32) -> u32 {
 #[inline]
 pub const fn event_of(aux: u32) -> u32 {
     aux >> 12
+}
+
+/// Whether records of type `rtype` carry a timestamp (their first payload word).
+#[inline]
+pub const fn is_timed(rtype: u16) -> bool {
+    matches!(
+        rtype,
+        rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
+    )
+}
+
+/// The timestamp of a timed record (its first word), even of one too short to decode; `None`
+/// for other types and empty records.
+#[inline]
+pub fn timestamp(rtype: u16, words: &[u64]) -> Option<u64> {
+    words.first().copied().filter(|_| is_timed(rtype))
 }
 
 /// How a call ended, from a [`rtype::FGRAPH_RET`] record's `aux` (values the tracer does not
@@ -357,6 +376,11 @@ mod tests {
                 words: &[]
             })
         );
+        // A timestamp of any timed record with a first word.
+        assert_eq!(timestamp(rtype::FGRAPH_RET, &w[..1]), Some(1));
+        assert_eq!(timestamp(rtype::FUNC, &[]), None);
+        assert_eq!(timestamp(rtype::TEXT, &w), None);
+        assert_eq!(timestamp(rtype::PROFILE, &w), None);
         // Other types (padding, the CLI's own markers) are not records of a tracer.
         assert_eq!(Record::decode(0, 0, &w), None);
         assert_eq!(Record::decode(7, 0, &w), None);

@@ -25,23 +25,18 @@ use crate::sys;
 /// Record types written into the rings. Their `aux` bits and payload words are documented, and
 /// decoded, in [`crate::record`].
 pub mod rtype {
-    /// Function entry: aux = CPU; words: tsc, ip, parent_ip.
+    /// Function entry.
     pub const FUNC: u16 = 1;
-    /// kprobe event: aux = CPU | event id << 12; words: tsc, probe address, one word per
-    /// fetch arg.
+    /// kprobe event.
     pub const KPROBE: u16 = 2;
-    /// Text for the CLI (e.g. the armed-probes listing): aux = kind; words: UTF-8 bytes,
-    /// NUL-padded to whole words.
+    /// Text for the CLI (e.g. the armed-probes listing).
     pub const TEXT: u16 = 3;
-    /// Per-event counters at exit: aux = event id; words: hits whose record was dropped,
-    /// nmissed. The reader adds the event's records to the first for its hits.
+    /// Per-event counters at exit (the reader adds the event's records to the first, dropped
+    /// hits, for its hits).
     pub const PROFILE: u16 = 4;
-    /// function_graph entry: aux = CPU | depth << 16; words: tsc (the shadow stack's
-    /// calltime), func.
+    /// function_graph entry.
     pub const FGRAPH_ENT: u16 = 5;
-    /// function_graph return: aux = CPU | how the call ended (`FgraphExit`) << 12 | depth
-    /// << 16; words: tsc (at the return, or when the call was found cut off), func,
-    /// calltime (tsc at entry), retval (rax).
+    /// function_graph return.
     pub const FGRAPH_RET: u16 = 6;
 }
 

@@ -30,7 +30,8 @@
 //!
 //! # Record layout
 //!
-//! Record [`rtype::KPROBE`], aux = CPU | event id << 12. Words:
+//! Record [`rtype::KPROBE`] (its header decoded by [`crate::record::Record::decode`], the
+//! arguments by [`RecordDecoder`]), aux = CPU | event id << 12. Words:
 //!
 //! ```text
 //!  0              tsc
