@@ -2041,8 +2041,14 @@ impl RingReader<'_> {
     /// number of records. What does not parse is skipped and counted in
     /// [`corrupt_bytes`](Self::corrupt_bytes).
     pub fn drain_raw(&mut self, buf: &mut Vec<u64>) -> usize {
+        self.drain_raw_max(buf, u64::MAX)
+    }
+
+    /// [`drain_raw`](Self::drain_raw) of at most about `max_bytes` of records (as
+    /// [`drain_aux_in_max`](Self::drain_aux_in_max)).
+    pub fn drain_raw_max(&mut self, buf: &mut Vec<u64>, max_bytes: u64) -> usize {
         let mut count = 0;
-        self.drain_words(buf, u64::MAX, |words| {
+        self.drain_words(buf, max_bytes, |words| {
             let mut at = 0;
             while at < words.len() {
                 at += (words[at] & 0xffff) as usize;
