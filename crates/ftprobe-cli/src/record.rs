@@ -135,6 +135,9 @@ pub struct ObjectInfo {
     pub copy: Option<String>,
 }
 
+/// Pieces of a ring `record` writes per poll while the program runs (a few MiB each).
+const MAX_PIECES: usize = 16;
+
 /// The data file of ring `i`.
 pub fn ring_file(i: u32) -> String {
     format!("ring-{i}.dat")
@@ -310,7 +313,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 impl Sink for Recorder {
-    fn poll<S: Source>(&mut self, src: &mut S, _final_poll: bool) {
+    fn poll<S: Source>(&mut self, src: &mut S, final_poll: bool) {
         self.rotate_once_armed(src);
         let table = src.objects();
         if table != self.table {
@@ -339,15 +342,29 @@ impl Sink for Recorder {
                 }
             }
             let out = self.files[i].as_mut().expect("opened above");
-            let buf = &mut self.buf;
-            buf.clear();
-            let records = src.drain_raw(i as u32, buf).unwrap_or(0) as u64;
-            let bytes = 8 * buf.len() as u64;
-            // One write of the whole span: the words' bytes as they are in memory
-            // (little-endian on x86-64, as the format says).
-            let err = out.write_all(words_as_bytes(buf)).err();
-            self.records[i] += records;
-            self.bytes[i] += bytes;
+            // In pieces of a few MiB, each written before the next is read (the CLI holds one
+            // piece, not a ring); at most MAX_PIECES a poll while the program runs (the other
+            // rings' turn), everything at the last poll.
+            let mut pieces = 0;
+            let mut err = None;
+            loop {
+                let buf = &mut self.buf;
+                buf.clear();
+                let records = src.drain_raw(i as u32, buf).unwrap_or(0) as u64;
+                if records == 0 {
+                    break;
+                }
+                let bytes = 8 * buf.len() as u64;
+                // One write of the whole span: the words' bytes as they are in memory
+                // (little-endian on x86-64, as the format says).
+                err = out.write_all(words_as_bytes(buf)).err();
+                self.records[i] += records;
+                self.bytes[i] += bytes;
+                pieces += 1;
+                if err.is_some() || (!final_poll && pieces >= MAX_PIECES) {
+                    break;
+                }
+            }
             if let Some(e) = err {
                 self.fail(format!("writing {}: {e}", ring_file(i as u32)));
             }

@@ -358,7 +358,8 @@ pub trait Source {
     fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool;
     /// [`drain`](Self::drain) in bulk: the records as the ring holds them (header word
     /// `len | rtype << 16 | aux << 32`, `len` counting the header, then the payload), appended
-    /// to `buf`; the number of records, `None` when the stream cannot be read.
+    /// to `buf`; the number of records (0: nothing more now; a live stream is drained in
+    /// pieces of a few MiB), `None` when the stream cannot be read.
     fn drain_raw(&mut self, i: u32, buf: &mut Vec<u64>) -> Option<usize> {
         let mut n = 0;
         let ok = self.drain(i, |rtype, aux, w| {
@@ -422,6 +423,8 @@ struct Stream {
 
 /// What [`Live`]'s drain of a ring takes at most (the rest at the next drain).
 const LIVE_DRAIN_BYTES: u64 = 1 << 20;
+/// The same for a raw drain (`record`, which writes each piece out before the next).
+const LIVE_DRAIN_RAW_BYTES: u64 = 4 << 20;
 
 /// The live shared rings, as streams (one per owner of a ring: [`Source::nr_rings`]).
 pub struct Live<'a> {
@@ -533,7 +536,7 @@ impl Source for Live<'_> {
         };
         let mut r = self.rings.reader(ring)?;
         let before = buf.len();
-        let n = r.drain_raw(buf);
+        let n = r.drain_raw_max(buf, LIVE_DRAIN_RAW_BYTES);
         self.drained_bytes += 8 * (buf.len() - before) as u64;
         Some(n)
     }

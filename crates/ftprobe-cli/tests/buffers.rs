@@ -4,11 +4,11 @@
 //! nothing. The truth is what the programs count themselves.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 mod common;
-use common::{events, ftprobe, trace};
+use common::{events, ftprobe, tmp_dir, trace};
 
 use ftprobe_dev::{lua, lua_script, rings_fixture, sigcalls_fixture, LuaBuild};
 
@@ -128,24 +128,9 @@ fn sixty_four_threads_cost_close_to_one_thread() {
     );
 }
 
-fn tmp_dir(what: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ftprobe-buffers-{}-{what}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// `ftprobe record -d DIR ARGS -- CMD`.
 fn record(dir: &Path, args: &[&str], cmd: &[&str]) -> Output {
-    ftprobe()
-        .arg("record")
-        .arg("-d")
-        .arg(dir)
-        .args(args)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .expect("run ftprobe record")
+    common::record_to(dir, args, cmd)
 }
 
 /// `ftprobe replay -d DIR`: its text.

@@ -149,11 +149,26 @@ fn shapes(t: &Trees) -> Vec<String> {
                 .map(|l| l.len() - l.trim_start().len())
                 .min()
                 .unwrap_or(0);
-            lines
-                .iter()
-                .map(|l| &l[shift..])
-                .collect::<Vec<_>>()
-                .join("\n")
+            // A call with nothing inside printed as `f() {` then `}` (uftrace does so when
+            // another of its records, e.g. a task switch, came between the entry and the
+            // exit) is the leaf `f();`.
+            let mut out: Vec<String> = Vec::new();
+            for l in lines.iter().map(|l| &l[shift..]) {
+                let close = l.trim_start() == "}";
+                let indent = l.len() - l.trim_start().len();
+                match out.last_mut() {
+                    Some(prev)
+                        if close
+                            && prev.ends_with("() {")
+                            && prev.len() - prev.trim_start().len() == indent =>
+                    {
+                        let leaf = format!("{}();", &prev[..prev.len() - 4]);
+                        *prev = leaf;
+                    }
+                    _ => out.push(l.to_owned()),
+                }
+            }
+            out.join("\n")
         })
         .collect();
     v.sort();

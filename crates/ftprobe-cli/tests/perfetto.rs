@@ -8,10 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 mod common;
 use common::ftprobe;
+use common::tmp_dir;
 
 use ftprobe_dev::{procs_tree_fixture, report_tree_fixture};
 
@@ -36,30 +36,9 @@ fn no_perfetto_protos() -> Option<String> {
     }
 }
 
-/// A fresh directory of this test process.
-fn tmp_dir(what: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ftprobe-pf-{}-{what}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// `ftprobe record -d DIR/data ARGS -- PROGRAM`: the program's output.
 fn record(dir: &Path, args: &[&str], program: &Path) -> String {
-    let out = ftprobe()
-        .arg("record")
-        .arg("-d")
-        .arg(dir.join("data"))
-        .args(args)
-        .arg("--")
-        .arg(program)
-        .output()
-        .expect("run ftprobe record");
+    let out = common::record_to(&dir.join("data"), args, [program]);
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap()
 }

@@ -4,39 +4,17 @@
 //! replays after the program's file is gone or changed; the exit status and the lost-event
 //! counts are kept.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 mod common;
-use common::{ftprobe, trace, untraced};
+use common::{ftprobe, tmp_dir, trace, untraced};
 
 use ftprobe_dev::{fgraph_deep_fixture, fixture, Flavour};
 
-/// A fresh directory of this test process.
-fn tmp_dir(what: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ftprobe-rr-{}-{what}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// `ftprobe record -d DIR ARGS -- CMD`.
 fn record(dir: &Path, args: &[&str], cmd: &[&str]) -> Output {
-    ftprobe()
-        .arg("record")
-        .arg("-d")
-        .arg(dir)
-        .args(args)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .expect("run ftprobe record")
+    common::record_to(dir, args, cmd)
 }
 
 /// `ftprobe replay -d DIR ARGS`: (its output, the text it printed).

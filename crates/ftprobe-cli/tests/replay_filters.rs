@@ -5,39 +5,17 @@
 //! timestamps taken from a first replay; and `replay` without `-i` reads the last
 //! recording `record` made without `-d`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 mod common;
-use common::{events, ftprobe};
+use common::{events, ftprobe, tmp_dir};
 
 use ftprobe_dev::{fixture, naps_fixture, report_tree_fixture, Flavour};
 
-/// A fresh directory of this test process.
-fn tmp_dir(what: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ftprobe-rf-{}-{what}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// `ftprobe record -d DIR ARGS -- CMD`: the program's standard output.
 fn record(dir: &Path, args: &[&str], cmd: &[&str]) -> String {
-    let out = ftprobe()
-        .arg("record")
-        .arg("-d")
-        .arg(dir)
-        .args(args)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .expect("run ftprobe record");
+    let out = common::record_to(dir, args, cmd);
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap()
 }

@@ -5,39 +5,18 @@
 //! folded stacks sum to the roots' total time; the SVG is XML.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 mod common;
 use common::ftprobe;
+use common::tmp_dir;
 
 use ftprobe_dev::report_tree_fixture;
 
-/// A fresh directory of this test process.
-fn tmp_dir(what: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ftprobe-rd-{}-{what}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// `ftprobe record -d DIR/data ARGS -- report_tree`: the program's output.
 fn record(dir: &Path, args: &[&str]) -> String {
-    let out = ftprobe()
-        .arg("record")
-        .arg("-d")
-        .arg(dir.join("data"))
-        .args(args)
-        .arg("--")
-        .arg(report_tree_fixture())
-        .output()
-        .expect("run ftprobe record");
+    let out = common::record_to(&dir.join("data"), args, [report_tree_fixture()]);
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap()
 }

@@ -4,27 +4,13 @@
 //! threads whose events interleave closely is merged strictly by timestamp, as the kernel's
 //! `trace` file is.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 mod common;
-use common::{events, ftprobe, trace};
+use common::{events, ftprobe, tmp_dir, trace};
 
 use ftprobe_dev::{fixture, pingpong_fixture, Flavour};
-
-/// A fresh directory of this test process.
-fn tmp_dir(what: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ftprobe-st-{}-{what}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// `threads N`: 4 threads, each calls `work` N times.
 fn threads_exe() -> String {

@@ -2043,8 +2043,14 @@ impl RingReader<'_> {
     /// number of records. What does not parse is skipped and counted in
     /// [`corrupt_bytes`](Self::corrupt_bytes).
     pub fn drain_raw(&mut self, buf: &mut Vec<u64>) -> usize {
+        self.drain_raw_max(buf, u64::MAX)
+    }
+
+    /// [`drain_raw`](Self::drain_raw) of at most about `max_bytes` of records (as
+    /// [`drain_aux_in_max`](Self::drain_aux_in_max)).
+    pub fn drain_raw_max(&mut self, buf: &mut Vec<u64>, max_bytes: u64) -> usize {
         let mut count = 0;
-        self.drain_words(buf, u64::MAX, |words| {
+        self.drain_words(buf, max_bytes, |words| {
             let mut at = 0;
             while at < words.len() {
                 at += (words[at] & 0xffff) as usize;
@@ -2096,7 +2102,14 @@ impl RingReader<'_> {
             let to_end = size - pos;
             let idx = (pos / 8) as usize;
             let piece = left.min(to_end);
-            let Some(words) = self.data.get(idx..idx + (piece / 8) as usize) else {
+            // A limited drain copies what it may take, plus room for one whole record past
+            // it (so that it stops at a record's start, not inside one).
+            let room = max_bytes
+                .saturating_sub(taken)
+                .saturating_add(MAX_RECORD_WORDS as u64 * 8);
+            let copy = piece.min(room);
+            let cut_short = copy < piece;
+            let Some(words) = self.data.get(idx..idx + (copy / 8) as usize) else {
                 break;
             };
             let from = buf.len();
@@ -2127,6 +2140,12 @@ impl RingReader<'_> {
                     skip_to_end = true;
                     break;
                 }
+                if len != 0 && at + len > end && cut_short {
+                    // Runs past what this limited drain copied: the next drain takes it.
+                    stop = Some(t.wrapping_add(((at - from) * 8) as u64));
+                    end = at;
+                    break;
+                }
                 if len == 0 || at + len > end {
                     // Runs past what was published, or no length: skip to `head`.
                     self.corrupt_bytes = self.corrupt_bytes.wrapping_add(((end - at) * 8) as u64);
@@ -2138,6 +2157,10 @@ impl RingReader<'_> {
                 taken += 8 * len as u64;
             }
             buf.truncate(end);
+            if cut_short && stop.is_none() && !skip_to_end && t != head {
+                // Every copied record taken: the rest of the piece is for the next drain.
+                stop = Some(t.wrapping_add(copy));
+            }
             if t == head || stop.is_some() {
                 break;
             }
@@ -2325,6 +2348,45 @@ mod tests {
             pads > 30 && model_head > 40 * 4096,
             "pads {pads} head {model_head}"
         );
+        assert_eq!((r.lost(), r.corrupt_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn limited_drains_take_every_record_once_in_pieces() {
+        // A ring large enough that a limited drain copies only part of what is there (it
+        // copies the limit plus one largest record's room), across wraps.
+        let sr = rings(1, 4 << 20);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        let (mut expected, mut got) = (Vec::new(), Vec::new());
+        let mut scratch = Vec::new();
+        let mut seq = 0u64;
+        let mut drains = 0;
+        for _ in 0..8 {
+            for _ in 0..50_000 {
+                let payload: Vec<u64> = (0..seq % 13).map(|k| seq * 100 + k).collect();
+                let rtype = (seq % 5) as u16;
+                assert!(w.write(rtype, &payload), "record {seq}");
+                expected.push((rtype, payload));
+                seq += 1;
+            }
+            // A 4 KiB limit: each drain stops at a record's start past 4 KiB.
+            loop {
+                let n = r.drain_aux_in_max(&mut scratch, 4096, |t, _, p| got.push((t, p.to_vec())));
+                drains += 1;
+                assert!(
+                    scratch.len() * 8 <= 4096 + MAX_RECORD_WORDS * 8,
+                    "{}",
+                    scratch.len()
+                );
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        assert_eq!(got.len(), expected.len());
+        assert_eq!(got, expected);
+        assert!(drains > 1000, "{drains}");
         assert_eq!((r.lost(), r.corrupt_bytes()), (0, 0));
     }
 

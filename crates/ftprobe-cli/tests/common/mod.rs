@@ -6,6 +6,36 @@
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// A fresh, empty directory of this test process, named after `what`.
+pub fn tmp_dir(what: &str) -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "ftprobe-t-{}-{what}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `ftprobe record -d DIR ARGS -- CMD...`.
+pub fn record_to(
+    dir: &std::path::Path,
+    args: &[&str],
+    cmd: impl IntoIterator<Item = impl AsRef<std::ffi::OsStr>>,
+) -> Output {
+    ftprobe()
+        .arg("record")
+        .arg("-d")
+        .arg(dir)
+        .args(args)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .expect("run ftprobe record")
+}
+
 /// The `ftprobe` binary under test.
 pub fn ftprobe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ftprobe"))
