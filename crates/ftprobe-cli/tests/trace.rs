@@ -176,7 +176,7 @@ fn lost_events_without_a_ring_are_counted_exactly() {
             .lines()
             .find_map(|l| {
                 l.strip_prefix("# ")?
-                    .strip_suffix(" events lost: more threads than rings (--rings)")
+                    .strip_suffix(" events lost: more threads at once than rings (--rings)")
             })
             .map_or(0, |n| n.parse().unwrap());
         assert_eq!(
