@@ -185,7 +185,7 @@ fn record_of_1100_threads_one_after_another_survives_a_low_open_files_limit() {
         256,
     ));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{out:?}");
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
     assert!(!stderr.contains("Too many open files"), "{stderr}");
     let t = truth(&out.stdout);
     assert_eq!((t.workers, t.mid, t.leaf), (1100, 11_000, 33_000));
