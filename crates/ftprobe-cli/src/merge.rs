@@ -120,12 +120,15 @@ impl Queue {
                 self.words.clear();
             }
             self.pos = 0;
-        } else if self.pos >= 1 << 14 && self.pos * 2 >= self.words.len() {
+        } else if self.pos >= 1 << 13 && self.pos * 2 >= self.words.len() {
             self.words.drain(..self.pos);
             self.pos = 0;
         }
-        if self.words.capacity() > 1 << 16 && self.words.len() < self.words.capacity() / 4 {
-            self.words.shrink_to(self.words.len().max(1 << 12));
+        // A queue that keeps a record or two (a function_graph entry waits for its next
+        // record) gives back what it no longer holds: thousands of threads' queues may be
+        // alive while the CLI catches up with threads that ended.
+        if self.words.capacity() > 1 << 14 && self.words.len() < self.words.capacity() / 8 {
+            self.words.shrink_to((self.words.len() * 2).max(1 << 12));
         }
     }
 }

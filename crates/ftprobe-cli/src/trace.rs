@@ -261,7 +261,9 @@ impl Printer {
     /// Forget the rings (streams) that ended and whose records were all printed.
     fn retire(&mut self) {
         for r in self.merge.retire() {
-            self.owners.remove(&r);
+            if let (Some(o), Some(g)) = (self.owners.remove(&r), self.graph.as_mut()) {
+                g.forget_thread(o.tid);
+            }
             self.queued_owner.remove(&r);
         }
     }

@@ -240,8 +240,8 @@ fn short_lived_threads_one_after_another_lose_nothing() {
 /// Regression (review 3, finding 2): when rings do run short, the trailer says which way,
 /// and the counts are exact per thread (what the trace shows of a thread plus what it says
 /// the thread lost is what the thread did).
-/// - `--rings 2`, waves of 8 threads alive at once (a barrier), 50 ms apart: more threads at
-///   once than rings;
+/// - `--rings 2`, waves of 8 threads alive at once (a barrier): more threads at
+///   once than rings (300 ms apart: the CLI freed the rings of a wave before the next);
 /// - `--rings 3`, 200 threads one after another with no pause: the rings are held by ended
 ///   threads not read yet (before, both said "more threads than rings").
 #[test]
@@ -320,21 +320,21 @@ fn peak_private_kib(args: &[&str]) -> u64 {
 /// Regression (review 3, finding 4; finding 1 for `record`): the CLI's memory grew with the
 /// threads ever seen (a merge queue, a 1 MiB file buffer per thread ever seen: `trace` of
 /// `mt2 20000 4 1 100` grew by ~40 MB/s to 866 MB). With 10 times the threads over the run
-/// (4 at once), the peak stays within 1.5 times the smaller run's, live and recording.
+/// (4 at once), the peak stays within 1.5 times the smaller run's: live (function and
+/// function_graph, whose queues keep an entry waiting for its return) and recording.
 #[test]
 fn cli_memory_does_not_grow_with_the_threads_over_the_run() {
     let exe = churn();
-    for mode in ["trace", "record"] {
+    for mode in ["trace", "function_graph", "record"] {
         let mut peaks = Vec::new();
         for waves in ["150", "1500"] {
             let dir = tmp_dir("churn-mem").join("rec");
             let dir = dir.to_str().unwrap().to_owned();
-            let mut args = vec![mode];
-            if mode == "trace" {
-                args.extend(["-o", "/dev/null"]);
-            } else {
-                args.extend(["-d", &dir]);
-            }
+            let mut args = match mode {
+                "trace" => vec!["trace", "-o", "/dev/null"],
+                "function_graph" => vec!["trace", "-t", "function_graph", "-o", "/dev/null"],
+                _ => vec!["record", "-d", &dir],
+            };
             args.extend(["--", &exe, waves, "4", "0", "300"]);
             peaks.push(peak_private_kib(&args));
         }
