@@ -249,7 +249,7 @@ fn rings_run_short_the_loss_says_why_and_counts_exactly() {
     let cases: [(&str, &[&str], &str, &str); 2] = [
         (
             "2",
-            &["3", "8", "50", "100", "together"],
+            &["3", "8", "300", "100", "together"],
             LOST_OWNED,
             LOST_UNRECLAIMED,
         ),
