@@ -113,8 +113,9 @@ impl Queue {
         self.count -= 1;
         if self.count == 0 {
             // Empty: its memory goes back (a thread's queue is one of up to thousands while
-            // the CLI catches up with ended threads), but a small buffer is kept.
-            if self.words.capacity() > 1 << 12 {
+            // the CLI catches up with ended threads: 16 KiB each adds up), but a small
+            // buffer is kept.
+            if self.words.capacity() > 1 << 8 {
                 self.words = Vec::new();
             } else {
                 self.words.clear();

@@ -173,7 +173,8 @@ fn replay_and_report(dir: &Path, nofile: u64) -> (String, HashMap<String, u64>) 
 /// and report count every call the program made.
 #[test]
 fn record_of_1100_threads_one_after_another_survives_a_low_open_files_limit() {
-    let dir = tmp_dir("churn-nofile").join("rec");
+    let tmp = tmp_dir("churn-nofile");
+    let dir = tmp.join("rec");
     let out = run(with_nofile(
         ftprobe().arg("record").arg("-d").arg(&dir).arg("--").args([
             &churn(),
@@ -202,6 +203,7 @@ fn record_of_1100_threads_one_after_another_survives_a_low_open_files_limit() {
     for (tid, calls) in &t.per_tid {
         assert_eq!(per_tid.get(tid), Some(calls), "tid {tid}");
     }
+    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 /// Regression (review 3, finding 2): threads created one after another, with no pause,
@@ -224,7 +226,8 @@ fn short_lived_threads_one_after_another_lose_nothing() {
         assert_eq!(calls_of(&text, "churn_mid"), t.mid, "trace {per}");
         assert_eq!(calls_of(&text, "churn_leaf"), t.leaf, "trace {per}");
         // record, replay
-        let dir = tmp_dir("churn-seq").join("rec");
+        let tmp = tmp_dir("churn-seq");
+        let dir = tmp.join("rec");
         let out = common::record_to(&dir, &[], &args);
         assert!(out.status.success(), "{out:?}");
         let t = truth(&out.stdout);
@@ -234,6 +237,7 @@ fn short_lived_threads_one_after_another_lose_nothing() {
         assert_eq!(calls_of(&replay, "churn_mid"), t.mid, "record {per}");
         assert_eq!(calls_of(&replay, "churn_leaf"), t.leaf, "record {per}");
         assert_eq!(report.get("churn_mid"), Some(&t.mid), "{report:?}");
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 }
 
@@ -328,15 +332,17 @@ fn cli_memory_does_not_grow_with_the_threads_over_the_run() {
     for mode in ["trace", "function_graph", "record"] {
         let mut peaks = Vec::new();
         for waves in ["150", "1500"] {
-            let dir = tmp_dir("churn-mem").join("rec");
-            let dir = dir.to_str().unwrap().to_owned();
+            let tmp = tmp_dir("churn-mem");
+            let dir = tmp.join("rec").to_str().unwrap().to_owned();
             let mut args = match mode {
                 "trace" => vec!["trace", "-o", "/dev/null"],
                 "function_graph" => vec!["trace", "-t", "function_graph", "-o", "/dev/null"],
                 _ => vec!["record", "-d", &dir],
             };
-            args.extend(["--", &exe, waves, "4", "0", "300"]);
+            args.extend(["--", &exe, waves, "4", "0", "100"]);
             peaks.push(peak_private_kib(&args));
+            // The recording of the larger run is ~80 MB.
+            let _ = std::fs::remove_dir_all(&tmp);
         }
         let (small, large) = (peaks[0], peaks[1]);
         eprintln!("{mode}: peak private memory {small} KiB (600 threads), {large} KiB (6000)");
