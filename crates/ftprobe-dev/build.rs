@@ -295,6 +295,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("pingpong", &[], &["-pthread"]),
         // procs_tree: a known call tree in two processes of two threads (dump's pids).
         ("procs_tree", &[], &["-pthread"]),
+        // churn: waves of short-lived threads (rings freed and claimed again, thread churn).
+        ("churn", patchable.cflags(), &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

@@ -195,6 +195,15 @@ impl Graph {
         }
     }
 
+    /// Thread `pid` ended and all its lines are out: forget its state. The comms kept are
+    /// those of the CPUs' last lines (the only ones a context-switch banner names; a thread
+    /// puts its own back with its next line).
+    pub fn forget_thread(&mut self, pid: u32) {
+        self.threads.remove(&pid);
+        let last = &self.last_pid;
+        self.comms.retain(|p, _| last.values().any(|l| l == p));
+    }
+
     /// Before a poll's lines: `n` threads have recorded so far. A second thread turns the
     /// TASK/PID column on (unless an option set it); the column header is printed before the
     /// first lines, and again (after a `#` line) when the column turns on later.

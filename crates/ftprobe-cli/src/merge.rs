@@ -11,7 +11,7 @@
 //! has shown a timestamp at or past it, or will bring nothing more (`done`).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use ftprobe::record;
 
@@ -40,6 +40,8 @@ pub struct Queue {
     /// was read), and when a drain last brought records (CLOCK_MONOTONIC ns).
     pub drained_tsc: u64,
     pub arrival_ns: u64,
+    /// Its first record is in the merge's heap.
+    in_heap: bool,
 }
 
 impl Queue {
@@ -110,60 +112,77 @@ impl Queue {
         self.pos += 2 + len;
         self.count -= 1;
         if self.count == 0 {
-            self.words.clear();
+            // Empty: its memory goes back (a thread's queue is one of up to thousands while
+            // the CLI catches up with ended threads: 16 KiB each adds up), but a small
+            // buffer is kept.
+            if self.words.capacity() > 1 << 8 {
+                self.words = Vec::new();
+            } else {
+                self.words.clear();
+            }
             self.pos = 0;
-        } else if self.pos >= 1 << 14 && self.pos * 2 >= self.words.len() {
+        } else if self.pos >= 1 << 13 && self.pos * 2 >= self.words.len() {
             self.words.drain(..self.pos);
             self.pos = 0;
         }
-        if self.words.capacity() > 1 << 16 && self.words.len() < self.words.capacity() / 4 {
-            self.words.shrink_to(self.words.len().max(1 << 12));
+        // A queue that keeps a record or two (a function_graph entry waits for its next
+        // record) gives back what it no longer holds: thousands of threads' queues may be
+        // alive while the CLI catches up with threads that ended.
+        if self.words.capacity() > 1 << 14 && self.words.len() < self.words.capacity() / 8 {
+            self.words.shrink_to((self.words.len() * 2).max(1 << 12));
         }
     }
 }
 
-/// The queues of every ring and the heap of their first records.
+/// The queues of the rings (streams) that may still bring or hold records, and the heap of
+/// their first records. A queue done and empty is dropped ([`Merge::retire`]): the merge
+/// holds nothing for a thread that ended and was printed.
 #[derive(Default)]
 pub struct Merge {
-    pub queues: Vec<Queue>,
+    pub queues: BTreeMap<u32, Queue>,
     heap: BinaryHeap<Reverse<(u64, u32)>>,
-    in_heap: Vec<bool>,
     /// Records held in all queues.
     pub held: usize,
 }
 
 impl Merge {
-    fn grow(&mut self, ring: u32) {
-        let n = ring as usize + 1;
-        if self.queues.len() < n {
-            self.queues.resize_with(n, Queue::default);
-            self.in_heap.resize(n, false);
-        }
-    }
-
     /// The queue of `ring` (created empty if need be).
     pub fn queue(&mut self, ring: u32) -> &mut Queue {
-        self.grow(ring);
-        &mut self.queues[ring as usize]
+        self.queues.entry(ring).or_default()
     }
 
     pub fn push(&mut self, ring: u32, rt: u16, aux: u32, w: &[u64]) {
-        self.grow(ring);
-        self.queues[ring as usize].push(rt, aux, w);
+        self.queue(ring).push(rt, aux, w);
         self.held += 1;
         self.reinsert(ring);
     }
 
     /// Put `ring`'s first record in the heap if it is not there and there is one.
     pub fn reinsert(&mut self, ring: u32) {
-        let r = ring as usize;
-        if !self.in_heap[r] {
-            if let Some(h) = self.queues[r].head() {
+        let Some(q) = self.queues.get_mut(&ring) else {
+            return;
+        };
+        if !q.in_heap {
+            if let Some(h) = q.head() {
                 let key = h.key;
+                q.in_heap = true;
                 self.heap.push(Reverse((key, ring)));
-                self.in_heap[r] = true;
             }
         }
+    }
+
+    /// Drop the queues that are done and empty; returns their rings.
+    pub fn retire(&mut self) -> Vec<u32> {
+        let gone: Vec<u32> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| q.done && q.is_empty() && !q.in_heap)
+            .map(|(&r, _)| r)
+            .collect();
+        for r in &gone {
+            self.queues.remove(r);
+        }
+        gone
     }
 
     /// The ring whose first record comes first, and that record's key.
@@ -175,13 +194,17 @@ impl Merge {
     /// ([`Merge::pop_record`]) and then calls [`Merge::reinsert`].
     pub fn take(&mut self) -> Option<u32> {
         let Reverse((_, ring)) = self.heap.pop()?;
-        self.in_heap[ring as usize] = false;
+        if let Some(q) = self.queues.get_mut(&ring) {
+            q.in_heap = false;
+        }
         Some(ring)
     }
 
     /// Drop the first record of `ring` (taken off the heap).
     pub fn pop_record(&mut self, ring: u32) {
-        let q = &mut self.queues[ring as usize];
+        let Some(q) = self.queues.get_mut(&ring) else {
+            return;
+        };
         if !q.is_empty() {
             q.pop();
             self.held -= 1;
@@ -192,7 +215,7 @@ impl Merge {
     /// records: nothing later than it may be handed out yet (`u64::MAX`: no such ring).
     pub fn horizon(&self, now_ns: u64, idle_ns: Option<u64>) -> u64 {
         self.queues
-            .iter()
+            .values()
             .filter(|q| !q.done && q.is_empty())
             .map(|q| q.bound(now_ns, idle_ns))
             .min()
@@ -215,7 +238,7 @@ mod tests {
         m.push(1, rtype::FUNC, 0, &[7, 4, 0]);
         let mut got = Vec::new();
         while let Some(r) = m.take() {
-            let h = m.queues[r as usize].head().unwrap();
+            let h = m.queues[&r].head().unwrap();
             got.push((r, h.rtype, h.words[..1].to_vec()));
             m.pop_record(r);
             m.reinsert(r);

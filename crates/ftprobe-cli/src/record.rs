@@ -24,8 +24,9 @@
 //!   `Symbols` then reads the copy through the same ELF code as live (symbols, `.eh_frame`
 //!   ranges, demangling), and `std::fs::copy` is cheap (`copy_file_range`).
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -87,6 +88,12 @@ pub struct Info {
     pub claimed: u32,
     pub rings: Vec<RingInfo>,
     pub lost_no_ring: u64,
+    /// Of `lost_no_ring`: events lost while some rings were held by ended threads that
+    /// ftprobe had not read yet, and events of threads after they released their ring.
+    #[serde(default)]
+    pub lost_unreclaimed: u64,
+    #[serde(default)]
+    pub lost_after_end: u64,
     /// The threads that had no ring: (tid, events lost).
     #[serde(default)]
     pub lost_by_tid: Vec<[u64; 2]>,
@@ -208,10 +215,14 @@ struct Recorder {
     /// The data directory, and whether the staging directory became it.
     target: PathBuf,
     rotated: bool,
-    /// Per ring: its file (opened at its first record), records, bytes.
-    files: Vec<Option<BufWriter<File>>>,
+    /// The files of the streams that may still bring records (opened at a stream's first
+    /// record, closed once the stream ended: its ring was freed), by stream.
+    files: BTreeMap<u32, File>,
+    /// Per stream: records and bytes in its file (all streams: 16 bytes each).
     records: Vec<u64>,
     bytes: Vec<u64>,
+    /// The streams that may still bring records, this poll (reused).
+    active: Vec<u32>,
     /// The objects table as last seen, and every object seen (copied when first seen).
     table: Vec<(u64, Vec<u8>)>,
     objects: Vec<ObjectInfo>,
@@ -231,6 +242,84 @@ fn words_as_bytes(words: &[u64]) -> &[u8] {
 }
 
 impl Recorder {
+    /// Close stream `i`'s file (unbuffered: each drain's piece, whole records of up to a
+    /// few MiB, is one write, so a thread alive costs a descriptor and no buffer).
+    fn close(&mut self, i: u32) {
+        self.files.remove(&i);
+    }
+
+    /// Stream `i`'s file, opened (appending: it may have been closed to free a descriptor)
+    /// if need be.
+    fn file(&mut self, i: u32) -> Result<&mut File, String> {
+        if !self.files.contains_key(&i) {
+            let path = self.dir.join(ring_file(i));
+            let open = || OpenOptions::new().create(true).append(true).open(&path);
+            let f = match open() {
+                // Out of descriptors (many threads alive at once, a low `ulimit -n`): close
+                // the other streams' files (they are opened again when they bring more), and
+                // try again.
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) && !self.files.is_empty() => {
+                    let others: Vec<u32> = self.files.keys().copied().collect();
+                    for o in others {
+                        self.close(o);
+                    }
+                    open()
+                }
+                r => r,
+            };
+            let f = f.map_err(|e| {
+                let hint = if e.raw_os_error() == Some(libc::EMFILE) {
+                    " (the open files limit, `ulimit -n`, is too low even for one stream)"
+                } else {
+                    ""
+                };
+                format!("creating {}: {e}{hint}", path.display())
+            })?;
+            self.files.insert(i, f);
+        }
+        Ok(self.files.get_mut(&i).expect("inserted above"))
+    }
+
+    /// Write what stream `i` has now to its file.
+    fn drain_stream<S: Source>(&mut self, src: &mut S, i: u32, final_poll: bool) {
+        if self.error.is_some() {
+            // Drained and dropped: what was recorded before the error stays readable (the
+            // counts in `info.json` are those of the files).
+            src.drain(i, |_, _, _| {});
+            return;
+        }
+        // In pieces of a few MiB, each written before the next is read (the CLI holds one
+        // piece, not a ring); at most MAX_PIECES a poll while the program runs (the other
+        // rings' turn), everything at the last poll.
+        let mut pieces = 0;
+        let mut buf = std::mem::take(&mut self.buf);
+        loop {
+            buf.clear();
+            let records = src.drain_raw(i, &mut buf).unwrap_or(0) as u64;
+            if records == 0 {
+                break;
+            }
+            let bytes = 8 * buf.len() as u64;
+            // One write of the whole span: the words' bytes as they are in memory
+            // (little-endian on x86-64, as the format says).
+            let written = self.file(i).and_then(|out| {
+                out.write_all(words_as_bytes(&buf))
+                    .map_err(|e| format!("writing {}: {e}", ring_file(i)))
+            });
+            if let Err(e) = written {
+                self.fail(e);
+                break;
+            }
+            self.records[i as usize] += records;
+            self.bytes[i as usize] += bytes;
+            pieces += 1;
+            if !final_poll && pieces >= MAX_PIECES {
+                break;
+            }
+        }
+        self.buf = buf;
+    }
+
     /// Once the agent armed (the run is recording): the staging directory becomes the data
     /// directory. Open files keep writing to it.
     fn rotate_once_armed<S: Source>(&mut self, src: &S) {
@@ -320,70 +409,37 @@ impl Sink for Recorder {
             self.copy_objects(table);
         }
         let n = src.claimed().min(src.nr_rings()) as usize;
-        if self.files.len() < n {
-            self.files.resize_with(n, || None);
+        if self.records.len() < n {
             self.records.resize(n, 0);
             self.bytes.resize(n, 0);
         }
-        for i in 0..n {
-            if self.error.is_some() {
-                // Drained and dropped: the recording is lost already.
-                src.drain(i as u32, |_, _, _| {});
-                continue;
-            }
-            if self.files[i].is_none() {
-                let path = self.dir.join(ring_file(i as u32));
-                match File::create(&path) {
-                    Ok(f) => self.files[i] = Some(BufWriter::with_capacity(1 << 20, f)),
-                    Err(e) => {
-                        self.fail(format!("creating {}: {e}", path.display()));
-                        continue;
-                    }
-                }
-            }
-            let out = self.files[i].as_mut().expect("opened above");
-            // In pieces of a few MiB, each written before the next is read (the CLI holds one
-            // piece, not a ring); at most MAX_PIECES a poll while the program runs (the other
-            // rings' turn), everything at the last poll.
-            let mut pieces = 0;
-            let mut err = None;
-            loop {
-                let buf = &mut self.buf;
-                buf.clear();
-                let records = src.drain_raw(i as u32, buf).unwrap_or(0) as u64;
-                if records == 0 {
-                    break;
-                }
-                let bytes = 8 * buf.len() as u64;
-                // One write of the whole span: the words' bytes as they are in memory
-                // (little-endian on x86-64, as the format says).
-                err = out.write_all(words_as_bytes(buf)).err();
-                self.records[i] += records;
-                self.bytes[i] += bytes;
-                pieces += 1;
-                if err.is_some() || (!final_poll && pieces >= MAX_PIECES) {
-                    break;
-                }
-            }
-            if let Some(e) = err {
-                self.fail(format!("writing {}: {e}", ring_file(i as u32)));
-            }
+        let mut active = std::mem::take(&mut self.active);
+        src.active(&mut active);
+        // The streams that ended since the last poll (read to the end then): their files are
+        // complete.
+        let ended: Vec<u32> = self
+            .files
+            .keys()
+            .copied()
+            .filter(|i| active.binary_search(i).is_err())
+            .collect();
+        for i in ended {
+            self.close(i);
         }
+        for &i in &active {
+            self.drain_stream(src, i, final_poll);
+        }
+        self.active = active;
     }
 
     fn flush(&mut self) {}
 
     fn finish<S: Source>(&mut self, src: &mut S, end: &End) -> Result<()> {
-        let mut flush_errors = Vec::new();
-        for (i, f) in self.files.iter_mut().enumerate() {
-            if let Some(f) = f {
-                if let Err(e) = f.flush() {
-                    flush_errors.push(format!("writing {}: {e}", ring_file(i as u32)));
-                }
-            }
-        }
-        for e in flush_errors {
-            self.fail(e);
+        // Every file closed first: `info.json` then has a descriptor to be written
+        // with, whatever happened before.
+        let open: Vec<u32> = self.files.keys().copied().collect();
+        for i in open {
+            self.close(i);
         }
         self.rotate_once_armed(src);
         if !self.rotated {
@@ -414,6 +470,7 @@ impl Sink for Recorder {
             })
             .collect();
         info.lost_no_ring = src.lost_no_ring();
+        (info.lost_unreclaimed, info.lost_after_end) = src.lost_no_ring_kinds();
         info.lost_by_tid = src
             .lost_by_tid()
             .into_iter()
@@ -481,10 +538,12 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         ncpus: session::nr_cpus(),
         cpus_online: session::cpus_online(),
         armed: false,
-        nr_rings: a.rings,
+        nr_rings: a.nr_rings(),
         claimed: 0,
         rings: Vec::new(),
         lost_no_ring: 0,
+        lost_unreclaimed: 0,
+        lost_after_end: 0,
         lost_by_tid: Vec::new(),
         lost_recursion: 0,
         fgraph_overrun: 0,
@@ -496,9 +555,10 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         dir: staging.clone(),
         target: args.dir,
         rotated: false,
-        files: Vec::new(),
+        files: BTreeMap::new(),
         records: Vec::new(),
         bytes: Vec::new(),
+        active: Vec::new(),
         table: Vec::new(),
         objects: Vec::new(),
         error: None,

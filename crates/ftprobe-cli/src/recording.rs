@@ -61,12 +61,23 @@ pub struct RingFile {
 
 impl RingFile {
     fn open(path: &Path, format: u32) -> std::io::Result<RingFile> {
+        RingFile::open_at(path, format, 0)
+    }
+
+    /// The file at `path` from word `at` on (a record's start: where an earlier `RingFile`
+    /// of it stopped).
+    fn open_at(path: &Path, format: u32, at: u64) -> std::io::Result<RingFile> {
+        use std::io::Seek;
+        let mut f = File::open(path)?;
+        if at != 0 {
+            f.seek(std::io::SeekFrom::Start(at * 8))?;
+        }
         Ok(RingFile {
-            r: BufReader::with_capacity(64 << 10, File::open(path)?),
+            r: BufReader::with_capacity(64 << 10, f),
             format,
             words: Vec::new(),
             bytes: Vec::new(),
-            at: 0,
+            at,
         })
     }
 
@@ -111,7 +122,10 @@ impl RingFile {
 
 /// A ring of a recording being read.
 struct Cursor {
+    /// Open while a read is under way: closed between chunks, so that a recording of many
+    /// threads is read with one file descriptor (`at`: where to go on).
     file: Option<RingFile>,
+    at: u64,
     path: PathBuf,
     filter: ThreadFilter,
     done: bool,
@@ -254,6 +268,7 @@ impl Recording {
         for (i, path, _) in self.ring_paths() {
             cursors[i as usize] = Some(Cursor {
                 file: None,
+                at: 0,
                 path,
                 filter: ThreadFilter::default(),
                 done: false,
@@ -275,7 +290,7 @@ impl Recording {
             return false;
         }
         if c.file.is_none() {
-            match RingFile::open(&c.path, format) {
+            match RingFile::open_at(&c.path, format, c.at) {
                 Ok(file) => c.file = Some(file),
                 // A ring with no record has no file.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -322,6 +337,8 @@ impl Recording {
             };
             c.filter.push(&mut cx, rt, aux, &file.words, &mut out);
             if n.get() >= max {
+                c.at = file.at;
+                c.file = None;
                 return true;
             }
         }
@@ -337,6 +354,7 @@ impl Recording {
         if let Some(Some(c)) = self.cursors.get_mut(i as usize) {
             *c = Cursor {
                 file: None,
+                at: 0,
                 path: c.path.clone(),
                 filter: ThreadFilter::default(),
                 done: false,
@@ -404,6 +422,9 @@ impl Source for Recording {
     }
     fn lost_no_ring(&self) -> u64 {
         self.info.lost_no_ring
+    }
+    fn lost_no_ring_kinds(&self) -> (u64, u64) {
+        (self.info.lost_unreclaimed, self.info.lost_after_end)
     }
     fn lost_by_tid(&self) -> Vec<(u32, u64)> {
         self.info

@@ -70,10 +70,12 @@ pub struct SessionArgs {
     /// reads).
     #[arg(long = "buffer-size-kb", default_value_t = 524288)]
     pub buffer_size_kb: u32,
-    /// Number of rings: at most this many threads record at once (a thread's ring is freed
-    /// for another one when it ends).
-    #[arg(long = "rings", default_value_t = 64)]
-    pub rings: u32,
+    /// Number of rings: the threads that own one at once, plus the threads that ended and
+    /// whose ring ftprobe has not read to the end yet (it is then freed for another thread).
+    /// Default: one per 16 KiB of --buffer-size-kb, at least 64 and at most 4096 (a ring
+    /// costs 128 bytes and address space until a thread writes into it).
+    #[arg(long = "rings", value_name = "N")]
+    pub rings: Option<u32>,
     /// The agent library (default: libftprobe_agent.so next to this executable, or
     /// $FTPROBE_AGENT).
     #[arg(long = "agent", value_name = "PATH")]
@@ -81,6 +83,22 @@ pub struct SessionArgs {
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<String>,
+}
+
+/// How many rings `--rings` not given means for a budget of `buffer_size_kb` KiB: one per
+/// ring's initial size (so their initial sizes together stay within the budget), between
+/// these bounds.
+pub const DEFAULT_RINGS_MIN: u32 = 64;
+pub const DEFAULT_RINGS_MAX: u32 = 4096;
+
+impl SessionArgs {
+    /// The number of rings: `--rings`, or the default for `--buffer-size-kb`.
+    pub fn nr_rings(&self) -> u32 {
+        self.rings.unwrap_or_else(|| {
+            let init_kb = ftprobe::ring::INIT_RING_BYTES / 1024;
+            (self.buffer_size_kb / init_kb).clamp(DEFAULT_RINGS_MIN, DEFAULT_RINGS_MAX)
+        })
+    }
 }
 
 fn agent_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
@@ -353,6 +371,14 @@ pub trait Source {
     fn nr_rings(&self) -> u32;
     /// The streams seen so far (`nr_rings`).
     fn claimed(&self) -> u32;
+    /// The streams that may still bring records, in increasing order, into `out` (cleared
+    /// first). A live session lists the streams whose ring its owner still holds (or that
+    /// were not read to the end): a stream that leaves the list brought everything it had, and
+    /// a sink may drop what it keeps for it. A recording lists those not read to the end.
+    fn active(&self, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend((0..self.claimed().min(self.nr_rings())).filter(|&i| !self.done(i)));
+    }
     /// Hand every record of stream `i` now available to `f` (rtype, aux, payload words), in
     /// the ring's order; `false` when the stream cannot be read.
     fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool;
@@ -384,6 +410,11 @@ pub trait Source {
     /// The objects table: (load bias, the path to read the object's symbols from).
     fn objects(&self) -> Vec<(u64, Vec<u8>)>;
     fn lost_no_ring(&self) -> u64;
+    /// Of [`lost_no_ring`](Self::lost_no_ring): (events lost while some rings were held by
+    /// ended threads not read yet, events of threads after they released their ring).
+    fn lost_no_ring_kinds(&self) -> (u64, u64) {
+        (0, 0)
+    }
     fn lost_recursion(&self) -> u64;
     fn fgraph_overrun(&self) -> u64;
     /// Per kprobe event id: (records dropped, nmissed).
@@ -410,13 +441,15 @@ pub fn ring_record_header(rtype: u16, aux: u32, payload_words: usize) -> u64 {
     ((payload_words as u64 + 1) & 0xffff) | (u64::from(rtype) << 16) | (u64::from(aux) << 32)
 }
 
-/// One owner of a ring: a record stream.
+/// One owner of a ring: a record stream. Kept for every thread seen (the trailer's and
+/// `info.json`'s counts), so small and fixed: no allocation.
 struct Stream {
     ring: u32,
     tid: u32,
     /// The thread's process (0: not said).
     pid: u32,
-    comm: Vec<u8>,
+    comm: [u8; 16],
+    comm_len: u8,
     /// The ring's `lost` when the ring was freed (then the stream is closed).
     lost: Option<u64>,
 }
@@ -437,6 +470,10 @@ pub struct Live<'a> {
     drained_bytes: u64,
     /// The words of a drain, kept from drain to drain.
     scratch: Vec<u64>,
+    /// At the last [`Live::free_drained`]: rings freed, and rings still held by ended
+    /// threads.
+    freed_now: u32,
+    held_by_ended: u32,
 }
 
 impl<'a> Live<'a> {
@@ -448,6 +485,8 @@ impl<'a> Live<'a> {
             open: vec![None; rings.config().nr_rings as usize],
             drained_bytes: 0,
             scratch: Vec::new(),
+            freed_now: 0,
+            held_by_ended: 0,
         }
     }
 
@@ -464,7 +503,8 @@ impl<'a> Live<'a> {
                     ring: i,
                     tid,
                     pid: self.rings.owner_pid(i),
-                    comm: comm[..n].to_vec(),
+                    comm,
+                    comm_len: n as u8,
                     lost: None,
                 });
             }
@@ -474,6 +514,8 @@ impl<'a> Live<'a> {
     /// After a poll: free the rings whose owner ended and that were read to the end, for
     /// other threads; their streams are closed.
     pub fn free_drained(&mut self) {
+        self.freed_now = 0;
+        self.held_by_ended = 0;
         for i in 0..self.rings.claimed() {
             let Some(s) = self.open[i as usize] else {
                 continue;
@@ -482,8 +524,18 @@ impl<'a> Live<'a> {
                 self.streams[s as usize].lost = Some(lost);
                 self.open[i as usize] = None;
                 self.prefaulter.forget(i);
+                self.freed_now += 1;
+            } else if self.rings.owner(i).is_some_and(|o| o.2) {
+                self.held_by_ended += 1;
             }
         }
+    }
+
+    /// After [`free_drained`](Self::free_drained): whether the next poll should come at
+    /// once: rings were freed (threads end: more may end soon), or rings are held by ended
+    /// threads not read to the end yet (new threads may find none free).
+    fn churning(&self) -> bool {
+        self.freed_now > 0 || self.held_by_ended > 0
     }
 
     /// The ring of stream `i` while it is open.
@@ -505,6 +557,16 @@ impl Source for Live<'_> {
     }
     fn claimed(&self) -> u32 {
         self.streams.len() as u32
+    }
+    fn active(&self, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend(
+            self.open
+                .iter()
+                .take(self.rings.claimed() as usize)
+                .flatten(),
+        );
+        out.sort_unstable();
     }
     fn drain(&mut self, i: u32, mut f: impl FnMut(u16, u32, &[u64])) -> bool {
         if i as usize >= self.streams.len() {
@@ -542,7 +604,7 @@ impl Source for Live<'_> {
     }
     fn task(&self, i: u32) -> Option<(Vec<u8>, u32)> {
         let s = self.streams.get(i as usize)?;
-        Some((s.comm.clone(), s.tid))
+        Some((s.comm[..usize::from(s.comm_len)].to_vec(), s.tid))
     }
     fn pid(&self, i: u32) -> Option<u32> {
         let s = self.streams.get(i as usize)?;
@@ -568,6 +630,9 @@ impl Source for Live<'_> {
     }
     fn lost_no_ring(&self) -> u64 {
         self.rings.lost_no_ring()
+    }
+    fn lost_no_ring_kinds(&self) -> (u64, u64) {
+        self.rings.lost_no_ring_kinds()
     }
     fn lost_recursion(&self) -> u64 {
         self.rings.lost_recursion()
@@ -647,7 +712,7 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
         bail!("--buffer-size-kb must be at least 4");
     }
     let (rings, fd) = SharedRings::create_uncalibrated(RingConfig::with_budget(
-        args.rings,
+        args.nr_rings(),
         u64::from(args.buffer_size_kb) * 1024,
     ))?;
     // A sanitizer's runtime must be the first object loaded (ASan aborts otherwise: "ASan
@@ -728,9 +793,11 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
         reap_orphans(child.id());
         // The pace: while the rings fill, poll again at once (a lot came) or soon; idle,
         // every 10 ms.
+        // Threads ending (rings freed, or held by ended threads): every 1 ms, so that
+        // their rings are free again before new threads need them.
         match live.drained_bytes - before {
-            0 => exit.wait(Duration::from_millis(10)),
             n if n >= BUSY_POLL_BYTES => {}
+            0 if !live.churning() => exit.wait(Duration::from_millis(10)),
             _ => exit.wait(Duration::from_millis(1)),
         }
     };

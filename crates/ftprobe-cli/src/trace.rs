@@ -2,6 +2,7 @@
 //! live in ftrace's `trace` format, then the lost-event counts and the kprobe profile; exit
 //! with its status. [`Printer`] is also what `ftprobe replay` formats a recording with.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
@@ -24,6 +25,16 @@ use crate::symbols::Symbols;
 const TEXT_KPROBES_LIST: u32 = 1;
 const TEXT_EXEC: u32 = 2;
 const TEXT_EXEC_FAILED: u32 = 3;
+
+/// Why events of threads without a ring were lost (the trailer's lines): every ring owned
+/// by a live thread; some held by threads that ended, not read to the end yet; events of a
+/// thread after its ring was released.
+pub const LOST_OWNED: &str = "more threads at once than rings (--rings)";
+pub const LOST_UNRECLAIMED: &str = "no ring free, some held by ended threads that ftprobe \
+                                    had not read yet (threads ended faster than it read \
+                                    them): a larger --rings helps";
+pub const LOST_AFTER_END: &str = "events of threads after they released their ring (at \
+                                  their end)";
 
 /// Arguments of `ftprobe trace`.
 #[derive(Args)]
@@ -108,10 +119,12 @@ pub struct Printer {
     decoders: Vec<Option<RecordDecoder>>,
     /// The rings' records not printed yet, merged by timestamp.
     merge: Merge,
-    /// Per ring, the owner its printed records belong to.
-    owners: Vec<Option<Owner>>,
-    /// Per ring, the owner last put in its queue.
-    queued_owner: Vec<Option<(Vec<u8>, u32)>>,
+    /// Per ring (stream) with a queue in the merge, the owner its printed records belong to.
+    owners: HashMap<u32, Owner>,
+    /// Per ring with a queue in the merge, the owner last put in its queue.
+    queued_owner: HashMap<u32, (Vec<u8>, u32)>,
+    /// The source's streams that may still bring records, this poll (reused).
+    active: Vec<u32>,
     /// Rings claimed at the last poll.
     claimed: u32,
     /// Text not written yet.
@@ -157,8 +170,9 @@ impl Printer {
             decoders: events.iter().map(RecordDecoder::new).collect(),
             events,
             merge: Merge::default(),
-            owners: Vec::new(),
-            queued_owner: Vec::new(),
+            owners: HashMap::new(),
+            queued_owner: HashMap::new(),
+            active: Vec::new(),
             claimed: 0,
             lines: Vec::new(),
             seen: Vec::new(),
@@ -220,10 +234,11 @@ impl Printer {
             loop {
                 self.drain_round(rings, true);
                 self.emit(&mut || rings.prefault(), usize::MAX);
-                if self.merge.queues.iter().all(|q| q.done) && self.merge.held == 0 {
+                if self.merge.queues.values().all(|q| q.done) && self.merge.held == 0 {
                     break;
                 }
             }
+            self.retire();
             return;
         }
         self.drain_round(rings, false);
@@ -235,11 +250,22 @@ impl Printer {
             self.claimed = rings.claimed();
         }
         if self.final_poll {
-            for q in &mut self.merge.queues {
+            for q in self.merge.queues.values_mut() {
                 q.done = true;
             }
         }
         self.emit(&mut || rings.prefault(), usize::MAX);
+        self.retire();
+    }
+
+    /// Forget the rings (streams) that ended and whose records were all printed.
+    fn retire(&mut self) {
+        for r in self.merge.retire() {
+            if let (Some(o), Some(g)) = (self.owners.remove(&r), self.graph.as_mut()) {
+                g.forget_thread(o.tid);
+            }
+            self.queued_owner.remove(&r);
+        }
     }
 
     /// Drain the rings into the merge: each ring the merge needs more of (a recording's, in
@@ -249,7 +275,25 @@ impl Printer {
         let n = rings.claimed().min(rings.nr_rings());
         self.claimed = rings.claimed();
         let chunked = rings.chunked();
-        for i in 0..n {
+        // The objects first: a merge that holds too much prints during the drain. The symbols
+        // are loaded when first needed (loading takes ~10 ms: before a drain, the ring would
+        // fill meanwhile).
+        let objects = rings.objects();
+        if objects != self.objects || self.symbols.is_none() {
+            self.symbols = None;
+            self.objects = objects;
+        }
+        let mut active = std::mem::take(&mut self.active);
+        rings.active(&mut active);
+        if !chunked {
+            // A live stream no longer active ended, and everything in it was read.
+            for (r, q) in self.merge.queues.iter_mut() {
+                if active.binary_search(r).is_err() {
+                    q.done = true;
+                }
+            }
+        }
+        for &i in &active {
             let q = self.merge.queue(i);
             let limit = if chunked {
                 crate::recording::CHUNK / 2
@@ -260,11 +304,7 @@ impl Printer {
                 continue;
             }
             if let Some(task) = rings.task(i).filter(|t| t.1 != 0) {
-                let r = i as usize;
-                if self.queued_owner.len() <= r {
-                    self.queued_owner.resize(r + 1, None);
-                }
-                if self.queued_owner[r].as_ref() != Some(&task) {
+                if self.queued_owner.get(&i) != Some(&task) {
                     let mut comm = [0u8; 16];
                     let len = task.0.len().min(16);
                     comm[..len].copy_from_slice(&task.0[..len]);
@@ -274,7 +314,7 @@ impl Printer {
                         u64::from_le_bytes(comm[8..].try_into().expect("8")),
                     ];
                     self.merge.push(i, OWNER, 0, &w);
-                    self.queued_owner[r] = Some(task);
+                    self.queued_owner.insert(i, task);
                 }
             }
             let mut texts = Vec::new();
@@ -315,16 +355,16 @@ impl Printer {
                 self.emit(&mut || rings.prefault(), MAX_HELD / 2);
             }
         }
+        self.active = active;
         // Rings past the claimed ones (none in a live session) are done at the end.
         if last {
-            for q in self.merge.queues.iter_mut().skip(n as usize) {
+            for (_, q) in self.merge.queues.range_mut(n..) {
                 q.done = true;
             }
         }
-        // The symbols are loaded when first needed, after the drain (loading takes ~10 ms:
-        // before it, the ring would fill meanwhile).
+        // Again after the drain: objects loaded meanwhile (dlopen) name the records drained.
         let objects = rings.objects();
-        if objects != self.objects || self.symbols.is_none() {
+        if objects != self.objects {
             self.symbols = None;
             self.objects = objects;
         }
@@ -394,7 +434,7 @@ impl Printer {
         let idle = (!self.recorded).then_some(MERGE_DELAY_NS);
         let mut horizon = self.merge.horizon(now_ns, idle);
         let force = keep != usize::MAX;
-        let all_done = self.merge.queues.iter().all(|q| q.done);
+        let all_done = self.merge.queues.values().all(|q| q.done);
         let graph = self.graph.is_some();
         let mut count = 0usize;
         let mut started_lines = false;
@@ -407,7 +447,7 @@ impl Printer {
             if all_done {
                 return true;
             }
-            let q = &m.queues[r as usize];
+            let q = &m.queues[&r];
             let aged = idle.is_some_and(|d| now_ns.saturating_sub(clock.tsc_to_mono_ns(key)) >= d);
             let later = key > horizon;
             let head = q.head().expect("not empty");
@@ -441,7 +481,7 @@ impl Printer {
                 if self.lines.len() >= WRITE_EVERY {
                     self.write_lines();
                 }
-                let q = &self.merge.queues[r as usize];
+                let q = &self.merge.queues[&r];
                 let Some(h) = q.head() else {
                     if !q.done {
                         horizon = horizon.min(q.bound(now_ns, idle));
@@ -472,15 +512,11 @@ impl Printer {
 
     /// Print the first record of ring `r` (and pop it; a leaf's return with it).
     fn print_head(&mut self, r: u32) {
-        let ri = r as usize;
         if self.symbols.is_none() {
             self.symbols = Some(Symbols::new(&self.objects));
         }
-        let head = self.merge.queues[ri].head().expect("taken from the heap");
+        let head = self.merge.queues[&r].head().expect("taken from the heap");
         let (rt, aux, key) = (head.rtype, head.aux, head.key);
-        if self.owners.len() <= ri {
-            self.owners.resize_with(ri + 1, || None);
-        }
         match rt {
             OWNER => {
                 let w = head.words;
@@ -491,11 +527,14 @@ impl Printer {
                 let n = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
                 comm.truncate(n);
                 let tid = w[0] as u32;
-                self.owners[ri] = Some(Owner {
-                    prefix: output::task_prefix(&comm, tid),
-                    comm,
-                    tid,
-                });
+                self.owners.insert(
+                    r,
+                    Owner {
+                        prefix: output::task_prefix(&comm, tid),
+                        comm,
+                        tid,
+                    },
+                );
                 self.merge.pop_record(r);
                 return;
             }
@@ -516,7 +555,7 @@ impl Printer {
             self.print_graph_head(r);
             return;
         }
-        let owner = self.owners[ri].get_or_insert_with(|| Owner {
+        let owner = self.owners.entry(r).or_insert_with(|| Owner {
             comm: Vec::new(),
             tid: 0,
             prefix: output::task_prefix(b"<...>", 0),
@@ -564,10 +603,9 @@ impl Printer {
     /// The function_graph tracer's line for the first record of ring `r` (see
     /// [`crate::graph`]); an entry whose return is the ring's next record is a leaf.
     fn print_graph_head(&mut self, r: u32) {
-        let ri = r as usize;
-        let q = &self.merge.queues[ri];
+        let q = &self.merge.queues[&r];
         let e = q.head().expect("taken from the heap");
-        let owner = self.owners[ri].get_or_insert_with(|| Owner {
+        let owner = self.owners.entry(r).or_insert_with(|| Owner {
             comm: b"<...>".to_vec(),
             tid: 0,
             prefix: Vec::new(),
@@ -652,7 +690,7 @@ impl Printer {
     fn finish_source<S: Source>(&mut self, rings: &mut S, end: &End) {
         // Whatever is still held (a source that ended without a final poll).
         if self.started {
-            for q in &mut self.merge.queues {
+            for q in self.merge.queues.values_mut() {
                 q.done = true;
             }
             self.emit(&mut || rings.prefault(), usize::MAX);
@@ -713,6 +751,7 @@ impl Printer {
         let abandoned = end.abandoned.clone();
         let cpus = rings.cpus_online();
         let lost_by_tid = rings.lost_by_tid();
+        let (unreclaimed, after_end) = rings.lost_no_ring_kinds();
         let (lost_no_ring, lost_recursion, fgraph_overrun) = (
             rings.lost_no_ring(),
             rings.lost_recursion(),
@@ -738,8 +777,15 @@ impl Printer {
             for (tid, n) in &lost_by_tid {
                 writeln!(o, "# tid {tid}: {n} events lost (no ring free)")?;
             }
-            if lost_no_ring > 0 {
-                writeln!(o, "# {lost_no_ring} events lost: more threads than rings (--rings)")?;
+            let owned = lost_no_ring.saturating_sub(unreclaimed + after_end);
+            if owned > 0 {
+                writeln!(o, "# {owned} events lost: {LOST_OWNED}")?;
+            }
+            if unreclaimed > 0 {
+                writeln!(o, "# {unreclaimed} events lost: {LOST_UNRECLAIMED}")?;
+            }
+            if after_end > 0 {
+                writeln!(o, "# {after_end} events lost: {LOST_AFTER_END}")?;
             }
             if lost_recursion > 0 {
                 writeln!(

@@ -187,6 +187,16 @@ pub fn pingpong_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("pingpong")
 }
 
+/// Path of `churn WAVES PER GAP_MS ITERS [together]` (`-fpatchable-function-entry=5`,
+/// `-pthread`): WAVES waves of PER threads, each created and joined, GAP_MS ms apart; each
+/// thread calls `churn_worker` once, `churn_mid` ITERS times and `churn_leaf` 3 x ITERS times
+/// (`together`: the threads of a wave are all alive at once, waiting at a barrier after their
+/// first event). Each thread prints `tid=<tid> calls=<its traced calls>`, main
+/// `workers=<W> mid=<M> leaf=<L>` (the functions' own counts).
+pub fn churn_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("churn")
+}
+
 /// Path of `procs_tree` (C; sites by attribute only, `-pthread`): a known call tree in two
 /// threads of the program and two of its forked child (`a` calls `b` `x % 3 + 1` times, `b`
 /// calls `c` twice). Prints `T pid tid name a=A b=B c=C` per thread (its own ids, name and

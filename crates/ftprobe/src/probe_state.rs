@@ -31,10 +31,14 @@ pub(crate) enum ThreadRing {
     Unclaimed,
     /// Claimed.
     Claimed(RingWriter<'static>),
-    /// No ring was free: events are counted as lost, in the header's total and in the
-    /// thread's entry `slot` of its lost table; a claim is tried again once the reader has
-    /// freed a ring since `freed` (`SharedRings::freed`).
-    NoneFree { slot: u32, freed: u64 },
+    /// No ring was free: events are counted as lost, in the header's total (as of kind
+    /// `why`) and in the thread's entry `slot` of its lost table; a claim is tried again once
+    /// a ring was released or freed since `freed` (`SharedRings::freed`).
+    NoneFree {
+        slot: u32,
+        freed: u64,
+        why: crate::ring::NoRing,
+    },
     /// The thread released its ring (it is ending: its pthread key destructor ran): later
     /// events are counted as lost, as in `NoneFree`, and never claim again.
     Ended { slot: u32 },

@@ -15,7 +15,7 @@
 //! offset
 //! 0 +-- Header: HEADER_BYTES = 163840 bytes (40 pages) ------------------------------+
 //!   |   0 magic "FTPRING1"     8 version u32          12 header_bytes u32            |
-//!   |  16 nr_rings u32        20 ring_bytes u32 (a ring's largest size: its stride)   |
+//!   |  16 nr_rings u32 (descriptors) 20 ring_bytes u32 (a ring's largest size: stride) |
 //!   |  24 total_bytes u64 (file size)                                                 |
 //!   |  32 clock.tsc_ref u64   40 clock.mono_ref_ns u64  48 clock.ns_per_tick_q32 u64 |
 //!   |  56 nr_objects u32      60 sigtrap_passed_pid u32 (see note_sigtrap_passed)    |
@@ -27,7 +27,7 @@
 //!   |  96 fgraph_overrun u64 (calls the function_graph tracer could not hook: full shadow |
 //!   |     stack)                                                                        |
 //!   | 104 budget_used u64 (bytes: the sum of the sizes of the rings owned)             |
-//!   | 112 freed u64 (rings the reader has freed so far: threads without a ring retry)  |
+//!   | 112 freed u64 (rings released or freed so far: threads without a ring retry)     |
 //!   | 120 budget_bytes u64 (--buffer-size-kb: what ring sizes may add up to)          |
 //!   | 128 objects[512], 272 bytes each:                                              |
 //!   |       0 load_bias u64, 8 path_len u32, 12 claimed u32, 16 path[256]            |
@@ -35,6 +35,10 @@
 //!   |       0 dropped u64 (hits whose record was lost), 8 nmissed u64                |
 //!   | 155776 lost_tids[256], 16 bytes each (threads that had no ring):               |
 //!   |       0 tid u32, 4 reserved u32, 8 lost u64                                    |
+//!   | 159872 lost_unreclaimed u64 (of lost_no_ring: no ring free, some of them       |
+//!   |        released by ended threads and not freed by the reader yet)              |
+//!   | 159880 lost_after_end u64 (of lost_no_ring: events of a thread after it        |
+//!   |        released its ring, e.g. in a later TLS destructor)                      |
 //!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
 //!   |  +0 line 0, written by the producer: 0 head u64 (published), 8 lost u64,        |
 //!   |          16 tail_cache u64, 24 tid u32, 28 state u32 (0 free, 1 owned,          |
@@ -72,7 +76,13 @@
 //!
 //! A thread that finds no free ring counts its events in `lost_no_ring` and in its own entry
 //! of `lost_tids` (taken on its first loss; when the table is full only the total counts),
-//! and tries to claim again after the reader freed a ring (`freed` moved).
+//! and tries to claim again after a ring was released or freed (`freed` moved). Why it
+//! found none is counted too ([`NoRing`]): every ring owned by a live thread (more threads
+//! at once than rings), or some held by threads that ended and whose rings the reader has
+//! not read to the end yet (`lost_unreclaimed`: threads end faster than the reader frees;
+//! more rings help, each costs only 128 bytes of descriptor and address space until used).
+//! A claim takes the first free ring from ring 0, so the rings in use stay at the low
+//! indices and the reader's scans (`0..claimed`) stay as short as the threads at once.
 //!
 //! # Records
 //!
@@ -128,7 +138,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// The first 8 bytes of the memfd.
 pub const MAGIC: [u8; 8] = *b"FTPRING1";
 /// Layout version; bumped on any change of the layout above.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 /// Smallest data area of one ring, in bytes.
 pub const MIN_RING_BYTES: u32 = 4096;
 /// Largest data area of one ring, in bytes.
@@ -202,6 +212,26 @@ struct Header {
     event_counters: [EventCounters; MAX_EVENTS],
     /// Threads that had no ring, and how many events each lost.
     lost_tids: [LostTid; MAX_LOST_TIDS],
+    /// Why events of `lost_no_ring` were lost (module docs).
+    no_ring_kinds: NoRingKinds,
+}
+
+#[repr(C)]
+struct NoRingKinds {
+    lost_unreclaimed: AtomicU64,
+    lost_after_end: AtomicU64,
+}
+
+/// Why a thread had no ring for an event ([`SharedRings::claim_or_why`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRing {
+    /// Every ring is owned by a thread that has not ended: more threads at once than rings.
+    Owned,
+    /// Some rings were released by ended threads but the reader has not read them to the end
+    /// (freed) yet: threads end faster than the reader frees their rings.
+    Unreclaimed,
+    /// The thread released its ring already (it is ending): an event after that.
+    AfterEnd,
 }
 
 #[repr(C)]
@@ -307,7 +337,8 @@ const _: () = {
     assert!(size_of::<EventCounters>() == 16);
     assert!(offset_of!(Header, lost_tids) == 155_776);
     assert!(size_of::<LostTid>() == 16);
-    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 272 + MAX_EVENTS * 16 + 4096);
+    assert!(offset_of!(Header, no_ring_kinds) == 159_872);
+    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 272 + MAX_EVENTS * 16 + 4096 + 64);
     assert!(HEADER_BYTES == 163_840);
     assert!(align_of::<Header>() <= PAGE);
     assert!(DESC_BYTES == 128);
@@ -943,17 +974,27 @@ impl SharedRings {
     /// module docs). The thread gives the ring back with [`release`](Self::release) when it
     /// ends. After `fork` the child must claim a ring of its own.
     pub fn claim(&self, tid: u32, comm: [u8; 16]) -> Option<RingWriter<'_>> {
+        self.claim_or_why(tid, comm).ok()
+    }
+
+    /// [`claim`](Self::claim), saying why there was no ring: [`NoRing::Owned`] when every
+    /// ring was owned by a live thread, [`NoRing::Unreclaimed`] when some were released by
+    /// ended threads and not freed yet. Probe path, async-signal-safe.
+    pub fn claim_or_why(&self, tid: u32, comm: [u8; 16]) -> Result<RingWriter<'_>, NoRing> {
         let n = self.layout.cfg.nr_rings;
         let c = &self.header().counters.0;
-        // Start the scan after the rings claimed so far: a fresh ring when there is one (its
-        // pages were never touched), else the first freed one.
-        let start = (c.claimed.load(Relaxed) as u32).min(n);
-        for k in 0..n {
-            let i = (start + k) % n;
-            let desc = self.desc(i)?;
+        let mut released = false;
+        // From ring 0: the first free ring (a freed ring's pages are gone, as a fresh one's),
+        // so the rings in use stay at the low indices (module docs).
+        for i in 0..n {
+            let Some(desc) = self.desc(i) else { break };
             // Acquire: pairs with the Release store of STATE_FREE in `free_released`: the
             // reader's zeroing of the descriptor happens before our writes to it.
-            if desc.prod.0.state.load(Relaxed) != STATE_FREE
+            let state = desc.prod.0.state.load(Relaxed);
+            if state == STATE_RELEASED {
+                released = true;
+            }
+            if state != STATE_FREE
                 || desc
                     .prod
                     .0
@@ -963,7 +1004,7 @@ impl SharedRings {
             {
                 continue;
             }
-            let data = self.data(i)?;
+            let Some(data) = self.data(i) else { break };
             let init = self.layout.cfg.init_bytes();
             // Relaxed: a statistic of sizes; the reader subtracts what it frees.
             c.budget_used.fetch_add(u64::from(init), Relaxed);
@@ -977,13 +1018,17 @@ impl SharedRings {
             // Release: publishes `comm`, `size` and `pid`; pairs with the Acquire load in
             // `SharedRings::owner`.
             p.tid.store(tid, Release);
-            return Some(RingWriter {
+            return Ok(RingWriter {
                 ring: desc,
                 data,
                 budget: c,
             });
         }
-        None
+        Err(if released {
+            NoRing::Unreclaimed
+        } else {
+            NoRing::Owned
+        })
     }
 
     /// Probe path (a thread's end): give `w`'s ring back. The owner writes nothing into it
@@ -991,6 +1036,8 @@ impl SharedRings {
     pub fn release(&self, w: RingWriter<'_>) {
         // Release: every record published before happens before the reader sees the state.
         w.desc().state.store(STATE_RELEASED, Release);
+        // Relaxed: a hint for threads without a ring (the kind of their loss may change).
+        self.header().counters.0.freed.fetch_add(1, Relaxed);
     }
 
     /// Reader side: ring `i`'s owner now, (tid, comm, released); `None` while it is free.
@@ -1078,8 +1125,9 @@ impl SharedRings {
         Some((tid, comm, lost))
     }
 
-    /// Rings freed so far ([`free_released`](Self::free_released)): a thread without a ring
-    /// tries to claim one again when this moved.
+    /// Rings released or freed so far ([`release`](Self::release),
+    /// [`free_released`](Self::free_released)): a thread without a ring tries to claim one
+    /// again when this moved.
     #[inline(always)]
     pub fn freed(&self) -> u64 {
         // Relaxed: a hint.
@@ -1115,7 +1163,23 @@ impl SharedRings {
     /// Probe path: counts one event dropped because its thread has no ring, in the total and
     /// in the thread's entry `slot` ([`lost_slot`](Self::lost_slot)).
     pub fn note_lost_no_ring(&self, slot: u32) {
+        self.note_lost_no_ring_as(slot, NoRing::Owned);
+    }
+
+    /// Probe path: [`note_lost_no_ring`](Self::note_lost_no_ring), counted as of kind `why`
+    /// too.
+    pub fn note_lost_no_ring_as(&self, slot: u32, why: NoRing) {
         let h = self.header();
+        // Relaxed: statistics.
+        match why {
+            NoRing::Owned => {}
+            NoRing::Unreclaimed => {
+                h.no_ring_kinds.lost_unreclaimed.fetch_add(1, Relaxed);
+            }
+            NoRing::AfterEnd => {
+                h.no_ring_kinds.lost_after_end.fetch_add(1, Relaxed);
+            }
+        }
         // Relaxed: statistics, read with `lost_no_ring` and `lost_by_tid`.
         h.counters.0.lost_no_ring.fetch_add(1, Relaxed);
         if let Some(e) = h.lost_tids.get(slot as usize) {
@@ -1155,6 +1219,17 @@ impl SharedRings {
     pub fn lost_no_ring(&self) -> u64 {
         // Relaxed: a statistic, pairs with nothing (see `note_lost_no_ring`).
         self.header().counters.0.lost_no_ring.load(Relaxed)
+    }
+
+    /// Of [`lost_no_ring`](Self::lost_no_ring): (events lost while some rings were released
+    /// and not freed yet, events of threads after they released their ring).
+    pub fn lost_no_ring_kinds(&self) -> (u64, u64) {
+        let k = &self.header().no_ring_kinds;
+        // Relaxed: statistics.
+        (
+            k.lost_unreclaimed.load(Relaxed),
+            k.lost_after_end.load(Relaxed),
+        )
     }
 
     /// Probe path: `n` calls the function_graph tracer could not hook (the thread's shadow

@@ -19,7 +19,7 @@
 use std::sync::OnceLock;
 
 use crate::probe_state::{self, stack_pointer, Entry, ThreadRing, ThreadState};
-use crate::ring::{self, RingWriter, SectionWriter, SharedRings};
+use crate::ring::{self, NoRing, RingWriter, SectionWriter, SharedRings};
 use crate::sys;
 
 /// Record types written into the rings. Their `aux` bits and payload words are documented, and
@@ -87,23 +87,25 @@ fn no_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
     let slot = match t.ring.get() {
         ThreadRing::Claimed(w) => return Some(w),
         ThreadRing::Unclaimed => None,
-        ThreadRing::NoneFree { slot, freed } => (rings.freed() == freed).then_some(slot),
-        ThreadRing::Ended { slot } if slot != u32::MAX => Some(slot),
+        ThreadRing::NoneFree { slot, freed, why } => {
+            (rings.freed() == freed).then_some((slot, why))
+        }
+        ThreadRing::Ended { slot } if slot != u32::MAX => Some((slot, NoRing::AfterEnd)),
         ThreadRing::Ended { .. } => {
             let slot = rings.lost_slot(sys::gettid());
             t.ring.set(ThreadRing::Ended { slot });
-            Some(slot)
+            Some((slot, NoRing::AfterEnd))
         }
     };
-    if let Some(slot) = slot {
-        rings.note_lost_no_ring(slot);
+    if let Some((slot, why)) = slot {
+        rings.note_lost_no_ring_as(slot, why);
         return None;
     }
     match claim_ring(t, rings) {
         Some(w) => Some(w),
         None => {
-            if let ThreadRing::NoneFree { slot, .. } = t.ring.get() {
-                rings.note_lost_no_ring(slot);
+            if let ThreadRing::NoneFree { slot, why, .. } = t.ring.get() {
+                rings.note_lost_no_ring_as(slot, why);
             }
             None
         }
@@ -256,17 +258,23 @@ fn claim_ring(t: &ThreadState, rings: &'static SharedRings) -> Option<RingWriter
             let tid = sys::gettid();
             // Taken before the claim: a ring freed after this is seen by the next retry.
             let freed = rings.freed();
-            match rings.claim(tid, sys::thread_comm()) {
-                Some(w) => {
+            match rings.claim_or_why(tid, sys::thread_comm()) {
+                Ok(w) => {
                     note_thread_ring();
                     ThreadRing::Claimed(w)
                 }
-                None => ThreadRing::NoneFree {
-                    slot: match prior {
-                        ThreadRing::NoneFree { slot, .. } => slot,
-                        _ => rings.lost_slot(tid),
+                // The thread's losses keep the kind of its first: why it had no ring from
+                // its start (a retry that finds rings held by ended threads does not make
+                // more threads at once the reader's delay).
+                Err(why) => match prior {
+                    ThreadRing::NoneFree { slot, why, .. } => {
+                        ThreadRing::NoneFree { slot, freed, why }
+                    }
+                    _ => ThreadRing::NoneFree {
+                        slot: rings.lost_slot(tid),
+                        freed,
+                        why,
                     },
-                    freed,
                 },
             }
         }
