@@ -75,7 +75,7 @@ fn record_threads(dir: &Path, args: &[&str], n: u64) -> u64 {
     std::fs::read_dir(dir)
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("ring-"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ring"))
         .map(|e| e.metadata().unwrap().len())
         .sum()
 }

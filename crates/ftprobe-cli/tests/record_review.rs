@@ -1,0 +1,228 @@
+//! Regressions from a new user's review of `record`/`replay` (2026-12-02):
+//! - `record` of a program that starts thousands of short threads lost events that `trace`
+//!   did not (a file created per thread: the CLI fell behind, and the rings of ended threads
+//!   were not freed in time). Short streams now share one file;
+//! - `replay` of a recording of ~100 threads that overlap printed records out of timestamp
+//!   order (the merge's bound, made for the live trace, forced it);
+//! - `record` never said it lost events (only the recording did);
+//! - a ring file emptied, cut short or missing was read as a shorter stream, silently.
+
+use std::path::Path;
+
+mod common;
+use common::{ftprobe, tmp_dir};
+
+use ftprobe_dev::churn_fixture;
+
+fn churn() -> String {
+    churn_fixture().to_str().unwrap().to_owned()
+}
+
+/// `churn ARGS`' own counts: `workers=W mid=M leaf=L`.
+fn counts(stdout: &[u8]) -> (u64, u64, u64) {
+    let text = String::from_utf8_lossy(stdout);
+    let l = text
+        .lines()
+        .find_map(|l| l.strip_prefix("workers="))
+        .unwrap_or_else(|| panic!("no counts: {text}"));
+    let v: Vec<u64> = l
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    (v[0], v[1], v[2])
+}
+
+/// `ftprobe replay -d DIR`: (exit status, stdout, stderr).
+fn replay(dir: &Path) -> (Option<i32>, String, String) {
+    let out = ftprobe().arg("replay").arg("-d").arg(dir).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn calls_of(text: &str, f: &str) -> u64 {
+    let pat = format!(": {f} <-");
+    text.lines().filter(|l| l.contains(&pat)).count() as u64
+}
+
+fn lost_total(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("# lost events: "))
+        .unwrap_or_else(|| panic!("no lost line"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The timestamp of an event line, in microseconds.
+fn ts_us(line: &str) -> Option<u64> {
+    let ts = line.split("]  ").nth(1)?.split(':').next()?;
+    let (s, us) = ts.trim().split_once('.')?;
+    Some(s.parse::<u64>().ok()? * 1_000_000 + us.parse::<u64>().ok()?)
+}
+
+#[test]
+fn record_of_thousands_of_short_threads_loses_nothing_and_shares_one_file() {
+    // 200 waves of 50 threads (10 000 in all), each making 25 x 4 traced calls (before: 58%
+    // of the events lost, and the run took 15 s instead of 2).
+    let tmp = tmp_dir("short-threads");
+    let dir = tmp.join("rec");
+    let args = [churn(), "200".into(), "50".into(), "0".into(), "25".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::record_to(&dir, &[], &args);
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("events lost"), "{stderr}");
+    let (workers, mid, leaf) = counts(&out.stdout);
+    assert_eq!(workers, 10_000);
+    let (code, text, err) = replay(&dir);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(lost_total(&text), 0);
+    assert_eq!(calls_of(&text, "churn_worker"), workers);
+    assert_eq!(calls_of(&text, "churn_mid"), mid);
+    assert_eq!(calls_of(&text, "churn_leaf"), leaf);
+    // The threads' streams are in the shared file, not a file each.
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(files.iter().any(|f| f == "rings-small.dat"), "{files:?}");
+    let own = files.iter().filter(|f| f.starts_with("ring-")).count();
+    assert!(own < 10, "{own} files of their own: {files:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn replay_of_a_hundred_overlapping_threads_is_in_timestamp_order() {
+    // One wave of 100 threads alive at once (a barrier), 2000 x 4 events each: 800 000
+    // records interleaved across 100 streams.
+    let tmp = tmp_dir("overlap");
+    let dir = tmp.join("rec");
+    let args = [
+        churn(),
+        "1".into(),
+        "100".into(),
+        "0".into(),
+        "2000".into(),
+        "together".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::record_to(&dir, &[], &args);
+    assert!(out.status.success(), "{out:?}");
+    let (workers, mid, leaf) = counts(&out.stdout);
+    let (code, text, err) = replay(&dir);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(lost_total(&text), 0);
+    assert_eq!(
+        calls_of(&text, "churn_worker")
+            + calls_of(&text, "churn_mid")
+            + calls_of(&text, "churn_leaf"),
+        workers + mid + leaf
+    );
+    assert!(!text.contains("# the merge of the threads held"), "forced");
+    let mut last = 0;
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(t) = ts_us(l) else { continue };
+        assert!(t >= last, "back in time: {l} after {last} us");
+        last = t;
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn record_says_how_many_events_it_lost() {
+    // One thread, 200 000 x 4 events into the smallest rings: some are dropped.
+    let tmp = tmp_dir("says-lost");
+    let dir = tmp.join("rec");
+    let args = [churn(), "1".into(), "1".into(), "0".into(), "200000".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::record_to(&dir, &["--buffer-size-kb", "64"], &args);
+    assert!(out.status.success(), "{out:?}");
+    let (code, text, err) = replay(&dir);
+    assert_eq!(code, Some(0), "{err}");
+    let lost = lost_total(&text);
+    assert!(lost > 0, "nothing lost: the test needs a smaller buffer");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("ftprobe: {lost} events lost")),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_ring_file_emptied_cut_short_or_missing_is_an_error() {
+    let tmp = tmp_dir("cut");
+    // 2 threads long enough to have files of their own (> 64 KiB each), and 20 short ones
+    // in the shared file.
+    let long = tmp.join("long");
+    let args = [churn(), "1".into(), "2".into(), "0".into(), "5000".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(common::record_to(&long, &[], &args).status.success());
+    let short = tmp.join("short");
+    let args = [churn(), "20".into(), "1".into(), "0".into(), "5".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(common::record_to(&short, &[], &args).status.success());
+    let own: Vec<std::path::PathBuf> = std::fs::read_dir(&long)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("ring-")
+        })
+        .collect();
+    assert!(own.len() >= 2, "{own:?}");
+    let small = short.join("rings-small.dat");
+    assert!(small.exists());
+    let copy = |from: &Path, to: &Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_file() {
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
+    };
+    // Each damage, on a copy: replay fails, naming the file.
+    let cases: Vec<(&str, &Path, Box<dyn Fn(&Path)>)> = vec![
+        (
+            "emptied",
+            &long,
+            Box::new(|p: &Path| std::fs::write(p, b"").unwrap()),
+        ),
+        (
+            "removed",
+            &long,
+            Box::new(|p: &Path| std::fs::remove_file(p).unwrap()),
+        ),
+        (
+            "cut short",
+            &short,
+            Box::new(|p: &Path| {
+                let len = std::fs::metadata(p).unwrap().len();
+                let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+                f.set_len(len - 64).unwrap();
+            }),
+        ),
+    ];
+    for (what, src, damage) in cases {
+        let d = tmp.join(what.replace(' ', "-"));
+        copy(src, &d);
+        let victim = if src == long.as_path() {
+            d.join(own[0].file_name().unwrap())
+        } else {
+            d.join("rings-small.dat")
+        };
+        damage(&victim);
+        let (code, _, err) = replay(&d);
+        assert_eq!(code, Some(1), "{what}: {err}");
+        let name = victim.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(err.contains(&name), "{what}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
