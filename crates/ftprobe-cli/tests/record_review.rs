@@ -189,7 +189,8 @@ fn a_ring_file_emptied_cut_short_or_missing_is_an_error() {
         }
     };
     // Each damage, on a copy: replay fails, naming the file.
-    let cases: Vec<(&str, &Path, Box<dyn Fn(&Path)>)> = vec![
+    type Damage = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, &Path, Damage)> = vec![
         (
             "emptied",
             &long,
