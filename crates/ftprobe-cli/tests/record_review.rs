@@ -227,3 +227,52 @@ fn a_ring_file_emptied_cut_short_or_missing_is_an_error() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The complete events of a Chrome dump of `dir` (`ARGS` for dump): (tid, name, ts in ns).
+fn chrome_calls(dir: &Path, args: &[&str]) -> Vec<(u64, String, u64)> {
+    let out = ftprobe()
+        .arg("dump")
+        .arg("-d")
+        .arg(dir)
+        .args(args)
+        .args(["--chrome", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| {
+            (
+                e["tid"].as_u64().unwrap(),
+                e["name"].as_str().unwrap().to_owned(),
+                (e["ts"].as_f64().unwrap() * 1000.0).round() as u64,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_threads_first_call_begins_at_one_time_whichever_record_says_it() {
+    // A thread's first record claims its ring (tens of microseconds): the call's time starts
+    // after it. The entry record said the time before the claim, the return the time after:
+    // a dump cut by --time-range before the return (the entry's time) and a whole one (the
+    // return's) put the same call at two times.
+    let tmp = tmp_dir("first-call");
+    let dir = tmp.join("rec");
+    let out = common::record_to(
+        &dir,
+        &["-t", "function_graph"],
+        [ftprobe_dev::report_tree_fixture()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let whole = chrome_calls(&dir, &[]);
+    // Only the first record of the recording (1 ns after it): a thread's first entry.
+    let cut = chrome_calls(&dir, &["--time-range", "~1ns"]);
+    assert_eq!(cut.len(), 1, "{cut:?}");
+    assert!(whole.contains(&cut[0]), "{:?} not in {whole:?}", cut[0]);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -97,20 +97,28 @@ unsafe fn graph_entry(
         crate::probe_state::ThreadRing::Unclaimed
     );
     let mut recorded = false;
+    let mut start = 0;
     trace::with_ring_guarded_of(ent.thread(), |w| {
-        // The shadow stack's calltime is the record's time: one clock read per event.
+        // The shadow stack's calltime is the record's time: one clock read per event. On the
+        // thread's first record, the time once its ring is claimed, which the return reports
+        // too (`data[2]`): the entry and the return then agree on when the call began.
         let cpu = trace::cpu();
+        start = if setup {
+            crate::ring::read_tsc()
+        } else {
+            ent.calltime
+        };
         recorded = w.write_n_aux(
             rtype::FGRAPH_ENT,
             crate::record::fgraph_ent_aux(cpu, depth as u32),
-            [ent.calltime, ent.func],
+            [start, ent.func],
         );
     });
     // A call whose entry was not recorded (ring full, a write in progress) is still hooked,
     // so that its callees see their depth, but records no exit either.
     data[0] = if recorded { RECORDED } else { 0 };
     if setup {
-        data[2] = crate::ring::read_tsc();
+        data[2] = start;
     }
     true
 }
