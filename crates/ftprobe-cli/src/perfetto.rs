@@ -525,12 +525,20 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
         );
     }
     let mut events_out: Vec<(u64, Kind)> = Vec::new();
+    // Rings whose open calls end at the time range's end: (ring, calls).
+    let mut at_range_end: Vec<(u32, usize)> = Vec::new();
     loop {
-        // Rings done and emptied: their calls still open end at their last event, cut.
+        // Rings done and emptied: their calls still open end at their last event, cut (or
+        // at the time range's end if the thread went on past it: after every other event).
         for i in m.retire() {
-            if let Some(mut t) = threads.remove(&i) {
-                while t.open.pop().is_some() {
-                    w.write(&mut syms, t.last_ns, i, Kind::End { cut: true })?;
+            if let Some(t) = threads.remove(&i) {
+                let end = rec.end_ns(i, t.last_ns);
+                if end > t.last_ns {
+                    at_range_end.push((i, t.open.len()));
+                    continue;
+                }
+                for _ in 0..t.open.len() {
+                    w.write(&mut syms, end, i, Kind::End { cut: true })?;
                 }
             }
         }
@@ -608,6 +616,12 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
             );
         } else {
             m.reinsert(r);
+        }
+    }
+    for (i, open) in at_range_end {
+        let end = rec.end_ns(i, 0);
+        for _ in 0..open {
+            w.write(&mut syms, end, i, Kind::End { cut: true })?;
         }
     }
     if let Some(e) = rec.take_error() {

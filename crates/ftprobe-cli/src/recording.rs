@@ -416,6 +416,15 @@ impl Recording {
         self.error.take()
     }
 
+    /// When ring `i`'s calls still open at its last record read end: the time range's end
+    /// if the thread went on past it, else `last_ns` (its last record's time).
+    pub fn end_ns(&self, i: u32, last_ns: u64) -> u64 {
+        match self.cursors.get(i as usize) {
+            Some(Some(c)) if c.filter.past_range => self.range.1.max(last_ns),
+            _ => last_ns,
+        }
+    }
+
     /// Ring `i`'s records in order, filtered (threads, time range): `f(rtype, aux, payload)`.
     pub fn for_each(&mut self, i: u32, f: &mut dyn FnMut(u16, u32, &[u64])) -> Result<()> {
         if let Some(Some(c)) = self.cursors.get_mut(i as usize) {
@@ -668,7 +677,8 @@ impl Recording {
                 _ => {}
             }
         })?;
-        close(&mut stack, &mut funcs, 0, last_ns, &mut f);
+        let end_ns = self.end_ns(i, last_ns);
+        close(&mut stack, &mut funcs, 0, end_ns, &mut f);
         Ok(())
     }
 }

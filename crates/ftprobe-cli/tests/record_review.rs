@@ -276,3 +276,52 @@ fn a_threads_first_call_begins_at_one_time_whichever_record_says_it() {
     assert!(whole.contains(&cut[0]), "{:?} not in {whole:?}", cut[0]);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn a_call_open_at_the_end_of_the_time_range_is_cut_there() {
+    // naps: outer() calls nap(50), which sleeps 50 ms. With --time-range ~20ms (the first
+    // 20 ms), nap and outer are still open at the range's end: they are cut there, 20 ms
+    // after the first record, not at their last record inside the range (nap's quick()
+    // return, microseconds after it began).
+    let tmp = tmp_dir("range-end");
+    let dir = tmp.join("rec");
+    let out = common::record_to(
+        &dir,
+        &["-t", "function_graph"],
+        [ftprobe_dev::naps_fixture()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let out = ftprobe()
+        .arg("dump")
+        .arg("-d")
+        .arg(&dir)
+        .args(["--time-range", "~20ms", "--chrome", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let xs: Vec<&serde_json::Value> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    let first = xs
+        .iter()
+        .map(|e| e["ts"].as_f64().unwrap())
+        .fold(f64::MAX, f64::min);
+    for name in ["outer", "nap"] {
+        let e = xs
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}: {xs:?}"));
+        assert_eq!(e["args"]["cut"], true, "{e}");
+        let end_us = e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap();
+        assert!(
+            (end_us - first - 20_000.0).abs() < 1.0,
+            "{name} ends {} us after the first record: {e}",
+            end_us - first
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
