@@ -244,6 +244,18 @@ pub fn run(args: DumpArgs) -> Result<i32> {
     if args.chrome.is_none() && args.perfetto.is_none() && args.flame_graph.is_none() {
         bail!("nothing to dump: --chrome FILE, --perfetto FILE and/or --flame-graph FILE");
     }
+    let stdout = [&args.chrome, &args.perfetto, &args.flame_graph]
+        .iter()
+        .filter(|p| p.as_ref().is_some_and(|p| p.as_os_str() == "-"))
+        .count();
+    if stdout > 1 {
+        // A usage error, as clap's own (exit status 2).
+        eprintln!(
+            "ftprobe: only one of --chrome, --perfetto and --flame-graph may write to standard \
+             output (-)"
+        );
+        return Ok(2);
+    }
     let mut rec = Recording::open_filtered(&args.data.dir, args.selection.filters())?;
     if let Some(path) = &args.chrome {
         let mut o = output(path)?;

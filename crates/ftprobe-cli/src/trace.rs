@@ -783,6 +783,16 @@ impl Printer {
             for (tid, n) in &lost_by_tid {
                 writeln!(o, "# tid {tid}: {n} events lost (no ring free)")?;
             }
+            // The table of threads without a ring is bounded: the rest are in the totals.
+            let listed: u64 = lost_by_tid.iter().map(|x| x.1).sum();
+            if lost_by_tid.len() >= ftprobe::ring::MAX_LOST_TIDS && listed < lost_no_ring {
+                writeln!(
+                    o,
+                    "# {} more events lost (no ring free) by threads past the {} listed",
+                    lost_no_ring - listed,
+                    ftprobe::ring::MAX_LOST_TIDS
+                )?;
+            }
             let owned = lost_no_ring.saturating_sub(unreclaimed + after_end);
             if owned > 0 {
                 writeln!(o, "# {owned} events lost: {LOST_OWNED}")?;

@@ -325,3 +325,53 @@ fn a_call_open_at_the_end_of_the_time_range_is_cut_there() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn dump_refuses_two_outputs_on_stdout_and_ends_quietly_when_its_reader_goes() {
+    let tmp = tmp_dir("pipe");
+    let dir = tmp.join("rec");
+    let args = [churn(), "1".into(), "1".into(), "0".into(), "5000".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(common::record_to(&dir, &["-t", "function_graph"], &args)
+        .status
+        .success());
+    let out = ftprobe()
+        .arg("dump")
+        .arg("-d")
+        .arg(&dir)
+        .args(["--chrome", "-", "--perfetto", "-"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("standard output"),
+        "{out:?}"
+    );
+    // A reader that takes a few bytes and goes (`| head -c 10`): no error, status 0, as
+    // replay (several MB of output, far past a pipe's buffer).
+    for args in [
+        &["dump", "--chrome", "-"][..],
+        &["dump", "--flame-graph", "-"],
+        &["report", "--task"],
+        &["replay"],
+    ] {
+        let mut child = ftprobe()
+            .arg(args[0])
+            .arg("-d")
+            .arg(&dir)
+            .args(&args[1..])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut b = [0u8; 10];
+        std::io::Read::read_exact(&mut stdout, &mut b).unwrap();
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
