@@ -652,7 +652,8 @@ impl Printer {
                     }
                     None => graph.nested(lines, ctx, func, depth, syms),
                 }
-                self.printed += 1;
+                // Entries counts ring records, as the kernel's: a leaf line is two.
+                self.printed += 1 + u64::from(leaf);
             }
             Some(Record::GraphReturn {
                 ts,

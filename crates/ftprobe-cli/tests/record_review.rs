@@ -375,3 +375,23 @@ fn dump_refuses_two_outputs_on_stdout_and_ends_quietly_when_its_reader_goes() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn function_graph_entries_count_records_as_the_kernel_does() {
+    // A leaf call's line ("f();") is two records (entry and return), as in the kernel's
+    // buffer: the entries line counts the records, whatever the lines.
+    let tmp = tmp_dir("entries");
+    let dir = tmp.join("rec");
+    let args = [churn(), "1".into(), "2".into(), "0".into(), "50".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::record_to(&dir, &["-t", "function_graph"], &args);
+    assert!(out.status.success(), "{out:?}");
+    let (workers, mid, leaf) = counts(&out.stdout);
+    // An entry and a return per call (main's too: it has a site).
+    let records = 2 * (workers + mid + leaf + 1);
+    let (code, text, err) = replay(&dir);
+    assert_eq!(code, Some(0), "{err}");
+    let want = format!("# entries-in-buffer/entries-written: {records}/{records} ");
+    assert!(text.contains(&want), "{want}\n{text}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -103,16 +103,19 @@ unsafe fn graph_entry(
         // thread's first record, the time once its ring is claimed, which the return reports
         // too (`data[2]`): the entry and the return then agree on when the call began.
         let cpu = trace::cpu();
-        start = if setup {
-            crate::ring::read_tsc()
+        let aux = crate::record::fgraph_ent_aux(cpu, depth as u32);
+        if setup {
+            // The time once the record's first word was stored: the ring's first page
+            // faulted in, not charged to the call.
+            recorded = w.write_with(rtype::FGRAPH_ENT, aux, 2, |b| {
+                start = crate::ring::read_tsc();
+                b[0].store(start, std::sync::atomic::Ordering::Relaxed);
+                b[1].store(ent.func, std::sync::atomic::Ordering::Relaxed);
+            });
         } else {
-            ent.calltime
-        };
-        recorded = w.write_n_aux(
-            rtype::FGRAPH_ENT,
-            crate::record::fgraph_ent_aux(cpu, depth as u32),
-            [start, ent.func],
-        );
+            start = ent.calltime;
+            recorded = w.write_n_aux(rtype::FGRAPH_ENT, aux, [start, ent.func]);
+        }
     });
     // A call whose entry was not recorded (ring full, a write in progress) is still hooked,
     // so that its callees see their depth, but records no exit either.
