@@ -47,9 +47,37 @@ pub struct DumpArgs {
     selection: crate::replay::Selection,
 }
 
-/// FILE, or standard output for `-`.
+/// FILE, or standard output for `-`; its write errors name it.
 fn output(path: &PathBuf) -> Result<Box<dyn Write>> {
-    open_output((path.as_os_str() != "-").then_some(path))
+    let inner = open_output((path.as_os_str() != "-").then_some(path))?;
+    let name = if path.as_os_str() == "-" {
+        "standard output".to_owned()
+    } else {
+        path.display().to_string()
+    };
+    Ok(Box::new(Named { inner, name }))
+}
+
+/// A writer whose errors say what was being written (their kind kept: a closed pipe is
+/// still one).
+struct Named {
+    inner: Box<dyn Write>,
+    name: String,
+}
+
+impl Named {
+    fn named(&self, e: std::io::Error) -> std::io::Error {
+        std::io::Error::new(e.kind(), format!("writing {}: {e}", self.name))
+    }
+}
+
+impl Write for Named {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf).map_err(|e| self.named(e))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush().map_err(|e| self.named(e))
+    }
 }
 
 /// Writes a JSON array's elements one at a time (memory bounded by one event, not by the
@@ -260,14 +288,12 @@ pub fn run(args: DumpArgs) -> Result<i32> {
     if let Some(path) = &args.chrome {
         let mut o = output(path)?;
         chrome(&mut rec, &mut o)?;
-        o.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        o.flush()?;
     }
     if let Some(path) = &args.perfetto {
         let mut o = output(path)?;
         crate::perfetto::write(&mut rec, &mut o)?;
-        o.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        o.flush()?;
     }
     if let Some(path) = &args.flame_graph {
         let stacks = folded(&mut rec)?;
@@ -284,8 +310,7 @@ pub fn run(args: DumpArgs) -> Result<i32> {
                 writeln!(o, "{l}")?;
             }
         }
-        o.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        o.flush()?;
     }
     Ok(0)
 }

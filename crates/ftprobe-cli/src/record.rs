@@ -631,9 +631,13 @@ impl Sink for Recorder {
                 self.target.display()
             );
         }
+        // Written whole or not at all (a full disk must not leave an empty `info.json`
+        // beside the records).
         let path = self.dir.join("info.json");
+        let tmp = self.dir.join("info.json.tmp");
         let text = serde_json::to_string_pretty(&self.info)?;
-        std::fs::write(&path, text + "\n")
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|()| std::fs::rename(&tmp, &path))
             .with_context(|| format!("writing {}", path.display()))?;
         Ok(())
     }

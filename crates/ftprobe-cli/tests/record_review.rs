@@ -395,3 +395,25 @@ fn function_graph_entries_count_records_as_the_kernel_does() {
     assert!(text.contains(&want), "{want}\n{text}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn a_dump_that_cannot_be_written_names_its_file() {
+    let tmp = tmp_dir("full");
+    let dir = tmp.join("rec");
+    let args = [churn(), "1".into(), "1".into(), "0".into(), "50".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(common::record_to(&dir, &[], &args).status.success());
+    for fmt in ["--chrome", "--perfetto", "--flame-graph"] {
+        let out = ftprobe()
+            .arg("dump")
+            .arg("-d")
+            .arg(&dir)
+            .args([fmt, "/dev/full"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{fmt}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("writing /dev/full"), "{fmt}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
