@@ -402,7 +402,9 @@ fn a_dump_that_cannot_be_written_names_its_file() {
     let dir = tmp.join("rec");
     let args = [churn(), "1".into(), "1".into(), "0".into(), "50".into()];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert!(common::record_to(&dir, &[], &args).status.success());
+    assert!(common::record_to(&dir, &["-t", "function_graph"], &args)
+        .status
+        .success());
     for fmt in ["--chrome", "--perfetto", "--flame-graph"] {
         let out = ftprobe()
             .arg("dump")
