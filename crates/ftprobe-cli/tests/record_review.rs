@@ -419,3 +419,32 @@ fn a_dump_that_cannot_be_written_names_its_file() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn exported_string_args_are_the_strings_without_ftraces_quotes() {
+    // fetchargs' take(t, s, arr): call 0's s is "heap string 0", call 1's "stack string 1".
+    let exe = ftprobe_dev::fixture("fetchargs", ftprobe_dev::Flavour::FentryNop).unwrap();
+    let tmp = tmp_dir("quotes");
+    let dir = tmp.join("rec");
+    let out = common::record_to(&dir, &["-e", "p:s take s=+0($arg2):string"], [exe]);
+    assert!(out.status.success(), "{out:?}");
+    let out = ftprobe()
+        .arg("dump")
+        .arg("-d")
+        .arg(&dir)
+        .args(["--chrome", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<String> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "s")
+        .map(|e| e["args"]["s"].as_str().unwrap().to_owned())
+        .take(2)
+        .collect();
+    assert_eq!(got, ["heap string 0", "stack string 1"]);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
