@@ -204,6 +204,20 @@ impl Recording {
                     dir.display()
                 )
             }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && std::fs::read_dir(dir).is_ok_and(|mut d| {
+                        d.any(|f| {
+                            f.is_ok_and(|f| f.file_name().to_string_lossy().starts_with("ring"))
+                        })
+                    }) =>
+            {
+                bail!(
+                    "{} has records but no info.json yet: `ftprobe record` is still writing \
+                     it (it is written when the program ends), or was killed before",
+                    dir.display()
+                )
+            }
             Err(e) => {
                 return Err(e)
                     .with_context(|| format!("reading {} (not a recording?)", path.display()))
