@@ -1,0 +1,33 @@
+/* exec_b [N]: the exec'd image of --follow-exec's tests (issue 13, item 5). Calls
+ * eb_alpha() N times (default 4) and eb_beta() 2N times, prints its own counts
+ * (`exec_b eb_alpha=N eb_beta=2N`) and every environment entry that starts with FTPROBE_ or
+ * LD_PRELOAD (`exec_b env ENTRY`), exits 3. Built -no-pie, as exec_a: their functions'
+ * addresses overlap. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern char **environ;
+
+static volatile int sink;
+
+__attribute__((noinline)) void eb_alpha(int x) { sink += x * 7; }
+__attribute__((noinline)) void eb_beta(int x) { sink ^= x; }
+
+int main(int argc, char **argv)
+{
+    int n = argc > 1 ? atoi(argv[1]) : 4;
+    int alpha = 0, beta = 0;
+    for (int i = 0; i < n; i++) {
+        eb_alpha(i);
+        alpha++;
+        eb_beta(i);
+        eb_beta(i + 1);
+        beta += 2;
+    }
+    printf("exec_b eb_alpha=%d eb_beta=%d\n", alpha, beta);
+    for (char **e = environ; *e; e++)
+        if (!strncmp(*e, "FTPROBE_", 8) || !strncmp(*e, "LD_PRELOAD", 10))
+            printf("exec_b env %s\n", *e);
+    return 3;
+}
