@@ -303,7 +303,8 @@ struct Events<'a> {
     /// Event names interned so far, and their iids.
     names: FxHashMap<String, u64>,
     /// Function names by address (symbolized once).
-    func_names: FxHashMap<u64, String>,
+    /// By (symbols view, address): a process that exec'd names one address two ways.
+    func_names: FxHashMap<(usize, u64), String>,
     /// The categories interned so far (bit per iid).
     cats_done: u32,
 }
@@ -355,11 +356,12 @@ impl Events<'_> {
         };
         match kind {
             Kind::Begin(func) => {
-                let name = match self.func_names.get(&func) {
+                let key = (syms.view(), func);
+                let name = match self.func_names.get(&key) {
                     Some(n) => n.clone(),
                     None => {
                         let n = name_of(syms, func);
-                        self.func_names.insert(func, n.clone());
+                        self.func_names.insert(key, n.clone());
                         n
                     }
                 };
@@ -529,12 +531,14 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
         // Rings done and emptied: their calls still open end at their last event, cut.
         for i in m.retire() {
             if let Some(mut t) = threads.remove(&i) {
+                rec.select_stream(&mut syms, i);
                 while t.open.pop().is_some() {
                     w.write(&mut syms, t.last_ns, i, Kind::End { cut: true })?;
                 }
             }
         }
         let Some(r) = m.take() else { break };
+        rec.select_stream(&mut syms, r);
         let t = threads.get_mut(&r).expect("a thread per ring");
         let h = m.queues[&r]
             .head()

@@ -58,12 +58,8 @@ pub struct Symbols {
 }
 
 impl Symbols {
-    /// Load every object of the table; objects that cannot be read are left out.
-    pub fn new(table: &[(u64, Vec<u8>)]) -> Symbols {
-        Symbols::with_images(table, &[])
-    }
-
-    /// [`Symbols::new`], with the images processes exec'd into.
+    /// Load every object of the table (objects that cannot be read are left out), with the
+    /// images processes exec'd into.
     pub fn with_images(table: &[(u64, Vec<u8>)], images: &[Image]) -> Symbols {
         let objects = table
             .iter()
@@ -108,6 +104,17 @@ impl Symbols {
                 self.caches.len() - 1
             }
         };
+    }
+
+    /// Which view lookups use now (see [`select`](Self::select)): a cache of names by
+    /// address must be per view.
+    pub fn view(&self) -> usize {
+        self.view
+    }
+
+    /// Whether any process exec'd into another image.
+    pub fn has_images(&self) -> bool {
+        !self.images.is_empty()
     }
 
     fn resolve(&mut self, addr: u64) -> Option<Resolved> {

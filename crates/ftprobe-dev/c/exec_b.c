@@ -2,7 +2,7 @@
  * eb_alpha() N times (default 4) and eb_beta() 2N times, prints its own counts
  * (`exec_b eb_alpha=N eb_beta=2N`) and every environment entry that starts with FTPROBE_ or
  * LD_PRELOAD (`exec_b env ENTRY`), exits 3. Built -no-pie, as exec_a: their functions'
- * addresses overlap. */
+ * addresses overlap (eb_pad covers exec_a's). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +10,11 @@
 extern char **environ;
 
 static volatile int sink;
+
+/* Never called: 4 KiB of code before eb_alpha and eb_beta, so that exec_b's text covers
+ * the addresses of exec_a's functions (a record of exec_a named from exec_b's symbols would
+ * say eb_pad). */
+__attribute__((used, noinline)) void eb_pad(void) { __asm__ volatile(".fill 4096, 1, 0x90"); }
 
 __attribute__((noinline)) void eb_alpha(int x) { sink += x * 7; }
 __attribute__((noinline)) void eb_beta(int x) { sink ^= x; }
