@@ -215,6 +215,15 @@ impl Printer {
         }
     }
 
+    /// Processes exec'd into `images` (a recording's): their records are named from them.
+    pub fn add_images(&mut self, images: &[crate::symbols::Image]) {
+        for im in images {
+            if !self.images.contains(im) {
+                self.images.push(im.clone());
+            }
+        }
+    }
+
     fn write(&mut self, f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) {
         if let Some(o) = self.out.as_mut() {
             if let Err(e) = f(o.as_mut()) {

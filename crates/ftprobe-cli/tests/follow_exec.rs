@@ -395,3 +395,27 @@ fn an_exec_of_a_static_program_says_why_it_is_not_followed() {
         "{text}"
     );
 }
+
+/// A program that closed every descriptor before its exec (the rings' memfd with them): the
+/// exec is not followed, and the trace says why.
+#[test]
+fn an_exec_after_the_program_closed_the_rings_descriptor_says_so() {
+    let (a, b) = (path(exec_a_fixture()), path(exec_b_fixture()));
+    let (out, text) = trace(
+        &["--follow-exec", "-F", "e[ab]_*"],
+        &[&a, "closefds", &b, "2"],
+    );
+    assert_eq!(out.status.code(), Some(3), "{out:?}\n{text}");
+    let so = stdout(&out);
+    assert_eq!(counts(&events(&text)), own_counts(&so, "exec_a"), "{text}");
+    assert_eq!(own_counts(&so, "exec_b").values().sum::<u64>(), 6, "{so}");
+    assert!(env_lines(&so, "exec_b").is_empty(), "{so}");
+    let pid = events(&text)[0].1;
+    assert!(
+        text.contains(&format!(
+            "# pid {pid} exec'd {b}: not traced after exec (the program closed ftprobe's ring \
+             descriptor)\n"
+        )),
+        "{text}"
+    );
+}

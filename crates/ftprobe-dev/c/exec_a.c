@@ -2,8 +2,8 @@
  * Calls ea_one() 3 times and ea_two() 5 times; MODE `threads` first starts 3 threads that
  * call ea_thread() once each and then wait forever (they die at the exec). Prints its own
  * counts (`exec_a ea_one=3 ea_two=5 ea_thread=T`) and every environment entry that starts
- * with FTPROBE_ or LD_PRELOAD (`exec_a env ENTRY`), then, with MODE `exec` or `threads`,
- * execs PROG ARGS (execv). Built -no-pie, as exec_b: their functions' addresses overlap. */
+ * with FTPROBE_ or LD_PRELOAD (`exec_a env ENTRY`), then, with MODE `exec`, `threads` or
+ * `closefds` (which first closes every descriptor from 3 to 1023), execs PROG ARGS (execv). Built -no-pie, as exec_b: their functions' addresses overlap. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -59,7 +59,11 @@ int main(int argc, char **argv)
         if (!strncmp(*e, "FTPROBE_", 8) || !strncmp(*e, "LD_PRELOAD", 10))
             printf("exec_a env %s\n", *e);
     fflush(stdout);
-    if ((threads || !strcmp(mode, "exec")) && argc > 2) {
+    int closefds = !strcmp(mode, "closefds");
+    if (closefds)
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+    if ((threads || closefds || !strcmp(mode, "exec")) && argc > 2) {
         execv(argv[2], argv + 2);
         perror("execv");
         return 126;

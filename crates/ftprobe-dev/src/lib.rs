@@ -269,7 +269,8 @@ pub fn execs_fixture() -> PathBuf {
 /// times, prints `exec_a ea_one=3 ea_two=5 ea_thread=T` and its environment entries that
 /// start with `FTPROBE_` or `LD_PRELOAD` (`exec_a env ENTRY`); MODE `exec` then execs PROG
 /// ARGS (`execv`); MODE `threads` first starts 3 threads that call `ea_thread` once each
-/// (T = 3) and wait forever, then execs PROG ARGS from the main thread.
+/// (T = 3) and wait forever, then execs PROG ARGS from the main thread; MODE `closefds`
+/// closes every descriptor from 3 to 1023, then execs PROG ARGS.
 pub fn exec_a_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("exec_a")
 }
