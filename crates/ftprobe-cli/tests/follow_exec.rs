@@ -419,3 +419,45 @@ fn an_exec_after_the_program_closed_the_rings_descriptor_says_so() {
         "{text}"
     );
 }
+
+/// An exec that looked followable but whose new program never started the agent (here a
+/// `#!` script whose interpreter is a script whose interpreter is static: the wrapper
+/// checks one level of interpreter): the trace says at the end that it was not traced.
+#[test]
+fn an_exec_whose_agent_never_starts_is_named_at_the_end() {
+    use std::os::unix::fs::PermissionsExt;
+    let (a, s) = (path(exec_a_fixture()), path(exec_b_static_fixture()));
+    let dir = tmp_dir("follow-nested");
+    let inner = dir.join("inner");
+    std::fs::write(&inner, format!("#!{s}\n")).unwrap();
+    let outer = dir.join("outer");
+    std::fs::write(&outer, format!("#!{}\n", inner.display())).unwrap();
+    for p in [&inner, &outer] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let outer = path(outer);
+    let (out, text) = trace(&["--follow-exec", "-F", "e[ab]_*"], &[&a, "exec", &outer]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}\n{text}");
+    let so = stdout(&out);
+    assert!(so.contains("exec_b eb_alpha=0 eb_beta=0\n"), "{so}");
+    assert_eq!(counts(&events(&text)), own_counts(&so, "exec_a"), "{text}");
+    let pid = events(&text)[0].1;
+    assert!(
+        text.contains(&format!("# pid {pid} exec'd {outer}: followed\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "# pid {pid} exec'd {outer} but ftprobe's agent never started there: not traced \
+             after exec"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "# pid {pid}'s counts stop at its exec of {outer} (not traced after exec)\n"
+        )),
+        "{text}"
+    );
+}
