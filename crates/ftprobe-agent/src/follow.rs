@@ -16,8 +16,8 @@
 //!   parent, a few hundred bytes per exec).
 //! - The new image's agent joins the session: it appends its objects to the objects table
 //!   (never replacing the table, which the old image's records still need), and writes a
-//!   [`TEXT_IMAGE`] record (`PID\tTSC\tFIRST\tEXE`: the image starts at TSC, its objects at
-//!   table index FIRST) from which the CLI symbolizes that pid's later records. Its threads
+//!   [`TEXT_IMAGE`] record (`PID\tTSC\tFIRST\tCOUNT\tEXE`: the image starts at TSC, with
+//!   the COUNT objects from table index FIRST) from which the CLI symbolizes that pid's later records. Its threads
 //!   claim rings as a forked child's do.
 //! - Not followed (the exec note says why, and the program's environment is passed as it
 //!   is): a statically linked file (no `PT_INTERP`: no dynamic loader to preload the agent),
@@ -32,7 +32,8 @@ use std::sync::OnceLock;
 use ftprobe::sys;
 use ftprobe::trace;
 
-/// TEXT record kind: `PID\tTSC\tFIRST\tEXE`, an exec'd image's agent joined the session.
+/// TEXT record kind: `PID\tTSC\tFIRST\tCOUNT\tEXE`, an exec'd image's agent joined the
+/// session.
 pub const TEXT_IMAGE: u32 = 4;
 
 /// The session's variables (all of the agent's but `FTPROBE_EXEC_PID`, which is per exec).
@@ -352,13 +353,49 @@ pub fn exec_failed() {
     }
 }
 
-/// An exec'd image joined the session: its objects start at table index `first`.
-pub fn announce_image(first: usize, tsc: u64) {
+/// This image's `FIRST\tCOUNT\tEXE` (an exec'd image's), for its forked children.
+static IMAGE: OnceLock<String> = OnceLock::new();
+
+/// An exec'd image joined the session: its `count` objects start at table index `first`.
+pub fn announce_image(first: usize, count: usize, tsc: u64) {
     let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
-    let text = format!(
-        "{}\t{tsc}\t{first}\t{}",
-        sys::getpid(),
-        exe.to_string_lossy()
-    );
-    trace::write_text(TEXT_IMAGE, &text);
+    let image = IMAGE.get_or_init(|| format!("{first}\t{count}\t{}", exe.to_string_lossy()));
+    trace::write_text(TEXT_IMAGE, &format!("{}\t{tsc}\t{image}", sys::getpid()));
+}
+
+static NEXT_FORK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Interposed `fork(2)`. A forked child runs its parent's image: when that is an exec'd
+/// image, the parent announces the child's (a [`TEXT_IMAGE`] with the child's pid, from
+/// before the fork), so the CLI names the child's records from it. Otherwise the C
+/// library's `fork`, nothing more.
+///
+/// # Safety
+/// As `fork(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    // Relaxed: a cache; a racing lookup stores the same value.
+    let mut f = NEXT_FORK.load(Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; a lookup only.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"fork".as_ptr()) } as usize;
+        NEXT_FORK.store(f, Ordering::Relaxed);
+    }
+    if f == 0 {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    let image = IMAGE.get().filter(|_| trace::buffer().is_some());
+    let tsc = ftprobe::ring::read_tsc();
+    // SAFETY: the C library's `fork`, of this type.
+    let pid = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() };
+    if let (Some(image), true) = (image, pid > 0) {
+        // SAFETY: this thread's errno, kept across the note.
+        let e = unsafe { *libc::__errno_location() };
+        trace::write_text(TEXT_IMAGE, &format!("{pid}\t{tsc}\t{image}"));
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = e };
+    }
+    pid
 }

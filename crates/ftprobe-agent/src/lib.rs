@@ -222,9 +222,9 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     if follow::exec_image() {
         // A followed exec: the old image's objects stay (its records need them).
         let first = rings.objects().len();
-        rings.add_objects(&table);
+        let count = rings.add_objects(&table);
         trace::set_buffer(rings);
-        follow::announce_image(first, tsc);
+        follow::announce_image(first, count, tsc);
     } else {
         rings.set_objects(&table)?;
         trace::set_buffer(rings);

@@ -2,11 +2,12 @@
 //! publishes in the rings' header (path and load bias of every object).
 //!
 //! The table is the session's, append-only: a process that `exec`s (followed, `--follow-exec`)
-//! appends the new image's objects and says where they start ([`Image`]). A record is then
-//! looked up in its process's image at its time ([`Symbols::select`]): the table's entries
-//! from the image's first to the next image's of that process (before its first image: from
-//! the start). A process that never exec'd (the first image, a forked child) sees the whole
-//! table, the last entry covering an address first, as objects loaded later are.
+//! appends the new image's objects and says where they start and how many ([`Image`]). A
+//! record is then looked up in its process's image at its time ([`Symbols::select`]): the
+//! table's entries from the image's first to the next image's of that process (before its
+//! first image: from the start), less the objects other images started with. A process that
+//! never exec'd (the first image, a forked child) sees the whole table less those, the last
+//! entry covering an address first, as objects loaded later are.
 //!
 //! A trace repeats the same few thousand addresses millions of times, so every address is
 //! resolved once and kept: a lookup after the first is one hash probe, and names are handed
@@ -33,14 +34,18 @@ pub struct Image {
     pub pid: u32,
     pub tsc: u64,
     pub first: usize,
+    /// How many objects it started with (`first..first + count`; 0: not said).
+    #[serde(default)]
+    pub count: usize,
     /// The program (`/proc/PID/exe` when the image's agent started).
     #[serde(default)]
     pub exe: String,
 }
 
-/// The table entries `lo..hi` that name a record (see the module docs).
-type View = (usize, usize);
-const WHOLE: View = (0, usize::MAX);
+/// The table entries `lo..hi` that name a record, less the objects of every image but the
+/// one at index `own` (see the module docs).
+type View = (usize, usize, usize);
+const WHOLE: View = (0, usize::MAX, usize::MAX);
 
 /// Symbolizer over the target's objects.
 pub struct Symbols {
@@ -83,6 +88,9 @@ impl Symbols {
     pub fn add_image(&mut self, image: Image) {
         if !self.images.contains(&image) {
             self.images.push(image);
+            // The views' exclusions changed.
+            self.caches = vec![(WHOLE, FxHashMap::default())];
+            self.view = 0;
         }
     }
 
@@ -121,7 +129,15 @@ impl Symbols {
         if let Some(r) = self.caches[self.view].1.get(&addr) {
             return *r;
         }
-        let (lo, hi) = self.caches[self.view].0;
+        let (lo, hi, own) = self.caches[self.view].0;
+        let images = &self.images;
+        // A forked child's image is its parent's: the same entries.
+        let own = images.get(own).map(|im| (im.first, im.count));
+        let theirs = |t: usize| {
+            images.iter().any(|im| {
+                Some((im.first, im.count)) != own && (im.first..im.first + im.count).contains(&t)
+            })
+        };
         // The last entry first: an object loaded later (dlopen) is appended to the table, and
         // one loaded where an unloaded one was is the one mapped now.
         let found = self
@@ -129,7 +145,7 @@ impl Symbols {
             .iter()
             .enumerate()
             .rev()
-            .filter(|(_, (t, _, _))| (lo..hi).contains(t))
+            .filter(|(_, (t, _, _))| (lo..hi).contains(t) && !theirs(*t))
             .find_map(|(o, (_, bias, img))| {
                 let svma = addr.checked_sub(*bias)?;
                 if !img.contains(svma) {
@@ -205,10 +221,10 @@ impl Symbols {
 fn image_view(images: &[Image], pid: u32, tsc: u64) -> View {
     let mut lo = None;
     let mut hi = usize::MAX;
-    for im in images.iter().filter(|im| im.pid == pid) {
+    for (k, im) in images.iter().enumerate().filter(|(_, im)| im.pid == pid) {
         if im.tsc <= tsc {
-            if lo.is_none_or(|(t, _)| im.tsc >= t) {
-                lo = Some((im.tsc, im.first));
+            if lo.is_none_or(|(t, _, _)| im.tsc >= t) {
+                lo = Some((im.tsc, im.first, k));
             }
         } else {
             hi = hi.min(im.first);
@@ -216,9 +232,9 @@ fn image_view(images: &[Image], pid: u32, tsc: u64) -> View {
     }
     match lo {
         // Its image at that time, up to the next one's entries.
-        Some((_, first)) => (first, hi),
+        Some((_, first, k)) => (first, hi, k),
         // Before its first exec (or it never exec'd).
-        None => (0, hi),
+        None => (0, hi, usize::MAX),
     }
 }
 

@@ -23,7 +23,7 @@ use crate::symbols::Symbols;
 /// TEXT record kinds the agent writes (`ftprobe-agent`'s `TEXT_*`): the armed-probes
 /// listing, `PID\tPATH` before an exec (`PID\tPATH\tfollowed` or `PID\tPATH\tnot
 /// followed: WHY` in a session that follows execs), `PID\tERRNO` when that exec failed,
-/// `PID\tTSC\tFIRST\tEXE` when a followed exec's new image joined the session.
+/// `PID\tTSC\tFIRST\tCOUNT\tEXE` when a followed exec's new image joined the session.
 const TEXT_KPROBES_LIST: u32 = 1;
 const TEXT_EXEC: u32 = 2;
 const TEXT_EXEC_FAILED: u32 = 3;
@@ -35,11 +35,12 @@ pub const FOLLOW_EXEC_HINT: &str =
 
 /// Parse a [`TEXT_IMAGE`] text.
 pub fn parse_image(text: &str) -> Option<crate::symbols::Image> {
-    let mut f = text.splitn(4, '\t');
+    let mut f = text.splitn(5, '\t');
     Some(crate::symbols::Image {
         pid: f.next()?.parse().ok()?,
         tsc: f.next()?.parse().ok()?,
         first: f.next()?.parse().ok()?,
+        count: f.next()?.parse().ok()?,
         exe: f.next().unwrap_or_default().to_owned(),
     })
 }

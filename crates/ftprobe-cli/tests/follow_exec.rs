@@ -461,3 +461,51 @@ fn an_exec_whose_agent_never_starts_is_named_at_the_end() {
         "{text}"
     );
 }
+
+/// A program that forks after a followed exec: the child runs the exec'd program's image
+/// (its records are named from it), in a pid of its own.
+#[test]
+fn a_child_forked_by_an_execd_program_is_named_from_its_image() {
+    let (a, b) = (path(exec_a_fixture()), path(exec_b_fixture()));
+    let (out, text) = trace(
+        &["--follow-exec", "-F", "e[ab]_*"],
+        &[&a, "exec", &b, "4", "fork"],
+    );
+    assert_eq!(out.status.code(), Some(3), "{out:?}\n{text}");
+    let so = stdout(&out);
+    let mut want = own_counts(&so, "exec_a");
+    want.extend(own_counts(&so, "exec_b"));
+    let ev = events(&text);
+    assert_eq!(counts(&ev), want, "{text}");
+    let pa = ev.iter().find(|e| e.0 == "exec_a").unwrap().1;
+    let pb = ev.iter().find(|e| e.0 == "exec_b").unwrap().1;
+    assert_ne!(pa, pb, "{text}");
+}
+
+/// A `vfork` child that execs (followed, in its own pid) while the parent goes on traced:
+/// the child's records are named from the new program, the parent's later ones from its own
+/// (the new program's text covers the parent's addresses).
+#[test]
+fn a_vfork_child_that_execs_is_followed_and_the_parent_keeps_its_names() {
+    let (a, b) = (path(exec_a_fixture()), path(exec_b_fixture()));
+    let (out, text) = trace(&["--follow-exec", "-F", "e[ab]_*"], &[&a, "vfork", &b, "3"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}\n{text}");
+    let so = stdout(&out);
+    let mut want = own_counts(&so, "exec_a");
+    assert_eq!(
+        want.get(&("exec_a".into(), "ea_one".into())),
+        Some(&5),
+        "{so}"
+    );
+    want.extend(own_counts(&so, "exec_b"));
+    let ev = events(&text);
+    assert_eq!(counts(&ev), want, "{text}");
+    assert!(env_lines(&so, "exec_b").is_empty(), "{so}");
+    let pa = ev.iter().find(|e| e.0 == "exec_a").unwrap().1;
+    let pb = ev.iter().find(|e| e.0 == "exec_b").unwrap().1;
+    assert_ne!(pa, pb, "{text}");
+    assert!(
+        text.contains(&format!("# pid {pb} exec'd {b}: followed\n")),
+        "{text}"
+    );
+}

@@ -3,10 +3,14 @@
  * call ea_thread() once each and then wait forever (they die at the exec). Prints its own
  * counts (`exec_a ea_one=3 ea_two=5 ea_thread=T`) and every environment entry that starts
  * with FTPROBE_ or LD_PRELOAD (`exec_a env ENTRY`), then, with MODE `exec`, `threads` or
- * `closefds` (which first closes every descriptor from 3 to 1023), execs PROG ARGS (execv). Built -no-pie, as exec_b: their functions' addresses overlap. */
+ * `closefds` (which first closes every descriptor from 3 to 1023), execs PROG ARGS (execv);
+ * MODE `vfork`: a vfork child execs PROG ARGS, and this process, once it ended, calls
+ * ea_one() twice more, prints `exec_a ea_one=5 ea_two=5 ea_thread=0` and exits with the
+ * child's status. Built -no-pie, as exec_b: their functions' addresses overlap. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -54,6 +58,20 @@ int main(int argc, char **argv)
         ea_one(i);
     for (int i = 0; i < 5; i++)
         ea_two(i);
+    if (!strcmp(mode, "vfork") && argc > 2) {
+        /* The child execs PROG ARGS; this process goes on, traced, after it. */
+        pid_t p = vfork();
+        if (p == 0) {
+            execv(argv[2], argv + 2);
+            _exit(126);
+        }
+        int st = 0;
+        waitpid(p, &st, 0);
+        ea_one(3);
+        ea_one(4);
+        printf("exec_a ea_one=5 ea_two=5 ea_thread=0\n");
+        return WEXITSTATUS(st);
+    }
     printf("exec_a ea_one=3 ea_two=5 ea_thread=%d\n", threads_called);
     for (char **e = environ; *e; e++)
         if (!strncmp(*e, "FTPROBE_", 8) || !strncmp(*e, "LD_PRELOAD", 10))

@@ -270,14 +270,17 @@ pub fn execs_fixture() -> PathBuf {
 /// start with `FTPROBE_` or `LD_PRELOAD` (`exec_a env ENTRY`); MODE `exec` then execs PROG
 /// ARGS (`execv`); MODE `threads` first starts 3 threads that call `ea_thread` once each
 /// (T = 3) and wait forever, then execs PROG ARGS from the main thread; MODE `closefds`
-/// closes every descriptor from 3 to 1023, then execs PROG ARGS.
+/// closes every descriptor from 3 to 1023, then execs PROG ARGS; MODE `vfork`: a `vfork`
+/// child execs PROG ARGS, then this process calls `ea_one` twice more, prints
+/// `exec_a ea_one=5 ea_two=5 ea_thread=0` and exits with the child's status.
 pub fn exec_a_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("exec_a")
 }
 
-/// Path of `exec_b [N]` (see [`exec_a_fixture`]): calls `eb_alpha` N times (default 4) and
-/// `eb_beta` 2N times, prints `exec_b eb_alpha=N eb_beta=2N` and its environment entries
-/// that start with `FTPROBE_` or `LD_PRELOAD` (`exec_b env ENTRY`), exits 3.
+/// Path of `exec_b [N [fork]]` (see [`exec_a_fixture`]): calls `eb_alpha` N times (default
+/// 4) and `eb_beta` 2N times, prints `exec_b eb_alpha=N eb_beta=2N` and its environment
+/// entries that start with `FTPROBE_` or `LD_PRELOAD` (`exec_b env ENTRY`), exits 3; with
+/// `fork`, a forked child does all that and the parent exits with its status.
 pub fn exec_b_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("exec_b")
 }
