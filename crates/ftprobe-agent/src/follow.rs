@@ -18,7 +18,9 @@
 //!   (never replacing the table, which the old image's records still need), and writes a
 //!   [`TEXT_IMAGE`] record (`PID\tTSC\tFIRST\tCOUNT\tEXE`: the image starts at TSC, with
 //!   the COUNT objects from table index FIRST) from which the CLI symbolizes that pid's later records. Its threads
-//!   claim rings as a forked child's do.
+//!   claim rings as a forked child's do. A child it forks runs the same image: the
+//!   interposed [`fork`] announces the child's image (from the parent, before the child
+//!   runs: nothing is claimed in the child for it).
 //! - Not followed (the exec note says why, and the program's environment is passed as it
 //!   is): a statically linked file (no `PT_INTERP`: no dynamic loader to preload the agent),
 //!   a setuid or setgid one (the loader ignores `LD_PRELOAD`), or the memfd is no longer
