@@ -42,6 +42,7 @@ pub fn init() {
     for (i, name) in NAMES.iter().enumerate() {
         next(i, name);
     }
+    follow::init();
 }
 
 fn next(i: usize, name: &CStr) -> usize {

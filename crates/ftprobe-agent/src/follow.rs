@@ -367,6 +367,23 @@ pub fn announce_image(first: usize, count: usize, tsc: u64) {
 
 static NEXT_FORK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// The C library's `fork`, looked up once (a `dlsym` may allocate: never at a fork).
+fn next_fork() -> usize {
+    // Relaxed: a cache; a racing lookup stores the same value.
+    let mut f = NEXT_FORK.load(Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; a lookup only.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"fork".as_ptr()) } as usize;
+        NEXT_FORK.store(f, Ordering::Relaxed);
+    }
+    f
+}
+
+/// Resolve the C library's `fork`: called when the agent starts.
+pub fn init() {
+    next_fork();
+}
+
 /// Interposed `fork(2)`. A forked child runs its parent's image: when that is an exec'd
 /// image, the parent announces the child's (a [`TEXT_IMAGE`] with the child's pid, from
 /// before the fork), so the CLI names the child's records from it. Otherwise the C
@@ -376,13 +393,7 @@ static NEXT_FORK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsiz
 /// As `fork(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
-    // Relaxed: a cache; a racing lookup stores the same value.
-    let mut f = NEXT_FORK.load(Ordering::Relaxed);
-    if f == 0 {
-        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; a lookup only.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"fork".as_ptr()) } as usize;
-        NEXT_FORK.store(f, Ordering::Relaxed);
-    }
+    let f = next_fork();
     if f == 0 {
         // SAFETY: this thread's errno.
         unsafe { *libc::__errno_location() = libc::ENOSYS };
