@@ -837,7 +837,14 @@ impl Printer {
         let mut not_joined = Vec::new();
         let mut joined: HashMap<u32, usize> = HashMap::new();
         for im in &self.images {
-            *joined.entry(im.pid).or_default() += 1;
+            // A forked child's image is its parent's (the same entries, announced later):
+            // not an exec of its own.
+            let inherited = self.images.iter().any(|o| {
+                o.pid != im.pid && o.first == im.first && o.count == im.count && o.tsc < im.tsc
+            });
+            if !inherited {
+                *joined.entry(im.pid).or_default() += 1;
+            }
         }
         for (pid, path, followed) in &execs {
             if *followed {
