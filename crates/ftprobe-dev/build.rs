@@ -64,6 +64,8 @@ fn main() {
         "c/own_sigtrap.c",
         "c/ctors.c",
         "c/execs.c",
+        "c/exec_a.c",
+        "c/exec_b.c",
         "c/ctors_lib.c",
         "c/own_malloc.c",
         "c/libc_mallocs.c",
@@ -307,6 +309,30 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         );
         link(&[&obj], &fixtures.join(name), &[ldflags]);
     }
+
+    // exec_a, exec_b (--follow-exec): `-pg -mfentry -mnop-mcount` and -no-pie, so that
+    // both load at the same address and their functions' addresses overlap; exec_b_static:
+    // exec_b linked statically (an exec that cannot be followed).
+    let fl = Flavour::FentryNop;
+    for name in ["exec_a", "exec_b"] {
+        let obj = objs.join(format!("{name}.o"));
+        compile(
+            &c_dir.join(format!("{name}.c")),
+            &obj,
+            &[BASE_CFLAGS, fl.cflags()],
+            &[],
+        );
+        link(
+            &[&obj],
+            &fixtures.join(name),
+            &[fl.ldflags(), &["-pthread"]],
+        );
+    }
+    link(
+        &[&objs.join("exec_b.o")],
+        &fixtures.join("exec_b_static"),
+        &[&["-static"]],
+    );
 
     // ctors + libfxctors: a `-pg -mfentry` library whose constructor and destructor call
     // its traced function; the program has no sites.

@@ -1,20 +1,26 @@
-//! Programs run by `exec` are not traced (the agent is gone from the new image): the agent
-//! tells the CLI when the traced process replaces itself, so the trace can say where its
-//! events stop (issue 9, item 3).
+//! Programs run by `exec` are not traced (the agent is gone from the new image) unless the
+//! session follows execs (`--follow-exec`, [`follow`]): the agent tells the CLI when the
+//! traced process replaces itself, so the trace can say where its events stop, or that they
+//! go on in the new image (issue 9, item 3; issue 13, item 5).
 //!
 //! The exec family is interposed: `execve`, `execv`, `execvp`, `execvpe`, `fexecve`,
 //! `execveat`, and the variadic `execl`, `execle`, `execlp` (naked entry points that gather
 //! their arguments as glibc's own do: glibc's call its internal `__execve`, past any
 //! interposer). Each writes a [`TEXT_EXEC`] record (`PID\tPATH`, the path `execvp` would run
 //! found in `PATH` as it would) before the real call, and a [`TEXT_EXEC_FAILED`] record
-//! (`PID\tERRNO`) if the call returns. An `exec` by a raw system call, or in a `posix_spawn`
-//! or `vfork` child, is not seen.
+//! (`PID\tERRNO`) if the call returns. With `--follow-exec` the note says whether the new
+//! image is followed (`PID\tPATH\tfollowed`, `PID\tPATH\tnot followed: WHY`) and the real
+//! call gets the environment [`follow::prepare`] built (`execv` and `execvp` then become
+//! `execve` and `execvpe`). An `exec` by a raw system call, or in a `posix_spawn`
+//! child (glibc's calls its internal `__execve`), is not seen.
 
 use std::ffi::{c_char, c_int, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ftprobe::trace;
+
+use crate::follow;
 
 /// TEXT record kind: `PID\tPATH`, the process is about to exec PATH.
 pub const TEXT_EXEC: u32 = 2;
@@ -36,6 +42,7 @@ pub fn init() {
     for (i, name) in NAMES.iter().enumerate() {
         next(i, name);
     }
+    follow::init();
 }
 
 fn next(i: usize, name: &CStr) -> usize {
@@ -83,30 +90,41 @@ fn search_path(file: &[u8]) -> Vec<u8> {
     file.to_vec()
 }
 
-/// Note the exec of `path` (searched in `PATH` when `search`) for the CLI.
-fn note(path: &[u8], search: bool) {
-    if trace::buffer().is_none() {
-        return;
-    }
+/// Note the exec of `path` (searched in `PATH` when `search`) for the CLI, and, when the
+/// session follows execs, prepare the new image's environment from `envp` (`None`:
+/// `environ`): `Some` when the exec is followed (pass its `envp`, and call
+/// [`follow::exec_failed`] if the exec returns).
+fn note(path: &[u8], search: bool, envp: Option<Argv>) -> Option<follow::Prepared> {
+    trace::buffer()?;
     let e = errno();
     let path = if search {
         search_path(path)
     } else {
         path.to_vec()
     };
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() };
-    let text = format!("{pid}\t{}", String::from_utf8_lossy(&path));
+    // SAFETY: the caller's envp is null or NULL-terminated, as the exec function takes it.
+    let prepared = unsafe { follow::prepare(&path, envp) };
+    let pid = ftprobe::sys::getpid();
+    let path = String::from_utf8_lossy(&path);
+    let text = match &prepared {
+        None => format!("{pid}\t{path}"),
+        Some(Ok(_)) => format!("{pid}\t{path}\tfollowed"),
+        Some(Err(why)) => format!("{pid}\t{path}\tnot followed: {why}"),
+    };
     trace::write_text(TEXT_EXEC, &text);
     set_errno(e);
+    prepared.and_then(Result::ok)
 }
 
-/// The exec returned: it failed with `errno`.
-fn note_failed() {
+/// The exec returned: it failed with `errno` (`followed`: its environment was prepared).
+fn note_failed(followed: bool) {
     if trace::buffer().is_none() {
         return;
     }
     let e = errno();
+    if followed {
+        follow::exec_failed();
+    }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     trace::write_text(TEXT_EXEC_FAILED, &format!("{pid}\t{e}"));
@@ -129,7 +147,7 @@ unsafe fn bytes<'a>(p: *const c_char) -> &'a [u8] {
 type Argv = *const *const c_char;
 
 macro_rules! forward {
-    ($i:expr, $ty:ty, ($($arg:expr),*)) => {{
+    ($prep:expr, $i:expr, $ty:ty, ($($arg:expr),*)) => {{
         let f = next($i, NAMES[$i]);
         if f == 0 {
             set_errno(libc::ENOSYS);
@@ -137,10 +155,18 @@ macro_rules! forward {
         }
         // SAFETY: the C library's function of that name, of this type.
         let r = unsafe { std::mem::transmute::<usize, $ty>(f)($($arg),*) };
-        note_failed();
+        note_failed($prep.is_some());
         r
     }};
 }
+
+/// The `envp` to pass: the prepared one when the exec is followed.
+fn env_of(prep: &Option<follow::Prepared>, envp: Argv) -> Argv {
+    prep.as_ref().map_or(envp, |p| p.envp.as_ptr())
+}
+
+type Execve = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
+type Execv = unsafe extern "C" fn(*const c_char, Argv) -> c_int;
 
 /// Interposed `execve(2)`.
 ///
@@ -149,12 +175,8 @@ macro_rules! forward {
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: the caller passes a C string.
-    note(unsafe { bytes(path) }, false);
-    forward!(
-        0,
-        unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int,
-        (path, argv, envp)
-    )
+    let prep = note(unsafe { bytes(path) }, false, Some(envp));
+    forward!(prep, 0, Execve, (path, argv, env_of(&prep, envp)))
 }
 
 /// Interposed `execv(3)`.
@@ -164,12 +186,13 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> 
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
     // SAFETY: the caller passes a C string.
-    note(unsafe { bytes(path) }, false);
-    forward!(
-        1,
-        unsafe extern "C" fn(*const c_char, Argv) -> c_int,
-        (path, argv)
-    )
+    let prep = note(unsafe { bytes(path) }, false, None);
+    if let Some(p) = &prep {
+        // Followed: `execve` with the new image's environment.
+        forward!(prep, 0, Execve, (path, argv, p.envp.as_ptr()))
+    } else {
+        forward!(prep, 1, Execv, (path, argv))
+    }
 }
 
 /// Interposed `execvp(3)`.
@@ -179,12 +202,13 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
     // SAFETY: the caller passes a C string.
-    note(unsafe { bytes(file) }, true);
-    forward!(
-        2,
-        unsafe extern "C" fn(*const c_char, Argv) -> c_int,
-        (file, argv)
-    )
+    let prep = note(unsafe { bytes(file) }, true, None);
+    if let Some(p) = &prep {
+        // Followed: `execvpe` with the new image's environment.
+        forward!(prep, 3, Execve, (file, argv, p.envp.as_ptr()))
+    } else {
+        forward!(prep, 2, Execv, (file, argv))
+    }
 }
 
 /// Interposed `execvpe(3)`.
@@ -194,12 +218,8 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: the caller passes a C string.
-    note(unsafe { bytes(file) }, true);
-    forward!(
-        3,
-        unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int,
-        (file, argv, envp)
-    )
+    let prep = note(unsafe { bytes(file) }, true, Some(envp));
+    forward!(prep, 3, Execve, (file, argv, env_of(&prep, envp)))
 }
 
 /// Interposed `fexecve(3)`.
@@ -209,11 +229,12 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) ->
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap_or_default();
-    note(link.as_os_str().as_bytes(), false);
+    let prep = note(link.as_os_str().as_bytes(), false, Some(envp));
     forward!(
+        prep,
         4,
         unsafe extern "C" fn(c_int, Argv, Argv) -> c_int,
-        (fd, argv, envp)
+        (fd, argv, env_of(&prep, envp))
     )
 }
 
@@ -231,8 +252,8 @@ pub unsafe extern "C" fn execveat(
 ) -> c_int {
     // SAFETY: the caller passes a C string.
     let p = unsafe { bytes(path) };
-    if p.starts_with(b"/") {
-        note(p, false);
+    let prep = if p.starts_with(b"/") {
+        note(p, false, Some(envp))
     } else {
         let dir = if dirfd == libc::AT_FDCWD {
             std::env::current_dir().unwrap_or_default()
@@ -244,12 +265,13 @@ pub unsafe extern "C" fn execveat(
         } else {
             dir.join(std::ffi::OsStr::from_bytes(p))
         };
-        note(full.as_os_str().as_bytes(), false);
-    }
+        note(full.as_os_str().as_bytes(), false, Some(envp))
+    };
     forward!(
+        prep,
         5,
         unsafe extern "C" fn(c_int, *const c_char, Argv, Argv, c_int) -> c_int,
-        (dirfd, path, argv, envp, flags)
+        (dirfd, path, argv, env_of(&prep, envp), flags)
     )
 }
 

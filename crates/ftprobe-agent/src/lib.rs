@@ -50,6 +50,7 @@ static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 mod early;
 mod exec;
+mod follow;
 
 /// Writes the agent's own messages to stderr with a raw `write` system call: a probe on
 /// `libc:write` counts the program's writes, never the tracer's (`syscall` itself is on the
@@ -101,8 +102,9 @@ fn init() {
     let cli_pid = std::env::var("FTPROBE_CLI_PID")
         .ok()
         .and_then(|p| p.parse::<i32>().ok());
+    // A followed exec's new image joins whoever its parent is (`follow`).
     // SAFETY: getppid has no preconditions.
-    let ours = cli_pid == Some(unsafe { libc::getppid() });
+    let ours = follow::exec_pid_is_mine() || cli_pid == Some(unsafe { libc::getppid() });
     let env = Env::take();
     if !ours {
         return;
@@ -113,6 +115,15 @@ fn init() {
         std::sync::atomic::Ordering::Relaxed,
     );
     if let Err(e) = start(&fd, &env) {
+        if follow::enabled() {
+            // --follow-exec: this image may exec one that can be traced (a shell script).
+            let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+            say!(
+                "ftprobe-agent: {e}: nothing traced in {} (--follow-exec: its exec is followed)",
+                exe.display()
+            );
+            return;
+        }
         // As for a definition that cannot be armed: the program does not run untraced as if
         // all were well.
         say!("ftprobe-agent: {e}: stopped before main, nothing traced");
@@ -160,19 +171,8 @@ impl Env {
         // first): taken out of LD_PRELOAD too, as the agent itself.
         let added = std::env::var("FTPROBE_PRELOADED").unwrap_or_default();
         let added: Vec<&str> = added.split(':').filter(|p| !p.is_empty()).collect();
-        for var in [
-            "FTPROBE_PRELOADED",
-            "FTPROBE_RING_FD",
-            "FTPROBE_CLI_PID",
-            "FTPROBE_FILTER",
-            "FTPROBE_NOTRACE",
-            "FTPROBE_FUNCTION",
-            "FTPROBE_EVENTS",
-            "FTPROBE_TRACER",
-            "FTPROBE_GRAPH_FUNCTION",
-            "FTPROBE_GRAPH_NOTRACE",
-            "FTPROBE_MAX_DEPTH",
-        ] {
+        follow::save();
+        for var in follow::SESSION_VARS {
             // SAFETY: see above: constructor, single thread.
             unsafe { std::env::remove_var(var) };
         }
@@ -201,9 +201,12 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|_| format!("FTPROBE_RING_FD={fd:?} is not a file descriptor"))?;
     // SAFETY: the CLI passed this fd open to us and nothing else in the process knows it.
     let rings = SharedRings::attach(unsafe { BorrowedFd::borrow_raw(fd) });
-    // SAFETY: the mapping (if any) does not need the fd; closing it frees the number.
-    unsafe { libc::close(fd) };
+    if !(rings.is_ok() && follow::keep_fd(fd)) {
+        // SAFETY: the mapping (if any) does not need the fd; closing it frees the number.
+        unsafe { libc::close(fd) };
+    }
     let rings = rings?;
+    let tsc = ftprobe::ring::read_tsc();
     // Published first, so the CLI can symbolize and knows the agent ran even if init fails.
     // This library itself is left out: it has no sites, must not be probed, and parsing its
     // symbols (~10 MB of file, ~20k Rust names to demangle) would only slow every start.
@@ -216,8 +219,16 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
         .collect();
-    rings.set_objects(&table)?;
-    trace::set_buffer(rings);
+    if follow::exec_image() {
+        // A followed exec: the old image's objects stay (its records need them).
+        let first = rings.objects().len();
+        let count = rings.add_objects(&table);
+        trace::set_buffer(rings);
+        follow::announce_image(first, count, tsc);
+    } else {
+        rings.set_objects(&table)?;
+        trace::set_buffer(rings);
+    }
     let (resolved, unhooked) = early::status();
     if !resolved {
         say!(
@@ -281,6 +292,9 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
                 let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
                 // SAFETY: getpid has no preconditions.
                 let pid = unsafe { libc::getpid() };
+                if follow::enabled() {
+                    return Err(format!("{cmd:?} cannot be armed here").into());
+                }
                 say!("  (in {}, pid {pid}: stopped before main)", exe.display());
                 // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
                 unsafe { libc::_exit(1) };
@@ -299,7 +313,8 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     }
     if env.function {
         let unmatched = function_tracer::start(None, &env.filter, &env.notrace)?;
-        if let Some(w) = unmatched.first() {
+        // --follow-exec: a pattern may be for another program of the exec chain.
+        if let Some(w) = unmatched.first().filter(|_| !follow::enabled()) {
             // The kernel refuses such a write to set_ftrace_filter / set_ftrace_notrace with
             // EINVAL (ftrace_regex_write): refused here too, before main.
             return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
@@ -325,7 +340,7 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
             }
             e => e.to_string(),
         })?;
-        if let Some(w) = unmatched.first() {
+        if let Some(w) = unmatched.first().filter(|_| !follow::enabled()) {
             return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
         }
         returns_in_use = true;

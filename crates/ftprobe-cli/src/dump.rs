@@ -149,6 +149,7 @@ fn chrome_events(rec: &mut Recording, out: &mut JsonArray<'_>) -> Result<()> {
             "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
             "args": { "name": comm },
         }));
+        rec.select_stream(&mut syms, i);
         if graph {
             rec.calls(i, |c, _| {
                 let mut e = json!({
@@ -249,6 +250,7 @@ fn folded(rec: &mut Recording) -> Result<Vec<(String, u64)>> {
     let mut stacks: FxHashMap<String, u64> = FxHashMap::default();
     let ids: Vec<u32> = rec.ring_ids();
     for i in ids {
+        rec.select_stream(&mut syms, i);
         rec.calls(i, |c, callers| {
             if c.self_ns == 0 {
                 return;

@@ -497,7 +497,7 @@ mod tests {
             "# CPU  DURATION                  FUNCTION CALLS\n\
              # |     |   |                     |   |   |   |\n"
         );
-        let mut syms = Symbols::new(&[]);
+        let mut syms = Symbols::with_images(&[], &[]);
         let ctx = Ctx {
             cpu: 1,
             pid: 7,
@@ -536,7 +536,7 @@ mod tests {
         let mut g = Graph::new(opts, 12);
         let mut out = Vec::new();
         g.header(&mut out);
-        let mut syms = Symbols::new(&[]);
+        let mut syms = Symbols::with_images(&[], &[]);
         let ctx = Ctx {
             cpu: 3,
             pid: 1234,

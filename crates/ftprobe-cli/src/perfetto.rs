@@ -303,7 +303,8 @@ struct Events<'a> {
     /// Event names interned so far, and their iids.
     names: FxHashMap<String, u64>,
     /// Function names by address (symbolized once).
-    func_names: FxHashMap<u64, String>,
+    /// By (symbols view, address): a process that exec'd names one address two ways.
+    func_names: FxHashMap<(usize, u64), String>,
     /// The categories interned so far (bit per iid).
     cats_done: u32,
 }
@@ -355,11 +356,12 @@ impl Events<'_> {
         };
         match kind {
             Kind::Begin(func) => {
-                let name = match self.func_names.get(&func) {
+                let key = (syms.view(), func);
+                let name = match self.func_names.get(&key) {
                     Some(n) => n.clone(),
                     None => {
                         let n = name_of(syms, func);
-                        self.func_names.insert(func, n.clone());
+                        self.func_names.insert(key, n.clone());
                         n
                     }
                 };
@@ -537,12 +539,14 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
                     at_range_end.push((i, t.open.len()));
                     continue;
                 }
+                rec.select_stream(&mut syms, i);
                 for _ in 0..t.open.len() {
                     w.write(&mut syms, end, i, Kind::End { cut: true })?;
                 }
             }
         }
         let Some(r) = m.take() else { break };
+        rec.select_stream(&mut syms, r);
         let t = threads.get_mut(&r).expect("a thread per ring");
         let h = m.queues[&r]
             .head()
@@ -620,6 +624,7 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
     }
     for (i, open) in at_range_end {
         let end = rec.end_ns(i, 0);
+        rec.select_stream(&mut syms, i);
         for _ in 0..open {
             w.write(&mut syms, end, i, Kind::End { cut: true })?;
         }

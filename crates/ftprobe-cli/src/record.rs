@@ -117,6 +117,10 @@ pub struct Info {
     pub event_counters: Vec<[u64; 2]>,
     pub end: End,
     pub objects: Vec<ObjectInfo>,
+    /// The images processes exec'd into (`--follow-exec`): from `tsc` on, `pid`'s records
+    /// are named from `objects[first..]` (see `symbols`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<crate::symbols::Image>,
 }
 
 /// A ring of a recording.
@@ -352,6 +356,7 @@ impl Recorder {
             }
             self.records[i as usize] += records;
             self.bytes[i as usize] += bytes;
+            self.note_images(&buf);
             pieces += 1;
             if !final_poll && pieces >= MAX_PIECES {
                 break;
@@ -405,6 +410,34 @@ impl Recorder {
             if let Err(e) = self.spill(i) {
                 self.fail(e);
             }
+        }
+    }
+
+    /// The [`TEXT_IMAGE`](crate::trace::TEXT_IMAGE) records among `words` (records as the
+    /// ring holds them): the images the recording's readers name records from.
+    fn note_images(&mut self, words: &[u64]) {
+        let mut at = 0;
+        while at < words.len() {
+            let h = words[at];
+            let len = (h & 0xffff) as usize;
+            if len == 0 {
+                break;
+            }
+            let (rt, aux) = (((h >> 16) & 0xffff) as u16, (h >> 32) as u32);
+            let payload = &words[(at + 1).min(words.len())..(at + len).min(words.len())];
+            if rt == ftprobe::trace::rtype::TEXT && aux == crate::trace::TEXT_IMAGE {
+                let bytes: Vec<u8> = payload
+                    .iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .filter(|&b| b != 0)
+                    .collect();
+                if let Some(im) = crate::trace::parse_image(&String::from_utf8_lossy(&bytes)) {
+                    if !self.info.images.contains(&im) {
+                        self.info.images.push(im);
+                    }
+                }
+            }
+            at += len;
         }
     }
 
@@ -681,6 +714,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         event_counters: Vec::new(),
         end: End::default(),
         objects: Vec::new(),
+        images: Vec::new(),
     };
     let mut recorder = Recorder {
         dir: staging.clone(),

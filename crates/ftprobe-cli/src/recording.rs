@@ -189,6 +189,8 @@ pub struct Recording {
     pub start_ns: u64,
     /// The first read error.
     error: Option<anyhow::Error>,
+    /// Per stream, its first timestamp (raw TSC), once asked ([`Recording::select_stream`]).
+    first_tsc: std::collections::HashMap<u32, u64>,
 }
 
 impl Recording {
@@ -254,6 +256,7 @@ impl Recording {
             range: (0, u64::MAX),
             start_ns: 0,
             error: None,
+            first_tsc: std::collections::HashMap::new(),
         };
         if let Some(t) = rec
             .filters
@@ -588,9 +591,49 @@ impl Recording {
         Ok(events)
     }
 
-    /// A symbolizer over the recorded objects (their copies).
+    /// A symbolizer over the recorded objects (their copies), with the images processes
+    /// exec'd into (`--follow-exec`): before naming a stream's records, select its image
+    /// with [`select_stream`](Self::select_stream).
     pub fn symbols(&self) -> Symbols {
-        Symbols::new(&self.objects)
+        Symbols::with_images(&self.objects, &self.info.images)
+    }
+
+    /// Make `syms` name stream `i`'s records: from the image its process ran when the
+    /// stream's thread claimed its ring (a ring is claimed in one image: an exec'd image's
+    /// threads claim new ones), found by the stream's first timestamp.
+    pub fn select_stream(&mut self, syms: &mut Symbols, i: u32) {
+        if !syms.has_images() {
+            return;
+        }
+        let tsc = match self.first_tsc.get(&i) {
+            Some(&t) => t,
+            None => {
+                let t = self.stream_first_tsc(i);
+                self.first_tsc.insert(i, t);
+                t
+            }
+        };
+        syms.select(self.pid_of(i), tsc);
+    }
+
+    /// The first timestamp (raw TSC) of stream `i`'s file (0: none).
+    fn stream_first_tsc(&self, i: u32) -> u64 {
+        let Some(s) = self
+            .streams()
+            .into_iter()
+            .find_map(|(x, s)| (x == i).then_some(s))
+        else {
+            return 0;
+        };
+        let Ok(mut f) = RingFile::open(&s, self.info.format) else {
+            return 0;
+        };
+        while let Ok(Some((rt, _))) = f.next() {
+            if let Some(ts) = record::timestamp(rt, &f.words) {
+                return ts;
+            }
+        }
+        0
     }
 
     /// The process of ring `i`'s thread: its own pid (a forked child's), or for a recording

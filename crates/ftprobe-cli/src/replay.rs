@@ -102,6 +102,9 @@ pub fn run(args: ReplayArgs) -> Result<i32> {
         events,
         (tracer == "function_graph").then_some((graph_opts, ncpus)),
     );
+    // The images processes exec'd into, also when --tid leaves out the thread whose TEXT
+    // record announced one.
+    printer.add_images(&rec.info.images);
     if rec.info.armed {
         let n = rec.claimed().min(rec.nr_rings());
         loop {

@@ -286,6 +286,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
             ));
         }
         let (_, stats, hits, values) = groups.last_mut().expect("pushed");
+        rec.select_stream(&mut syms, i);
         if tracer == "function_graph" {
             rec.calls(i, |c, open| {
                 let name = name_of(&mut syms, c.func);

@@ -76,6 +76,11 @@ pub struct SessionArgs {
     /// costs 128 bytes and address space until a thread writes into it).
     #[arg(long = "rings", value_name = "N")]
     pub rings: Option<u32>,
+    /// Follow exec: a traced process that replaces itself with `exec` is traced on in the new
+    /// program (preloading the agent again, with these options); without it, the trace
+    /// stops at the exec and says so.
+    #[arg(long = "follow-exec")]
+    pub follow_exec: bool,
     /// The agent library (default: libftprobe_agent.so next to this executable, or
     /// $FTPROBE_AGENT).
     #[arg(long = "agent", value_name = "PATH")]
@@ -754,6 +759,10 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
         .env("FTPROBE_GRAPH_FUNCTION", args.graph_function.join("\n"))
         .env("FTPROBE_GRAPH_NOTRACE", args.graph_notrace.join("\n"))
         .env("FTPROBE_MAX_DEPTH", args.max_depth.to_string())
+        .env(
+            "FTPROBE_FOLLOW_EXEC",
+            if args.follow_exec { "1" } else { "0" },
+        )
         .env(
             "FTPROBE_EVENTS",
             // One line per probe, `ID<TAB>DEF`: the probes of one event share its id.

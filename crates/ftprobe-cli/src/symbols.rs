@@ -1,6 +1,14 @@
 //! Addresses of the traced process to `function+offset`, from the objects table the agent
 //! publishes in the rings' header (path and load bias of every object).
 //!
+//! The table is the session's, append-only: a process that `exec`s (followed, `--follow-exec`)
+//! appends the new image's objects and says where they start and how many ([`Image`]). A
+//! record is then looked up in its process's image at its time ([`Symbols::select`]): the
+//! table's entries from the image's first to the next image's of that process (before its
+//! first image: from the start), less the objects other images started with. A process that
+//! never exec'd (the first image, a forked child) sees the whole table less those, the last
+//! entry covering an address first, as objects loaded later are.
+//!
 //! A trace repeats the same few thousand addresses millions of times, so every address is
 //! resolved once and kept: a lookup after the first is one hash probe, and names are handed
 //! out as `&str` into a table of the names seen (no allocation per line).
@@ -19,39 +27,117 @@ struct Resolved {
     size: u64,
 }
 
+/// An image a process exec'd into: from `tsc` on, the records of `pid` are named from the
+/// objects table's entries from index `first` on (up to its next image's).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Image {
+    pub pid: u32,
+    pub tsc: u64,
+    pub first: usize,
+    /// How many objects it started with (`first..first + count`; 0: not said).
+    #[serde(default)]
+    pub count: usize,
+    /// The program (`/proc/PID/exe` when the image's agent started).
+    #[serde(default)]
+    pub exe: String,
+}
+
+/// The table entries `lo..hi` that name a record, less the objects of every image but the
+/// one at index `own` (see the module docs).
+type View = (usize, usize, usize);
+const WHOLE: View = (0, usize::MAX, usize::MAX);
+
 /// Symbolizer over the target's objects.
 pub struct Symbols {
-    objects: Vec<(u64, ElfImage)>,
+    /// (the entry's index in the table, load bias, the object).
+    objects: Vec<(usize, u64, ElfImage)>,
+    images: Vec<Image>,
+    /// The view lookups use now, and the address cache of each view seen.
+    view: usize,
+    caches: Vec<(View, FxHashMap<u64, Option<Resolved>>)>,
     /// Display names (demangled) of the functions seen so far.
     names: Vec<String>,
     /// (object index, function index, or the start of an `.eh_frame` range with no symbol
     /// as `usize::MAX - start`) to its slot in `names`.
     name_ids: FxHashMap<(usize, usize), u32>,
-    cache: FxHashMap<u64, Option<Resolved>>,
 }
 
 impl Symbols {
-    /// Load every object of the table; objects that cannot be read are left out.
-    pub fn new(table: &[(u64, Vec<u8>)]) -> Symbols {
+    /// Load every object of the table (objects that cannot be read are left out), with the
+    /// images processes exec'd into.
+    pub fn with_images(table: &[(u64, Vec<u8>)], images: &[Image]) -> Symbols {
         let objects = table
             .iter()
-            .filter_map(|(bias, path)| {
+            .enumerate()
+            .filter_map(|(i, (bias, path))| {
                 let path = PathBuf::from(String::from_utf8_lossy(path).into_owned());
-                Some((*bias, ElfImage::open_symbols(&path).ok()?))
+                Some((i, *bias, ElfImage::open_symbols(&path).ok()?))
             })
             .collect();
         Symbols {
             objects,
+            images: images.to_vec(),
+            view: 0,
+            caches: vec![(WHOLE, FxHashMap::default())],
             names: Vec::new(),
             name_ids: FxHashMap::default(),
-            cache: FxHashMap::default(),
         }
     }
 
+    /// A process exec'd into `image` (once per image: a repeat is ignored).
+    pub fn add_image(&mut self, image: Image) {
+        if !self.images.contains(&image) {
+            self.images.push(image);
+            // The views' exclusions changed.
+            self.caches = vec![(WHOLE, FxHashMap::default())];
+            self.view = 0;
+        }
+    }
+
+    /// Look the next addresses up as the records of process `pid` at timestamp `tsc` (raw
+    /// TSC, as the records carry it) see them: in that process's image then.
+    #[inline]
+    pub fn select(&mut self, pid: u32, tsc: u64) {
+        if self.images.is_empty() {
+            return;
+        }
+        let view = image_view(&self.images, pid, tsc);
+        if self.caches[self.view].0 == view {
+            return;
+        }
+        self.view = match self.caches.iter().position(|c| c.0 == view) {
+            Some(v) => v,
+            None => {
+                self.caches.push((view, FxHashMap::default()));
+                self.caches.len() - 1
+            }
+        };
+    }
+
+    /// Which view lookups use now (see [`select`](Self::select)): a cache of names by
+    /// address must be per view.
+    pub fn view(&self) -> usize {
+        self.view
+    }
+
+    /// Whether any process exec'd into another image.
+    pub fn has_images(&self) -> bool {
+        !self.images.is_empty()
+    }
+
     fn resolve(&mut self, addr: u64) -> Option<Resolved> {
-        if let Some(r) = self.cache.get(&addr) {
+        if let Some(r) = self.caches[self.view].1.get(&addr) {
             return *r;
         }
+        let (lo, hi, own) = self.caches[self.view].0;
+        let images = &self.images;
+        // A forked child's image is its parent's: the same entries.
+        let own = images.get(own).map(|im| (im.first, im.count));
+        let theirs = |t: usize| {
+            images.iter().any(|im| {
+                Some((im.first, im.count)) != own && (im.first..im.first + im.count).contains(&t)
+            })
+        };
         // The last entry first: an object loaded later (dlopen) is appended to the table, and
         // one loaded where an unloaded one was is the one mapped now.
         let found = self
@@ -59,7 +145,8 @@ impl Symbols {
             .iter()
             .enumerate()
             .rev()
-            .find_map(|(o, (bias, img))| {
+            .filter(|(_, (t, _, _))| (lo..hi).contains(t) && !theirs(*t))
+            .find_map(|(o, (_, bias, img))| {
                 let svma = addr.checked_sub(*bias)?;
                 if !img.contains(svma) {
                     return None;
@@ -77,7 +164,7 @@ impl Symbols {
             let next = self.names.len() as u32;
             let name = *self.name_ids.entry((o, i)).or_insert(next);
             if name == next {
-                let img = &self.objects[o].1;
+                let img = &self.objects[o].2;
                 self.names.push(match img.funcs.get(i) {
                     Some(f) => ftprobe::elf::display_name(&f.name),
                     None => {
@@ -88,7 +175,7 @@ impl Symbols {
             }
             Resolved { name, off, size }
         });
-        self.cache.insert(addr, r);
+        self.caches[self.view].1.insert(addr, r);
         r
     }
 
@@ -127,6 +214,27 @@ impl Symbols {
             return;
         }
         self.push_name(addr, out);
+    }
+}
+
+/// The table entries that name the records of `pid` at `tsc` (see the module docs).
+fn image_view(images: &[Image], pid: u32, tsc: u64) -> View {
+    let mut lo = None;
+    let mut hi = usize::MAX;
+    for (k, im) in images.iter().enumerate().filter(|(_, im)| im.pid == pid) {
+        if im.tsc <= tsc {
+            if lo.is_none_or(|(t, _, _)| im.tsc >= t) {
+                lo = Some((im.tsc, im.first, k));
+            }
+        } else {
+            hi = hi.min(im.first);
+        }
+    }
+    match lo {
+        // Its image at that time, up to the next one's entries.
+        Some((_, first, k)) => (first, hi, k),
+        // Before its first exec (or it never exec'd).
+        None => (0, hi, usize::MAX),
     }
 }
 

@@ -21,10 +21,29 @@ use crate::session::{self, End, SessionArgs, Sink, Source, PREFAULT_EVERY};
 use crate::symbols::Symbols;
 
 /// TEXT record kinds the agent writes (`ftprobe-agent`'s `TEXT_*`): the armed-probes
-/// listing, `PID\tPATH` before an exec, `PID\tERRNO` when that exec failed.
+/// listing, `PID\tPATH` before an exec (`PID\tPATH\tfollowed` or `PID\tPATH\tnot
+/// followed: WHY` in a session that follows execs), `PID\tERRNO` when that exec failed,
+/// `PID\tTSC\tFIRST\tCOUNT\tEXE` when a followed exec's new image joined the session.
 const TEXT_KPROBES_LIST: u32 = 1;
 const TEXT_EXEC: u32 = 2;
 const TEXT_EXEC_FAILED: u32 = 3;
+pub const TEXT_IMAGE: u32 = 4;
+
+/// The trailer's hint after an exec that was not followed, in a session that did not ask.
+pub const FOLLOW_EXEC_HINT: &str =
+    "# ftprobe trace --follow-exec (and record) follows an exec: the new program is traced";
+
+/// Parse a [`TEXT_IMAGE`] text.
+pub fn parse_image(text: &str) -> Option<crate::symbols::Image> {
+    let mut f = text.splitn(5, '\t');
+    Some(crate::symbols::Image {
+        pid: f.next()?.parse().ok()?,
+        tsc: f.next()?.parse().ok()?,
+        first: f.next()?.parse().ok()?,
+        count: f.next()?.parse().ok()?,
+        exe: f.next().unwrap_or_default().to_owned(),
+    })
+}
 
 /// Why events of threads without a ring were lost (the trailer's lines): every ring owned
 /// by a live thread; some held by threads that ended, not read to the end yet; events of a
@@ -70,7 +89,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
 }
 
 /// A change of a ring's owner, in the ring's merge queue (not a ring record type): words
-/// tid, then the comm's bytes in two words. The printer names a record's thread after the
+/// tid, then the comm's bytes in two words, then the pid (0: not known). The printer names a record's thread after the
 /// owner change before it in its ring, so a ring may pass from thread to thread.
 const OWNER: u16 = 0xfff0;
 /// An exec note of the agent's (TEXT_EXEC or TEXT_EXEC_FAILED, in aux), in the ring's merge
@@ -103,6 +122,8 @@ const WRITE_EVERY: usize = 1 << 16;
 struct Owner {
     comm: Vec<u8>,
     tid: u32,
+    /// Its process (0: not known): which image names its records.
+    pid: u32,
     /// `TASK-PID ` of the function layout.
     prefix: Vec<u8>,
 }
@@ -135,8 +156,13 @@ pub struct Printer {
     printed: u64,
     /// Writing the trace failed (not a closed pipe).
     write_failed: bool,
-    /// Processes that exec'd (pid, the program they ran), as the agent noted it.
-    execs: Vec<(u32, String)>,
+    /// Processes that exec'd (pid, the program they ran, followed), as the agent noted it.
+    execs: Vec<(u32, String, bool)>,
+    /// The images processes exec'd into (followed).
+    images: Vec<crate::symbols::Image>,
+    /// Some exec was not followed because the session did not ask (an agent without
+    /// `--follow-exec` notes `PID\tPATH` only).
+    hint_follow: bool,
     /// `# tracer:` in the header.
     tracer: &'static str,
     /// The agent armed everything and the header is out. Until then nothing is printed: a
@@ -179,12 +205,23 @@ impl Printer {
             printed: 0,
             write_failed: false,
             execs: Vec::new(),
+            images: Vec::new(),
+            hint_follow: false,
             tracer,
             started: false,
             graph: graph.map(|(opts, ncpus)| crate::graph::Graph::new(opts, ncpus)),
             final_poll: false,
             recorded: false,
             forced: 0,
+        }
+    }
+
+    /// Processes exec'd into `images` (a recording's): their records are named from them.
+    pub fn add_images(&mut self, images: &[crate::symbols::Image]) {
+        for im in images {
+            if !self.images.contains(im) {
+                self.images.push(im.clone());
+            }
         }
     }
 
@@ -246,7 +283,7 @@ impl Printer {
             // Loaded after the drain (it takes ~10 ms: before it, the ring would fill), and
             // before the lines: the threads that claimed rings meanwhile count for the
             // function_graph layout's TASK/PID column.
-            self.symbols = Some(Symbols::new(&self.objects));
+            self.symbols = Some(Symbols::with_images(&self.objects, &self.images));
             self.claimed = rings.claimed();
         }
         if self.final_poll {
@@ -297,9 +334,11 @@ impl Printer {
         // streams, so that all of them together stay within 16 * MAX_HELD records), and the
         // merge's bound is what they hold: every stream holds a record when the merge hands
         // one out, so the output is in timestamp order whatever the number of threads.
-        let chunk = (8 * MAX_HELD / active.len().max(1)).clamp(16, crate::recording::CHUNK);
+        // (Streams read to their end may still hold records: they count too.)
+        let streams = active.len().max(self.merge.queues.len()).max(1);
+        let chunk = (8 * MAX_HELD / streams).clamp(16, crate::recording::CHUNK);
         let max_held = if chunked {
-            MAX_HELD.max(active.len() * 2 * chunk)
+            MAX_HELD.max(streams * 2 * chunk)
         } else {
             MAX_HELD
         };
@@ -311,6 +350,7 @@ impl Printer {
             }
             if let Some(task) = rings.task(i).filter(|t| t.1 != 0) {
                 if self.queued_owner.get(&i) != Some(&task) {
+                    let pid = rings.pid(i).unwrap_or(0);
                     let mut comm = [0u8; 16];
                     let len = task.0.len().min(16);
                     comm[..len].copy_from_slice(&task.0[..len]);
@@ -318,6 +358,7 @@ impl Printer {
                         u64::from(task.1),
                         u64::from_le_bytes(comm[..8].try_into().expect("8")),
                         u64::from_le_bytes(comm[8..].try_into().expect("8")),
+                        u64::from(pid),
                     ];
                     self.merge.push(i, OWNER, 0, &w);
                     self.queued_owner.insert(i, task);
@@ -388,18 +429,46 @@ impl Printer {
                     writeln!(o, "# kprobes/list:")?;
                     text.lines().try_for_each(|l| writeln!(o, "#   {l}"))
                 }),
+                TEXT_IMAGE => {
+                    if let Some(im) = parse_image(&text) {
+                        if let Some(syms) = self.symbols.as_mut() {
+                            syms.add_image(im.clone());
+                        }
+                        if !self.images.contains(&im) {
+                            self.images.push(im);
+                        }
+                    }
+                }
                 TEXT_EXEC | TEXT_EXEC_FAILED => {
                     let (pid, rest) = text.split_once('\t').unwrap_or((&text, ""));
                     let pid: u32 = pid.parse().unwrap_or(0);
+                    // `PATH`, or `PATH\tfollowed` / `PATH\tnot followed: WHY` (--follow-exec).
+                    let (rest, how) = match rest.split_once('\t') {
+                        Some((p, how)) if kind == TEXT_EXEC => (p, Some(how)),
+                        _ => (rest, None),
+                    };
                     if kind == TEXT_EXEC {
-                        self.execs.push((pid, rest.to_owned()));
-                        notes.push((
-                            pid,
-                            kind,
-                            format!("# pid {pid} exec'd {rest}: not traced after exec\n"),
-                        ));
+                        let line = match how {
+                            Some("followed") => {
+                                self.execs.push((pid, rest.to_owned(), true));
+                                format!("# pid {pid} exec'd {rest}: followed\n")
+                            }
+                            Some(how) => {
+                                self.execs.push((pid, rest.to_owned(), false));
+                                let why = how.strip_prefix("not followed: ").unwrap_or(how);
+                                format!(
+                                    "# pid {pid} exec'd {rest}: not traced after exec ({why})\n"
+                                )
+                            }
+                            None => {
+                                self.execs.push((pid, rest.to_owned(), false));
+                                self.hint_follow = true;
+                                format!("# pid {pid} exec'd {rest}: not traced after exec\n")
+                            }
+                        };
+                        notes.push((pid, kind, line));
                     } else if let Some(at) = self.execs.iter().rposition(|e| e.0 == pid) {
-                        let (_, path) = self.execs.remove(at);
+                        let (_, path, _) = self.execs.remove(at);
                         // Its "exec'd" line, if not printed yet, is replaced by this one.
                         if let Some(n) = notes.iter().rposition(|n| n.0 == pid) {
                             notes.remove(n);
@@ -519,26 +588,28 @@ impl Printer {
     /// Print the first record of ring `r` (and pop it; a leaf's return with it).
     fn print_head(&mut self, r: u32) {
         if self.symbols.is_none() {
-            self.symbols = Some(Symbols::new(&self.objects));
+            self.symbols = Some(Symbols::with_images(&self.objects, &self.images));
         }
         let head = self.merge.queues[&r].head().expect("taken from the heap");
         let (rt, aux, key) = (head.rtype, head.aux, head.key);
         match rt {
             OWNER => {
                 let w = head.words;
-                let mut comm: Vec<u8> = w[1..]
+                let mut comm: Vec<u8> = w[1..3]
                     .iter()
                     .flat_map(|x| x.to_le_bytes())
                     .collect::<Vec<u8>>();
                 let n = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
                 comm.truncate(n);
                 let tid = w[0] as u32;
+                let pid = w.get(3).map_or(0, |&p| p as u32);
                 self.owners.insert(
                     r,
                     Owner {
                         prefix: output::task_prefix(&comm, tid),
                         comm,
                         tid,
+                        pid,
                     },
                 );
                 self.merge.pop_record(r);
@@ -564,10 +635,12 @@ impl Printer {
         let owner = self.owners.entry(r).or_insert_with(|| Owner {
             comm: Vec::new(),
             tid: 0,
+            pid: 0,
             prefix: output::task_prefix(b"<...>", 0),
         });
         let lines = &mut self.lines;
         let syms = self.symbols.as_mut().expect("set before printing");
+        syms.select(owner.pid, key);
         let words = head.words;
         let mark = lines.len();
         lines.extend_from_slice(&owner.prefix);
@@ -614,8 +687,10 @@ impl Printer {
         let owner = self.owners.entry(r).or_insert_with(|| Owner {
             comm: b"<...>".to_vec(),
             tid: 0,
+            pid: 0,
             prefix: Vec::new(),
         });
+        let pid = owner.pid;
         let ctx = crate::graph::Ctx {
             cpu: record::cpu_of(e.aux),
             pid: owner.tid,
@@ -623,6 +698,7 @@ impl Printer {
         };
         let graph = self.graph.as_mut().expect("graph tracer");
         let syms = self.symbols.as_mut().expect("set before printing");
+        syms.select(pid, e.key);
         let clock = &self.clock;
         let lines = &mut self.lines;
         let mut leaf = false;
@@ -765,6 +841,29 @@ impl Printer {
             rings.fgraph_overrun(),
         );
         let execs = self.execs.clone();
+        // Followed execs whose new image never joined: per process, its images joined in
+        // the order of its execs.
+        let mut not_joined = Vec::new();
+        let mut joined: HashMap<u32, usize> = HashMap::new();
+        for im in &self.images {
+            // A forked child's image is its parent's (the same entries, announced later):
+            // not an exec of its own.
+            let inherited = self.images.iter().any(|o| {
+                o.pid != im.pid && o.first == im.first && o.count == im.count && o.tsc < im.tsc
+            });
+            if !inherited {
+                *joined.entry(im.pid).or_default() += 1;
+            }
+        }
+        for (pid, path, followed) in &execs {
+            if *followed {
+                match joined.get_mut(pid) {
+                    Some(n) if *n > 0 => *n -= 1,
+                    _ => not_joined.push((*pid, path.clone())),
+                }
+            }
+        }
+        let hint = self.hint_follow;
         let printed = self.printed;
         let forced = self.forced;
         self.write(|o| {
@@ -837,8 +936,20 @@ impl Printer {
                     writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, seen + dropped, missed)?;
                 }
             }
-            for (pid, path) in &execs {
+            for (pid, path, _) in execs.iter().filter(|e| !e.2) {
                 writeln!(o, "# pid {pid}'s counts stop at its exec of {path} (not traced after exec)")?;
+            }
+            for (pid, path) in &not_joined {
+                writeln!(
+                    o,
+                    "# pid {pid} exec'd {path} but ftprobe's agent never started there: not traced \
+                     after exec (the dynamic loader did not preload it: a program with file \
+                     capabilities, or one that runs without the environment it was given?)"
+                )?;
+                writeln!(o, "# pid {pid}'s counts stop at its exec of {path} (not traced after exec)")?;
+            }
+            if hint && execs.iter().any(|e| !e.2) {
+                writeln!(o, "{FOLLOW_EXEC_HINT}")?;
             }
             o.flush()
         });

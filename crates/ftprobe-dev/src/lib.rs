@@ -264,6 +264,32 @@ pub fn execs_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("execs")
 }
 
+/// Path of `exec_a [MODE PROG ARGS...]` (`-pg -mfentry -mnop-mcount`, -no-pie, like
+/// `exec_b`: their functions' addresses overlap): calls `ea_one` 3 times and `ea_two` 5
+/// times, prints `exec_a ea_one=3 ea_two=5 ea_thread=T` and its environment entries that
+/// start with `FTPROBE_` or `LD_PRELOAD` (`exec_a env ENTRY`); MODE `exec` then execs PROG
+/// ARGS (`execv`); MODE `threads` first starts 3 threads that call `ea_thread` once each
+/// (T = 3) and wait forever, then execs PROG ARGS from the main thread; MODE `closefds`
+/// closes every descriptor from 3 to 1023, then execs PROG ARGS; MODE `vfork`: a `vfork`
+/// child execs PROG ARGS, then this process calls `ea_one` twice more, prints
+/// `exec_a ea_one=5 ea_two=5 ea_thread=0` and exits with the child's status.
+pub fn exec_a_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("exec_a")
+}
+
+/// Path of `exec_b [N [fork]]` (see [`exec_a_fixture`]): calls `eb_alpha` N times (default
+/// 4) and `eb_beta` 2N times, prints `exec_b eb_alpha=N eb_beta=2N` and its environment
+/// entries that start with `FTPROBE_` or `LD_PRELOAD` (`exec_b env ENTRY`), exits 3; with
+/// `fork`, a forked child does all that and the parent exits with its status.
+pub fn exec_b_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("exec_b")
+}
+
+/// Path of `exec_b_static`: [`exec_b_fixture`] linked statically.
+pub fn exec_b_static_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("exec_b_static")
+}
+
 /// Path of `own_sigtrap MODE` (no site flags): handles (0: signal, 1: sigaction), ignores
 /// (2) or blocks (3: sigprocmask, 4: every signal in a thread) SIGTRAP itself, calls `work`
 /// (1 + 3 times, + once from its handler in modes 0 and 1), prints `mode=M s=S traps=T`,
