@@ -612,6 +612,7 @@ impl Printer {
         });
         let ctx = crate::graph::Ctx {
             cpu: record::cpu_of(e.aux),
+            ts_ns: self.clock.tsc_to_mono_ns(e.key),
             pid: owner.tid,
             comm: &owner.comm,
         };
