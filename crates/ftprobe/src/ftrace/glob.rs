@@ -247,4 +247,36 @@ mod tests {
         assert_eq!(e.col, 3);
         assert!(FilterEntry::parse("").is_err());
     }
+
+    #[test]
+    fn in_set_follows_the_order_of_writes() {
+        let e = |pats: &[&str]| -> Vec<FilterEntry> {
+            pats.iter()
+                .map(|p| FilterEntry::parse(p).unwrap())
+                .collect()
+        };
+        let on = |pats: &[&str], name: &str| in_set(&e(pats), |x| x.matches(name, ""));
+        assert!(on(&["mid"], "mid"));
+        assert!(!on(&["mid", "!mid"], "mid"));
+        assert!(!on(&["!mid"], "leaf"));
+        assert!(on(&["*", "!mid"], "leaf"));
+        assert!(on(&["!mid", "mid"], "mid"));
+    }
+
+    #[test]
+    fn functions_match_by_symbol_short_name_or_signature() {
+        let m = |p: &str, sym: &str, shown: &str| {
+            FilterEntry::parse(p)
+                .unwrap()
+                .matches_function(sym, shown, "")
+        };
+        assert!(m("f", "_Z1fd", "f"));
+        assert!(m("_Z1fd", "_Z1fd", "f"));
+        assert!(m("f(double)", "_Z1fd", "f"));
+        assert!(!m("f(int)", "_Z1fd", "f"));
+        assert!(m("f(*)", "_Z1fi", "f"));
+        // Without a `(`, the signature is not matched.
+        assert!(!m("*double*", "_Z1fd", "f"));
+        assert!(m("main", "main", "main"));
+    }
 }
