@@ -78,6 +78,9 @@ fn main() {
         "c/signals.c",
         "c/cxx.cc",
         "c/cxx_stl.cc",
+        "c/names_ov.cc",
+        "c/names_st_a.c",
+        "c/names_st_b.c",
         "c/noreturn.c",
         "c/fetchargs.c",
         "c/nested.c",
@@ -195,6 +198,26 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
             .arg("-o")
             .arg(fixtures.join(name)));
     }
+
+    // names: C++ overloads and two static C functions of the same name (-mfentry sites),
+    // for the readers' names.
+    let mut names_objs = Vec::new();
+    for src in ["names_ov.cc", "names_st_a.c", "names_st_b.c"] {
+        let obj = objs.join(format!("{src}.o"));
+        run(Command::new(if src.ends_with(".cc") { "g++" } else { CC })
+            .args(BASE_CFLAGS)
+            .args(fl.cflags())
+            .arg("-c")
+            .arg(c_dir.join(src))
+            .arg("-o")
+            .arg(&obj));
+        names_objs.push(obj);
+    }
+    run(Command::new("g++")
+        .args(&names_objs)
+        .args(fl.ldflags())
+        .arg("-o")
+        .arg(fixtures.join("names")));
 
     // Programs of one C file each. own_sigtrap: no site flags; a program that handles,
     // ignores or blocks SIGTRAP itself. mallocs: no site flags at all, like a program nobody

@@ -8,9 +8,11 @@
 //! Their state is bounded: a depth or two, and for `--min-duration` the calls not yet known
 //! to be long enough (at most the thread's depth, and the kprobe events inside them).
 
+use std::path::PathBuf;
 use std::str::FromStr;
 
-use ftprobe::ftrace::glob::FilterEntry;
+use ftprobe::elf::ElfImage;
+use ftprobe::ftrace::glob::{self, FilterEntry};
 use ftprobe::record::{self, depth_of, rtype, Record};
 use ftprobe::ring::Clock;
 use rustc_hash::FxHashMap;
@@ -168,10 +170,15 @@ impl Filters {
     }
 }
 
-/// Whether function names pass `-F` and `-N`, by address (cached).
+/// Whether functions pass `-F` and `-N`, by address (cached), with `set_ftrace_filter`'s
+/// rules as `trace` applies them ([`ftprobe::ftrace::glob`]): in order, a match adds, a `!`
+/// match removes; a filter that selects no function with an ftrace site (`-F foo -F '!foo'`,
+/// `-F '!foo'`) means every function.
 pub struct Names {
     /// None: no -F/-N (nothing is looked up).
     syms: Option<Symbols>,
+    /// `-F` selects no function of the recording's objects: every function passes.
+    filter_all: bool,
     cache: FxHashMap<u64, (bool, bool)>,
 }
 
@@ -179,8 +186,61 @@ impl Names {
     pub fn new(syms: Option<Symbols>) -> Names {
         Names {
             syms,
+            filter_all: false,
             cache: FxHashMap::default(),
         }
+    }
+
+    /// The names of a recording read through `f`: the functions with an ftrace site in its
+    /// objects (`objects`: bias and path, as recorded) are those `trace` would have filtered.
+    /// A pattern (not `!`) that matches none of them is refused, as `trace` refuses it (the
+    /// kernel's EINVAL).
+    pub fn with_filters(
+        syms: Symbols,
+        objects: &[(u64, Vec<u8>)],
+        f: &Filters,
+    ) -> Result<Names, String> {
+        let images: Vec<ElfImage> = objects
+            .iter()
+            .filter_map(|(_, p)| {
+                let path = PathBuf::from(String::from_utf8_lossy(p).into_owned());
+                ElfImage::open(&path).ok()
+            })
+            .collect();
+        // Each function with a site: (symbol, shown name).
+        let mut funcs: Vec<(&str, String)> = Vec::new();
+        for img in &images {
+            let mut last = usize::MAX;
+            for site in &img.sites {
+                if site.func != last {
+                    last = site.func;
+                    let sym = img.funcs[site.func].name.as_str();
+                    funcs.push((sym, ftprobe::elf::display_name(sym)));
+                }
+            }
+        }
+        for (opt, list) in [("-F", &f.filter), ("-N", &f.notrace)] {
+            if let Some(e) = list.iter().find(|e| {
+                !e.negate
+                    && !funcs
+                        .iter()
+                        .any(|(sym, shown)| e.matches_function(sym, shown, ""))
+            }) {
+                return Err(format!(
+                    "{opt} {:?}: no function with an ftrace site in the recording matches it \
+                     (trace refuses it: EINVAL, as the kernel's set_ftrace_filter)",
+                    e.text
+                ));
+            }
+        }
+        let filter_all = !funcs
+            .iter()
+            .any(|(sym, shown)| glob::in_set(&f.filter, |e| e.matches_function(sym, shown, "")));
+        Ok(Names {
+            syms: Some(syms),
+            filter_all,
+            cache: FxHashMap::default(),
+        })
     }
 
     /// (matches -F, matches -N) for the function at `addr`.
@@ -188,27 +248,25 @@ impl Names {
         if let Some(&v) = self.cache.get(&addr) {
             return v;
         }
+        let all = f.filter.is_empty() || self.filter_all;
         let Some(syms) = self.syms.as_mut() else {
-            return (false, false);
+            return (all, false);
         };
-        let name = crate::report::name_of(syms, addr);
-        let matches = |list: &[FilterEntry]| {
-            // In order: a match adds, a `!` match removes (the kernel's order of writes).
-            let mut on = false;
-            for e in list {
-                if e.matches(&name, "") {
-                    on = !e.negate;
-                }
-            }
-            // Only `!` patterns: everything else.
-            if list.iter().all(|e| e.negate) && !list.is_empty() {
-                on = !list.iter().any(|e| e.matches(&name, ""));
-            }
-            on
+        let v = match syms.names_at(addr) {
+            Some((sym, shown)) => (
+                all || glob::in_set(&f.filter, |e| e.matches_function(sym, &shown, "")),
+                glob::in_set(&f.notrace, |e| e.matches_function(sym, &shown, "")),
+            ),
+            // No symbol: named by its address, which no pattern matches.
+            None => (all, false),
         };
-        let v = (matches(&f.filter), matches(&f.notrace));
         self.cache.insert(addr, v);
         v
+    }
+
+    /// Whether `-F` lets every function through (none given, or it selects none).
+    fn filter_all(&self, f: &Filters) -> bool {
+        f.filter.is_empty() || self.filter_all
     }
 }
 
@@ -271,7 +329,7 @@ impl ThreadFilter {
                 Record::decode(rt, aux, w)
             {
                 let (inf, inn) = cx.names.check(f, addr);
-                if (!f.filter.is_empty() && !inf) || inn {
+                if !inf || inn {
                     return;
                 }
             }
@@ -312,7 +370,7 @@ impl ThreadFilter {
                     self.hidden = Some(d);
                     return None;
                 }
-                if !f.filter.is_empty() && self.region.is_none() {
+                if !cx.names.filter_all(f) && self.region.is_none() {
                     if !inf {
                         return None;
                     }
@@ -329,7 +387,7 @@ impl ThreadFilter {
                     }
                     self.hidden = None;
                 }
-                if !f.filter.is_empty() {
+                if !cx.names.filter_all(f) {
                     let b = self.region?;
                     if d < b {
                         self.region = None;
@@ -342,7 +400,8 @@ impl ThreadFilter {
                 }
             }
             _ if rt == rtype::KPROBE
-                && (self.hidden.is_some() || (!f.filter.is_empty() && self.region.is_none())) =>
+                && (self.hidden.is_some()
+                    || (!cx.names.filter_all(f) && self.region.is_none())) =>
             {
                 return None;
             }

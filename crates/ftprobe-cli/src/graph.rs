@@ -75,6 +75,9 @@ pub struct Options {
     pub retval: bool,
     pub retval_hex: bool,
     pub tail: bool,
+    /// `funcgraph-abstime`: each line starts with its record's timestamp, as the function
+    /// tracer prints it (`SECONDS.MICROS`).
+    pub abstime: bool,
 }
 
 impl Default for Options {
@@ -88,6 +91,7 @@ impl Default for Options {
             retval: false,
             retval_hex: false,
             tail: false,
+            abstime: false,
         }
     }
 }
@@ -107,11 +111,13 @@ impl Options {
             "funcgraph-retval" => self.retval = on,
             "funcgraph-retval-hex" => self.retval_hex = on,
             "funcgraph-tail" => self.tail = on,
+            "funcgraph-abstime" => self.abstime = on,
             _ => {
                 return Err(format!(
                     "unknown option {opt:?} (function_graph options: funcgraph-cpu, \
                      funcgraph-proc, funcgraph-duration, funcgraph-overhead, \
-                     funcgraph-retval, funcgraph-retval-hex, funcgraph-tail; `no` before one \
+                     funcgraph-retval, funcgraph-retval-hex, funcgraph-tail, funcgraph-abstime; \
+                     `no` before one \
                      turns it off)"
                 ))
             }
@@ -124,6 +130,9 @@ impl Options {
 #[derive(Clone, Copy)]
 pub struct Ctx<'a> {
     pub cpu: u32,
+    /// The record's timestamp (CLOCK_MONOTONIC ns), for `funcgraph-abstime`: an entry's
+    /// (also on a leaf's line), a return's, an event's.
+    pub ts_ns: u64,
     pub pid: u32,
     pub comm: &'a [u8],
 }
@@ -224,6 +233,9 @@ impl Graph {
     /// The column header (`__print_graph_headers_flags()`).
     pub fn header(&self, out: &mut Vec<u8>) {
         out.push(b'#');
+        if self.opts.abstime {
+            out.extend_from_slice(b"     TIME       ");
+        }
         if self.opts.cpu {
             out.extend_from_slice(b" CPU");
         }
@@ -235,6 +247,9 @@ impl Graph {
         }
         out.extend_from_slice(b"               FUNCTION CALLS\n");
         out.push(b'#');
+        if self.opts.abstime {
+            out.extend_from_slice(b"      |         ");
+        }
         if self.opts.cpu {
             out.extend_from_slice(b" |  ");
         }
@@ -291,6 +306,16 @@ impl Graph {
             out.extend_from_slice(b" => ");
             Self::push_proc(out, ctx.comm, ctx.pid);
             out.extend_from_slice(b"\n ------------------------------------------\n\n");
+        }
+        if self.opts.abstime {
+            // `print_graph_abs_time()`: seconds (5 columns at least) and microseconds, the
+            // function tracer's TIMESTAMP, then a bar.
+            let s = (ctx.ts_ns / 1_000_000_000).to_string();
+            out.extend(std::iter::repeat_n(b' ', 5usize.saturating_sub(s.len())));
+            out.extend_from_slice(s.as_bytes());
+            out.extend_from_slice(
+                format!(".{:06} |  ", ctx.ts_ns % 1_000_000_000 / 1000).as_bytes(),
+            );
         }
         if self.opts.cpu {
             self.push_cpu(out, ctx.cpu);
@@ -500,6 +525,7 @@ mod tests {
         let mut syms = Symbols::with_images(&[], &[]);
         let ctx = Ctx {
             cpu: 1,
+            ts_ns: 0,
             pid: 7,
             comm: b"prog",
         };
@@ -539,6 +565,7 @@ mod tests {
         let mut syms = Symbols::with_images(&[], &[]);
         let ctx = Ctx {
             cpu: 3,
+            ts_ns: 0,
             pid: 1234,
             comm: b"averylongname",
         };
@@ -564,6 +591,37 @@ mod tests {
         assert_eq!(
             lines[4],
             "  3)  averylo-1234  |   1.000 us    |  0x00000010(); /* ret=-22 */"
+        );
+    }
+
+    #[test]
+    fn abstime_column_as_the_kernel_lays_it_out() {
+        let mut opts = Options::default();
+        opts.set("funcgraph-abstime").unwrap();
+        let mut g = Graph::new(opts, 2);
+        let mut out = Vec::new();
+        g.header(&mut out);
+        let mut syms = Symbols::with_images(&[], &[]);
+        let ctx = Ctx {
+            cpu: 1,
+            ts_ns: 2_733_260_590_123,
+            pid: 7,
+            comm: b"prog",
+        };
+        g.leaf(&mut out, ctx, 0x2000, 0, 120, 0, &mut syms);
+        let text = String::from_utf8_lossy(&out);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "#     TIME        CPU  DURATION                  FUNCTION CALLS"
+        );
+        assert_eq!(
+            lines[1],
+            "#      |          |     |   |                     |   |   |   |"
+        );
+        assert_eq!(
+            lines[2],
+            " 2733.260590 |   1)   0.120 us    |  0x00002000();"
         );
     }
 }

@@ -239,6 +239,7 @@ pub fn list_functions(bin: &Path) -> Result<()> {
     // With XRay sleds (clang -fxray-instrument), two more columns: the function's entry and
     // exit (return and tail-call) sleds in xray_instr_map.
     let xray = !img.xray.is_empty();
+    let distinct = crate::symbols::Distinct::new(&img);
     let rows: Vec<Vec<String>> = img
         .sites
         .iter()
@@ -254,7 +255,11 @@ pub fn list_functions(bin: &Path) -> Result<()> {
                 let (entry, exit) = img.xray_counts(f.svma);
                 row.extend([entry.to_string(), exit.to_string()]);
             }
-            row.push(ftprobe::elf::display_name(&f.name));
+            row.push(
+                distinct
+                    .get(s.func)
+                    .map_or_else(|| ftprobe::elf::display_name(&f.name), str::to_owned),
+            );
             row
         })
         .collect();

@@ -274,7 +274,8 @@ impl Recording {
         rec.start_ns = rec.first_ns()?;
         rec.range = rec.filters.range_ns(rec.start_ns);
         if !rec.filters.filter.is_empty() || !rec.filters.notrace.is_empty() {
-            rec.names = Names::new(Some(rec.symbols()));
+            rec.names = Names::with_filters(rec.symbols(), &rec.objects, &rec.filters)
+                .map_err(anyhow::Error::msg)?;
         }
         rec.rewind();
         Ok(rec)

@@ -96,8 +96,7 @@ pub fn time(ns: u64) -> String {
 }
 
 /// The lines of `stats`, sorted by `key`.
-fn sorted(stats: FxHashMap<String, Stat>, key: SortKey) -> Vec<(String, Stat)> {
-    let mut v: Vec<(String, Stat)> = stats.into_iter().collect();
+fn sorted(mut v: Vec<(String, Stat)>, key: SortKey) -> Vec<(String, Stat)> {
     v.sort_by(|(na, a), (nb, b)| {
         let by = match key {
             SortKey::Total => b.total.cmp(&a.total),
@@ -111,7 +110,7 @@ fn sorted(stats: FxHashMap<String, Stat>, key: SortKey) -> Vec<(String, Stat)> {
     v
 }
 
-fn graph_table(o: &mut dyn Write, stats: FxHashMap<String, Stat>, key: SortKey) -> Result<()> {
+fn graph_table(o: &mut dyn Write, stats: Vec<(String, Stat)>, key: SortKey) -> Result<()> {
     writeln!(
         o,
         "  Total time   Self time       Calls     Average     Minimum     Maximum  Function"
@@ -149,7 +148,7 @@ fn count_table(
     o: &mut dyn Write,
     col: &str,
     head: &str,
-    stats: FxHashMap<String, Stat>,
+    stats: Vec<(String, Stat)>,
     key: SortKey,
 ) -> Result<()> {
     writeln!(o, "  {col:>10}  {head}")?;
@@ -270,9 +269,17 @@ pub fn run(args: ReportArgs) -> Result<i32> {
             );
         }
     }
-    // Per group (all threads, or one per thread): the function stats, the kprobe hits per
-    // event id, the hist counts per bucket per event id.
-    type Group = (String, FxHashMap<String, Stat>, Vec<u64>, Vec<Vec<u64>>);
+    // Per group (all threads, or one per thread): the function stats (by function: two
+    // functions of the same name are two rows), the kprobe hits per event id, the hist
+    // counts per bucket per event id.
+    // A function is its address and its name: the name as the stream's process image gives
+    // it (`--follow-exec`: two images may have different functions at one address).
+    type Group = (
+        String,
+        FxHashMap<(u64, String), Stat>,
+        Vec<u64>,
+        Vec<Vec<u64>>,
+    );
     let mut groups: Vec<Group> = Vec::new();
     let ring_ids: Vec<u32> = rec.ring_ids();
     for &i in &ring_ids {
@@ -287,20 +294,27 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         }
         let (_, stats, hits, values) = groups.last_mut().expect("pushed");
         rec.select_stream(&mut syms, i);
+        // This stream's function names, by address.
+        let mut named: FxHashMap<u64, String> = FxHashMap::default();
+        let mut key = |syms: &mut crate::symbols::Symbols, f: u64| {
+            let name = named.entry(f).or_insert_with(|| name_of(syms, f)).clone();
+            (f, name)
+        };
         if tracer == "function_graph" {
             rec.calls(i, |c, open| {
-                let name = name_of(&mut syms, c.func);
                 let nested = open.contains(&c.func);
                 stats
-                    .entry(name)
+                    .entry(key(&mut syms, c.func))
                     .or_default()
                     .add(c.dur_ns, c.self_ns, c.cut, nested);
             })?;
         }
         rec.for_each(i, &mut |rt, aux, w| match Record::decode(rt, aux, w) {
             Some(Record::Func { ip, .. }) if tracer == "function" => {
-                let name = name_of(&mut syms, ip);
-                stats.entry(name).or_default().add(0, 0, false, false);
+                stats
+                    .entry(key(&mut syms, ip))
+                    .or_default()
+                    .add(0, 0, false, false);
             }
             Some(Record::Kprobe { event, words, .. }) => {
                 let id = event as usize;
@@ -340,13 +354,15 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         if args.task {
             writeln!(o, "{title}")?;
         }
+        let stats: Vec<(String, Stat)> =
+            stats.into_iter().map(|((_, name), s)| (name, s)).collect();
         match tracer {
             "function_graph" => graph_table(o, stats, args.sort)?,
             "function" => count_table(o, "Calls", "Function", stats, args.sort)?,
             _ => {}
         }
         if !events.is_empty() {
-            let ev: FxHashMap<String, Stat> = events
+            let ev: Vec<(String, Stat)> = events
                 .iter()
                 .zip(&hits)
                 .map(|(d, &n)| {

@@ -57,9 +57,104 @@ pub struct Symbols {
     caches: Vec<(View, FxHashMap<u64, Option<Resolved>>)>,
     /// Display names (demangled) of the functions seen so far.
     names: Vec<String>,
+    /// The (object, function) of each of `names`.
+    owner: Vec<(usize, usize)>,
     /// (object index, function index, or the start of an `.eh_frame` range with no symbol
     /// as `usize::MAX - start`) to its slot in `names`.
     name_ids: FxHashMap<(usize, usize), u32>,
+    /// Per object (lazily): the names that tell apart its functions of the same short name.
+    distinct: FxHashMap<usize, Distinct>,
+}
+
+/// The functions of one object that share their short (shown) name with another of its
+/// functions, and the name each is given instead ([`Distinct::new`]).
+#[derive(Default)]
+pub struct Distinct {
+    /// Index in `funcs` to its name.
+    names: FxHashMap<usize, String>,
+}
+
+impl Distinct {
+    /// The names of `img`'s functions whose short name another of its functions has too: an
+    /// overloaded C++ function by its full signature as `c++filt` prints it (`f(int)`,
+    /// `f(double)`); where that does not tell them apart (C functions, `static` in
+    /// different files; the same signature twice), the name then `@` and the source file its
+    /// symbol table gives (`helper@names_st_a.c`, the form of the kernel's kallsyms aliases
+    /// for duplicate names), else `@` and the function's address in the file.
+    pub fn new(img: &ElfImage) -> Distinct {
+        let mut groups: FxHashMap<String, Vec<usize>> = FxHashMap::default();
+        for (i, f) in img.funcs.iter().enumerate() {
+            groups
+                .entry(ftprobe::elf::display_name(&f.name))
+                .or_default()
+                .push(i);
+        }
+        groups.retain(|_, g| g.len() > 1);
+        let mut names = FxHashMap::default();
+        if groups.is_empty() {
+            return Distinct { names };
+        }
+        let full = |j: usize| {
+            let sym = &img.funcs[j].name;
+            sym.starts_with("_Z")
+                .then(|| ftprobe::elf::demangled_names(sym).into_iter().next())
+                .flatten()
+        };
+        let mut files: Option<FxHashMap<u64, String>> = None;
+        for (short, group) in &groups {
+            let fulls: Vec<Option<String>> = group.iter().map(|&j| full(j)).collect();
+            for (k, &j) in group.iter().enumerate() {
+                let unique = fulls[k]
+                    .as_ref()
+                    .filter(|f| fulls.iter().filter(|g| g.as_ref() == Some(*f)).count() == 1);
+                let name = match unique {
+                    Some(f) => f.clone(),
+                    None => {
+                        let base = fulls[k].as_deref().unwrap_or(short);
+                        let files = files.get_or_insert_with(|| source_files(&img.path));
+                        let svma = img.funcs[j].svma;
+                        match files.get(&svma) {
+                            Some(file) => format!("{base}@{file}"),
+                            None => format!("{base}@{svma:#x}"),
+                        }
+                    }
+                };
+                names.insert(j, name);
+            }
+        }
+        Distinct { names }
+    }
+
+    /// The name of function `i` if it needs one other than its short name.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        self.names.get(&i).map(String::as_str)
+    }
+}
+
+/// The source file (`STT_FILE` symbol before it) of each local function symbol of the file
+/// at `path`, by address.
+fn source_files(path: &std::path::Path) -> FxHashMap<u64, String> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let mut out = FxHashMap::default();
+    let Ok(data) = std::fs::read(path) else {
+        return out;
+    };
+    let Ok(file) = object::File::parse(&*data) else {
+        return out;
+    };
+    let mut current: Option<String> = None;
+    for sym in file.symbols() {
+        match sym.kind() {
+            SymbolKind::File => current = sym.name().ok().map(str::to_owned),
+            SymbolKind::Text if sym.is_local() => {
+                if let Some(f) = &current {
+                    out.entry(sym.address()).or_insert_with(|| f.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 impl Symbols {
@@ -80,7 +175,9 @@ impl Symbols {
             view: 0,
             caches: vec![(WHOLE, FxHashMap::default())],
             names: Vec::new(),
+            owner: Vec::new(),
             name_ids: FxHashMap::default(),
+            distinct: FxHashMap::default(),
         }
     }
 
@@ -164,9 +261,13 @@ impl Symbols {
             let next = self.names.len() as u32;
             let name = *self.name_ids.entry((o, i)).or_insert(next);
             if name == next {
+                self.owner.push((o, i));
                 let img = &self.objects[o].2;
+                let distinct = self.distinct.entry(o).or_insert_with(|| Distinct::new(img));
                 self.names.push(match img.funcs.get(i) {
-                    Some(f) => ftprobe::elf::display_name(&f.name),
+                    Some(f) => distinct
+                        .get(i)
+                        .map_or_else(|| ftprobe::elf::display_name(&f.name), str::to_owned),
                     None => {
                         let file = img.path.file_name().unwrap_or_default().to_string_lossy();
                         format!("{file}+{:#x}", usize::MAX - i)
@@ -177,6 +278,24 @@ impl Symbols {
         });
         self.caches[self.view].1.insert(addr, r);
         r
+    }
+
+    /// The symbol name (as in the symbol table) and the short (demangled) name of the
+    /// function containing `addr`: what filters match
+    /// ([`FilterEntry::matches_function`]).
+    ///
+    /// [`FilterEntry::matches_function`]: ftprobe::ftrace::glob::FilterEntry::matches_function
+    pub fn names_at(&mut self, addr: u64) -> Option<(&str, String)> {
+        let r = self.resolve(addr)?;
+        let (o, i) = self.owner[r.name as usize];
+        Some(match self.objects[o].2.funcs.get(i) {
+            Some(f) => (f.name.as_str(), ftprobe::elf::display_name(&f.name)),
+            // An `.eh_frame` range with no symbol.
+            None => {
+                let n = self.names[r.name as usize].as_str();
+                (n, n.to_owned())
+            }
+        })
     }
 
     /// The function containing `addr` and the offset into it.

@@ -693,6 +693,7 @@ impl Printer {
         let pid = owner.pid;
         let ctx = crate::graph::Ctx {
             cpu: record::cpu_of(e.aux),
+            ts_ns: self.clock.tsc_to_mono_ns(e.key),
             pid: owner.tid,
             comm: &owner.comm,
         };

@@ -256,19 +256,47 @@ fn threads_get_the_task_pid_column_and_each_its_own_graph() {
     assert!(out.status.success(), "{out:?}");
     // The column appears once a second thread records.
     assert!(text.contains("TASK/PID"), "{text}");
-    // Per thread, the graph closes: group lines by the TASK-PID column.
+    // Per thread, the graph closes: group lines by the TASK-PID column. Lines printed before
+    // a second thread recorded have no such column: they are the first thread's (main's,
+    // which runs fib(4) before it starts the workers), whenever the workers' first records
+    // came.
     let mut per: std::collections::BTreeMap<String, Vec<&str>> = Default::default();
+    let mut early: Vec<&str> = Vec::new();
     for l in events(&text).filter(|l| l.contains(" | ") && l.contains(')')) {
-        let task = l
+        let field = l
             .split(") ")
             .nth(1)
             .unwrap()
             .split(" | ")
             .next()
             .unwrap()
-            .trim()
-            .to_owned();
-        per.entry(task).or_default().push(l);
+            .trim();
+        let is_task = field
+            .rsplit_once('-')
+            .is_some_and(|(c, p)| !c.is_empty() && p.chars().all(|d| d.is_ascii_digit()));
+        if !is_task {
+            assert!(
+                per.is_empty(),
+                "a line without the task column after it appeared: {l}"
+            );
+            early.push(l);
+            continue;
+        }
+        per.entry(field.to_owned()).or_default().push(l);
+    }
+    if !early.is_empty() {
+        // The main thread's task: its tid is the process id, below its threads' (created
+        // after it).
+        let tid = |k: &String| k.rsplit_once('-').unwrap().1.parse::<u32>().unwrap();
+        let main = per
+            .keys()
+            .min_by_key(|k| tid(k))
+            .cloned()
+            .expect("a task column");
+        let v = per.entry(main).or_default();
+        let mut all = early;
+        all.append(v);
+        *v = all;
     }
     let mut fibs = 0;
     for lines in per.values() {

@@ -230,6 +230,14 @@ pub fn cxx_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("cxx")
 }
 
+/// Path of `names` (C++ and C, `-pg -mfentry -mrecord-mcount` sites; c/names_ov.cc): `f(int)`
+/// called 3 times and `f(double)` once; `top` calls `mid` 4 times, each `mid` calls `leaf`
+/// twice; two static C functions named `helper` (names_st_a.c, names_st_b.c) called once and
+/// twice. Prints `names f=12 chain=26 st=54`.
+pub fn names_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("names")
+}
+
 /// Path of `ctors` (no sites), linked with `libfxctors.so` (`-pg -mfentry`, PIC): the
 /// library's constructor calls `lib_traced` twice and starts a thread that calls
 /// `thread_work` 4 times; its destructor calls `lib_traced` three times; `main` calls it once,

@@ -87,6 +87,22 @@ impl FilterEntry {
         self.func.as_ref().is_none_or(|p| p.matches(func))
     }
 
+    /// Whether the function whose symbol is `sym` and whose shown (short demangled) name is
+    /// `shown`, of the object whose file name is `module`, matches: the pattern is matched
+    /// against the symbol, the shown name, and, when it has a `(` (a C++ signature,
+    /// `f(double)`), the full demangled form, as `c++filt` prints it. Every user of filters
+    /// (the engine's `ftrace_ops` filters, the readers of a recording) matches through here.
+    pub fn matches_function(&self, sym: &str, shown: &str, module: &str) -> bool {
+        if self.matches(sym, module) || (shown != sym && self.matches(shown, module)) {
+            return true;
+        }
+        self.func.as_ref().is_some_and(|p| p.as_str().contains('('))
+            && sym.starts_with("_Z")
+            && crate::demangle::demangled_names(sym)
+                .first()
+                .is_some_and(|full| self.matches(full, module))
+    }
+
     /// Whether the pattern has a `:mod:` part.
     pub fn names_a_module(&self) -> bool {
         self.module.is_some()
@@ -105,6 +121,20 @@ impl FilterEntry {
 pub fn module_names(file: &str) -> impl Iterator<Item = &str> {
     let so = file.find(".so").map(|i| [&file[..i], &file[..i + 3]]);
     std::iter::once(file).chain(so.into_iter().flatten())
+}
+
+/// Whether a function is in the set that `entries` build, in order: the last pattern that
+/// matches it (`matches(entry)`) adds it, or with `!` removes it. Whether the set as a whole
+/// ends up empty (the kernel's "every function") is for the caller, who knows all the
+/// functions.
+pub fn in_set(entries: &[FilterEntry], mut matches: impl FnMut(&FilterEntry) -> bool) -> bool {
+    let mut on = false;
+    for e in entries {
+        if (on == e.negate) && matches(e) {
+            on = !e.negate;
+        }
+    }
+    on
 }
 
 /// Apply patterns in order over `(func, module)` pairs; returns a flag per pair.
@@ -216,5 +246,37 @@ mod tests {
         let e = FilterEntry::parse("foo[").unwrap_err();
         assert_eq!(e.col, 3);
         assert!(FilterEntry::parse("").is_err());
+    }
+
+    #[test]
+    fn in_set_follows_the_order_of_writes() {
+        let e = |pats: &[&str]| -> Vec<FilterEntry> {
+            pats.iter()
+                .map(|p| FilterEntry::parse(p).unwrap())
+                .collect()
+        };
+        let on = |pats: &[&str], name: &str| in_set(&e(pats), |x| x.matches(name, ""));
+        assert!(on(&["mid"], "mid"));
+        assert!(!on(&["mid", "!mid"], "mid"));
+        assert!(!on(&["!mid"], "leaf"));
+        assert!(on(&["*", "!mid"], "leaf"));
+        assert!(on(&["!mid", "mid"], "mid"));
+    }
+
+    #[test]
+    fn functions_match_by_symbol_short_name_or_signature() {
+        let m = |p: &str, sym: &str, shown: &str| {
+            FilterEntry::parse(p)
+                .unwrap()
+                .matches_function(sym, shown, "")
+        };
+        assert!(m("f", "_Z1fd", "f"));
+        assert!(m("_Z1fd", "_Z1fd", "f"));
+        assert!(m("f(double)", "_Z1fd", "f"));
+        assert!(!m("f(int)", "_Z1fd", "f"));
+        assert!(m("f(*)", "_Z1fi", "f"));
+        // Without a `(`, the signature is not matched.
+        assert!(!m("*double*", "_Z1fd", "f"));
+        assert!(m("main", "main", "main"));
     }
 }

@@ -734,7 +734,7 @@ pub fn select_functions(patterns: &[String]) -> Result<Vec<u64>, FtraceError> {
         let mut any = false;
         for (i, (m, d)) in st.meta.iter().zip(&st.display).enumerate() {
             let o = &st.objects[m.obj];
-            if e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module) {
+            if e.matches_function(&o.image.funcs[m.func].name, d, &o.module) {
                 set[i] = !e.negate;
                 any = true;
             }
@@ -860,7 +860,7 @@ fn set_filter(
         if !pending
             && !st.meta.iter().zip(&st.display).any(|(m, d)| {
                 let o = &st.objects[m.obj];
-                e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module)
+                e.matches_function(&o.image.funcs[m.func].name, d, &o.module)
             })
         {
             return Err(FtraceError::NoMatch(pattern.to_owned()));
@@ -1056,35 +1056,33 @@ impl State {
     /// Sorted ips the ops selects: its filter (empty: all) minus its notrace.
     fn hash_of(&self, ops: &FtraceOps) -> Vec<u64> {
         let f = ops.lock_filters();
-        // Patterns match the symbol name or its demangled form (see `FuncMeta::display`).
-        let items = self.meta.iter().map(|m| {
-            let o = &self.objects[m.obj];
-            (o.image.funcs[m.func].name.as_str(), o.module.as_str())
-        });
-        let shown = self
-            .meta
-            .iter()
-            .zip(&self.display)
-            .map(|(m, d)| (d.as_str(), self.objects[m.obj].module.as_str()));
-        let either = |a: Option<Vec<bool>>, b: Option<Vec<bool>>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| *x || *y).collect()),
-            (a, b) => a.or(b),
+        // Patterns match the symbol name, its demangled form (see `FuncMeta::display`), or
+        // its full signature (`FilterEntry::matches_function`).
+        let sets = |list: &[FilterEntry]| -> Option<Vec<bool>> {
+            if list.is_empty() {
+                return None;
+            }
+            let set: Vec<bool> = self
+                .meta
+                .iter()
+                .zip(&self.display)
+                .map(|(m, d)| {
+                    let o = &self.objects[m.obj];
+                    let sym = o.image.funcs[m.func].name.as_str();
+                    glob::in_set(list, |e| e.matches_function(sym, d, &o.module))
+                })
+                .collect();
+            set.iter().any(|&b| b).then_some(set)
         };
-        let mut filter = either(
-            glob::select(&f.filter, items.clone()),
-            glob::select(&f.filter, shown.clone()),
-        );
-        let notrace = either(
-            glob::select(&f.notrace, items),
-            glob::select(&f.notrace, shown),
-        );
+        let mut filter = sets(&f.filter);
+        let notrace = sets(&f.notrace);
         // A `:mod:` filter that selects no site (its object is not loaded yet, any more, or
         // has no matching site) selects nothing, not every function (the kernel's cached
         // module filters, FTRACE_HASH_FL_MOD).
         let selects_some = |e: &FilterEntry| {
             self.meta.iter().zip(&self.display).any(|(m, d)| {
                 let o = &self.objects[m.obj];
-                e.matches(&o.image.funcs[m.func].name, &o.module) || e.matches(d, &o.module)
+                e.matches_function(&o.image.funcs[m.func].name, d, &o.module)
             })
         };
         if filter.is_none()
