@@ -78,6 +78,7 @@ fn main() {
         "c/cxx_stl.cc",
         "c/noreturn.c",
         "c/fetchargs.c",
+        "c/attach_target.c",
         "c/nested.c",
         "c/libc_calls.c",
         "c/lua_driver.c",
@@ -307,6 +308,21 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         );
         link(&[&obj], &fixtures.join(name), &[ldflags]);
     }
+    // attach_target: a running multithreaded program for `trace -p` (NOP5 sites in
+    // __mcount_loc).
+    let fl = Flavour::FentryNop;
+    let obj = objs.join("attach_target.o");
+    compile(
+        &c_dir.join("attach_target.c"),
+        &obj,
+        &[BASE_CFLAGS, fl.cflags()],
+        &[],
+    );
+    link(
+        &[&obj],
+        &fixtures.join("attach_target"),
+        &[fl.ldflags(), &["-pthread"]],
+    );
 
     // ctors + libfxctors: a `-pg -mfentry` library whose constructor and destructor call
     // its traced function; the program has no sites.
