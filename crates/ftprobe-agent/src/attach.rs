@@ -20,7 +20,7 @@ use ftprobe::agent_config::AgentConfig;
 
 use crate::{start, Mode, StartError, CAPTURE, PID};
 
-/// An attach ran (successfully or not) in this process: ftrace is initialized.
+/// An attach ran (successfully or not) in this process.
 static ATTACHED: AtomicBool = AtomicBool::new(false);
 /// A session is on (between its attach and its detach).
 static TRACING: AtomicBool = AtomicBool::new(false);
@@ -115,7 +115,10 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             }
             // SAFETY: getpid has no preconditions.
             PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
-            let r = if ATTACHED.swap(true, Ordering::AcqRel) {
+            ATTACHED.store(true, Ordering::Release);
+            // A session before this one initialized ftrace (an attach that failed before
+            // that, e.g. on the rings, starts from the beginning again).
+            let r = if ftprobe::ftrace::functions().is_ok() {
                 again(&config, &stopped_ips, &thread_pointers)
             } else {
                 start(&config, &Mode::Attached { stopped_ips })

@@ -309,8 +309,14 @@ fn start(config: &AgentConfig, mode: &Mode) -> Result<(), StartError> {
         .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
         .collect();
     rings.set_objects(&table)?;
-    if !trace::set_buffer(rings) {
-        return Err("the agent's rings are set already (this process was traced before)".into());
+    match mode {
+        Mode::Preloaded => {
+            if !trace::set_buffer(rings) {
+                return Err("the agent's rings are set already".into());
+            }
+        }
+        // An attach that failed before ftrace was initialized may have set one.
+        Mode::Attached { .. } => trace::replace_buffer(rings),
     }
     let skipped = match mode {
         Mode::Preloaded => {

@@ -21,13 +21,27 @@ struct Target {
 
 impl Target {
     fn start(args: &[&str]) -> Target {
-        let mut child = KillOnDrop::spawn(
-            Command::new(attach_target_fixture())
-                .args(args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped()),
-        )
-        .expect("start attach_target");
+        let mut cmd = Command::new(attach_target_fixture());
+        cmd.args(args);
+        Target::spawn(cmd)
+    }
+
+    /// As user `nobody` (we are root).
+    fn start_as_nobody() -> Target {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(attach_target_fixture());
+        Target::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Target {
+        let mut child = KillOnDrop::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()))
+            .expect("start attach_target");
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut t = Target {
@@ -492,4 +506,28 @@ fn trace_p_ends_when_the_process_exits() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(count(&text, "attach_window <-main"), 3);
     assert_eq!(quit_out.as_deref(), Some(CLEAN_END));
+}
+
+/// A root ftprobe can attach to another user's process, but that process cannot open
+/// ftprobe's ring buffer (`/proc/CLI/fd/N`: it may not read a root process): refused with
+/// a message that says so, and the program goes on as before; a later attach starts over.
+#[test]
+fn another_users_process_cannot_open_a_root_cli_rings() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (a root ftprobe against a process of nobody)");
+        return;
+    }
+    let mut t = Target::start_as_nobody();
+    let pid = t.pid();
+    for _ in 0..2 {
+        let (o, _) = trace_attached(pid, &["-F", "attach_window"], || {});
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{err}");
+        assert!(err.contains("cannot open the CLI's rings"), "{err}");
+        assert_eq!(agent_loads(pid), 1);
+        assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+        assert_eq!(t.window(10), "window 10 done\n");
+    }
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
 }
