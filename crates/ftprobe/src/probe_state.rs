@@ -141,8 +141,8 @@ fn thread_pointer() -> u64 {
     tp
 }
 
-/// From now on, find [`STATE`] at its fixed offset from the thread pointer instead of
-/// through `__tls_get_addr`. Only valid in an object whose TLS block is static (at the
+/// From now on, find a thread's state (`STATE`) at its fixed offset from the thread
+/// pointer instead of through `__tls_get_addr`. Only valid in an object whose TLS block is static (at the
 /// same offset from the thread pointer in every thread, initialized in every thread): the
 /// agent is, since it has an initial-exec TLS word (`DF_STATIC_TLS`: glibc refuses to
 /// `dlopen` it otherwise). Needed when the agent is `dlopen`ed into a running process
