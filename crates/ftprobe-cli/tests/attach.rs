@@ -531,3 +531,27 @@ fn another_users_process_cannot_open_a_root_cli_rings() {
     }
     assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
 }
+
+/// The thread that makes ftprobe's calls is the main thread when it is blocked in a system
+/// call: here in `nanosleep` (`clock_nanosleep`, restarted through the kernel's restart
+/// block): the call is restarted after each attach, never EINTR (the fixture counts one).
+#[test]
+fn a_nanosleep_of_the_calling_thread_is_restarted() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    t.send("nap 900\n");
+    // Main is in clock_nanosleep (its first field in /proc/PID/syscall: 230).
+    loop {
+        let sc = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")).unwrap();
+        if sc.starts_with("230 ") {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    for _ in 0..2 {
+        let o = attach_load(pid);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert_eq!(t.line(), "nap done\n");
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}

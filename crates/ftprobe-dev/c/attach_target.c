@@ -10,6 +10,7 @@
  * Every blocked call checks its result: an EINTR (or any other failure) is counted.
  * main reads commands on stdin, one per line:
  *   - `window N`: calls attach_window() exactly N times, prints `window N done`;
+ *   - `nap MS`: one nanosleep of MS milliseconds (< 1000) in main, prints `nap done`;
  *   - `quit`: stops and joins the threads, prints
  *     `eintr=E bad=B selfsig=ok|SENT/GOT reader=R busy=yes|no`, exits 0.
  * `ready` comes once every thread has run (busy: made its first call). Every line is
@@ -184,6 +185,10 @@ int main(int argc, char **argv)
 			fflush(stdout);
 			if (sum != n * (n - 1) / 2 + 7 * n)
 				atomic_fetch_add(&bad, 1);
+		} else if (sscanf(line, "nap %ld", &n) == 1) {
+			nap(n * 1000000);
+			printf("nap done\n");
+			fflush(stdout);
 		} else if (strncmp(line, "quit", 4) == 0) {
 			break;
 		}
