@@ -555,3 +555,29 @@ fn a_nanosleep_of_the_calling_thread_is_restarted() {
     assert_eq!(t.line(), "nap done\n");
     assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
 }
+
+/// An int3 kprobe in the C library (no site there) in an attached process: hit by the
+/// program's threads, then its byte is put back at the detach with every other code byte.
+#[test]
+fn trace_p_int3_probe_in_libc_is_removed_at_detach() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    let before = code_bytes(pid);
+    let (o, text) = trace_attached(pid, &["-e", "p:ns libc:clock_nanosleep"], || {
+        // main's own nap: at least one hit on a thread we know.
+        t.send("nap 20\n");
+        assert_eq!(t.line(), "nap done\n");
+    });
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&format!("-{pid} ")) && l.contains(" ns: ")),
+        "{text}"
+    );
+    let after = code_bytes(pid);
+    for (m, b) in &before {
+        let a = after.iter().find(|(n, _)| n == m).unwrap();
+        assert!(*b == a.1, "{m} changed after the detach");
+    }
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
