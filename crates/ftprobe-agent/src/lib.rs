@@ -267,27 +267,12 @@ impl std::fmt::Display for StartError {
     }
 }
 
-/// Open the rings' memfd as the configuration says (the descriptor is closed again: the
+/// Map the rings' memfd as the configuration says (the descriptor is closed again: the
 /// mapping stays).
 pub(crate) fn open_rings(from: &RingsFrom) -> Result<SharedRings, StartError> {
-    let fd = match from {
-        RingsFrom::Fd(fd) => *fd,
-        RingsFrom::Path(p) => {
-            let c = std::ffi::CString::new(p.as_str()).map_err(|_| "a path with a NUL")?;
-            // SAFETY: open of a NUL-terminated path.
-            let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-            if fd < 0 {
-                return Err(format!(
-                    "cannot open the CLI's rings ({p}): {} (the program must run as the CLI's \
-                     user)",
-                    std::io::Error::last_os_error()
-                )
-                .into());
-            }
-            fd
-        }
-    };
-    // SAFETY: the CLI passed (or we opened) this fd and nothing else in the process knows it.
+    let RingsFrom::Fd(fd) = *from;
+    // SAFETY: the CLI passed (or had us make) this fd and nothing else in the process
+    // knows it.
     let rings = SharedRings::attach(unsafe { BorrowedFd::borrow_raw(fd) });
     // SAFETY: the mapping (if any) does not need the fd; closing it frees the number.
     unsafe { libc::close(fd) };

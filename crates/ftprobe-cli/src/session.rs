@@ -904,19 +904,11 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
             );
         }
     }
-    let (rings, fd) = SharedRings::create_uncalibrated(RingConfig::with_budget(
-        args.nr_rings(),
-        u64::from(args.buffer_size_kb) * 1024,
-    ))?;
-    rings.set_clock(Clock::finish_calibration(clock_start));
-    let config = AgentConfig {
-        // The target opens our descriptor (same user, or we are root and it can: the
-        // kernel checks its right to read our process).
-        rings: RingsFrom::Path(format!(
-            "/proc/{}/fd/{}",
-            std::process::id(),
-            fd.as_raw_fd()
-        )),
+    let ring_config =
+        RingConfig::with_budget(args.nr_rings(), u64::from(args.buffer_size_kb) * 1024);
+    let mut config = AgentConfig {
+        // Set below: the target's own memfd.
+        rings: RingsFrom::Fd(-1),
         cli_pid: std::process::id(),
         function: tracer == "function",
         filter: args.filter.clone(),
@@ -934,13 +926,29 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
     // Before the attach: a pidfd says when the process ends (it is not our child: no wait).
     let exit = ExitWatch::new(pid as u32);
     signals::catch_termination();
-    control(pid, &agent, |ips, tps| AgentMessage::Attach {
-        config: Box::new(config),
-        stopped_ips: ips,
-        thread_pointers: tps,
+    let mut made = None;
+    control(pid, &agent, |a| {
+        // The rings live in a memfd the target makes (it then needs no access to our
+        // process): we open it through /proc/PID/fd/N and lay it out; the agent maps it
+        // from its own descriptor, which it closes.
+        let m = a.memfd_create("ftprobe-rings", libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{m}"))
+            .with_context(|| format!("opening process {pid}'s ring buffer"))?;
+        let rings = SharedRings::create_on(std::os::fd::AsFd::as_fd(&file), ring_config)?;
+        rings.set_clock(Clock::finish_calibration(clock_start));
+        made = Some(rings);
+        config.rings = RingsFrom::Fd(m);
+        Ok(AgentMessage::Attach {
+            config: Box::new(config),
+            stopped_ips: a.thread_ips()?,
+            thread_pointers: a.thread_pointers()?,
+        })
     })
     .with_context(|| format!("starting the agent in process {pid}"))?;
-    drop(fd);
+    let rings = made.context("no ring buffer")?;
     eprintln!("ftprobe: tracing process {pid} (Ctrl-C to stop)");
     let mut live = Live::new(&rings);
     let deadline = args
@@ -968,7 +976,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
     }
     if !exited {
         // Every site back to its NOP, every probe's byte back: the program runs as before.
-        if let Err(e) = control(pid, &agent, |_, _| AgentMessage::Detach) {
+        if let Err(e) = control(pid, &agent, |_| Ok(AgentMessage::Detach)) {
             if Path::new(&format!("/proc/{pid}")).exists() {
                 eprintln!("ftprobe: stopping the agent in process {pid}: {e:#}");
             }
@@ -983,20 +991,18 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
     Ok(if sink.failed() { 1 } else { 0 })
 }
 
-/// Attach to `pid`, make sure the agent is loaded, send it the message `msg` builds from
-/// the stopped threads' instruction pointers and thread pointers, and detach. The agent's messages are printed;
-/// its error is ours.
+/// Attach to `pid`, make sure the agent is loaded, send it the message `msg` builds (with
+/// the stopped process in hand), and detach. The agent's messages are printed; its error
+/// is ours.
 fn control(
     pid: i32,
     agent: &Path,
-    msg: impl FnOnce(Vec<u64>, Vec<u64>) -> ftprobe::agent_config::AgentMessage,
+    msg: impl FnOnce(&mut Attached) -> Result<ftprobe::agent_config::AgentMessage>,
 ) -> Result<()> {
     let mut a = Attached::attach(pid)?;
     let handle = a.dlopen(agent)?;
     let entry = a.dlsym(handle, "ftprobe_agent_control")?;
-    let ips = a.thread_ips()?;
-    let tps = a.thread_pointers()?;
-    let bytes = ftprobe::agent_config::encode(&msg(ips, tps));
+    let bytes = ftprobe::agent_config::encode(&msg(&mut a)?);
     let (code, text) = a.call_with_output(entry, &bytes, 16 << 10)?;
     a.detach()?;
     let text = String::from_utf8_lossy(&text);

@@ -14,10 +14,9 @@ pub const VERSION: u32 = 1;
 /// Where the agent finds the rings' memfd.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RingsFrom {
-    /// An inherited file descriptor (a program started by the CLI).
+    /// A file descriptor of the process: inherited (a program started by the CLI), or
+    /// made by the process at the CLI's call (attach). The agent closes it once mapped.
     Fd(i32),
-    /// A path to open read-write: the CLI's descriptor as `/proc/CLI_PID/fd/N` (attach).
-    Path(String),
 }
 
 /// A tracing session's configuration: what the `FTPROBE_*` variables carry.
@@ -101,7 +100,7 @@ mod tests {
     fn a_message_decodes_to_itself() {
         let m = AgentMessage::Attach {
             config: Box::new(AgentConfig {
-                rings: RingsFrom::Path("/proc/1/fd/3".into()),
+                rings: RingsFrom::Fd(7),
                 cli_pid: 1,
                 function: true,
                 filter: vec!["work*".into(), "!x\ny".into()],

@@ -541,6 +541,19 @@ impl Attached {
         Ok(handle)
     }
 
+    /// `memfd_create(name, flags)` in the target: the new descriptor's number there.
+    pub fn memfd_create(&mut self, name: &str, flags: u32) -> Result<i32> {
+        let tid = self.threads[self.caller].tid;
+        let f = target_symbol(tid, "memfd_create")?;
+        let mut n = name.as_bytes().to_vec();
+        n.push(0);
+        let fd = self.call(f, &[blob(0), u64::from(flags)], &[&n])? as i32;
+        if fd < 0 {
+            bail!("memfd_create failed in process {}", self.pid);
+        }
+        Ok(fd)
+    }
+
     /// `dlsym(handle, name)` in the target.
     pub fn dlsym(&mut self, handle: u64, name: &str) -> Result<u64> {
         let tid = self.threads[self.caller].tid;
