@@ -83,6 +83,7 @@ fn main() {
         "c/names_st_b.c",
         "c/noreturn.c",
         "c/fetchargs.c",
+        "c/attach_target.c",
         "c/nested.c",
         "c/libc_calls.c",
         "c/lua_driver.c",
@@ -332,6 +333,21 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         );
         link(&[&obj], &fixtures.join(name), &[ldflags]);
     }
+    // attach_target: a running multithreaded program for `trace -p` (NOP5 sites in
+    // __mcount_loc).
+    let fl = Flavour::FentryNop;
+    let obj = objs.join("attach_target.o");
+    compile(
+        &c_dir.join("attach_target.c"),
+        &obj,
+        &[BASE_CFLAGS, fl.cflags()],
+        &[],
+    );
+    link(
+        &[&obj],
+        &fixtures.join("attach_target"),
+        &[fl.ldflags(), &["-pthread"]],
+    );
 
     // exec_a, exec_b (--follow-exec): `-pg -mfentry -mnop-mcount` and -no-pie, so that
     // both load at the same address and their functions' addresses overlap; exec_b_static:

@@ -129,7 +129,14 @@ fn other_namespaces() -> Vec<LoadedObject> {
 
 /// Remember the objects ftrace was started with and install the hook. Called from the
 /// agent's start, while only this thread runs.
-pub fn init(objects: &[LoadedObject], own_base: Option<u64>, events: bool) -> Result<(), String> {
+/// `stopped_ips`: where the other threads of an attached process resume (none may be inside
+/// the five bytes).
+pub fn init(
+    objects: &[LoadedObject],
+    own_base: Option<u64>,
+    events: bool,
+    stopped_ips: &[u64],
+) -> Result<(), String> {
     OWN_BASE.store(own_base.unwrap_or(u64::MAX), Ordering::Relaxed);
     EVENTS.store(events, Ordering::Relaxed);
     let mut known = objects.to_vec();
@@ -147,6 +154,11 @@ pub fn init(objects: &[LoadedObject], own_base: Option<u64>, events: bool) -> Re
     };
     if ftprobe::sys::read_nofault(brk, &mut bytes) != 5 || !patchable(brk, &bytes) {
         return Err(unexpected(bytes));
+    }
+    if stopped_ips.iter().any(|&ip| ip > brk && ip < brk + 5) {
+        return Err(format!(
+            "a thread is stopped inside _dl_debug_state at {brk:#x}"
+        ));
     }
     let target = debug_state_hook as extern "C" fn() as usize as u64;
     // `jmp *0(%rip)` + the hook's address: reaches it wherever the agent is mapped.
@@ -166,7 +178,21 @@ pub fn init(objects: &[LoadedObject], own_base: Option<u64>, events: bool) -> Re
     // `_dl_debug_state`'s own (`endbr64; ret`, or `ret` and alignment padding nothing
     // executes), in ld.so's code made writable above.
     unsafe { ftprobe::arch::x86_64::text_poke::text_poke_early(brk, &jmp) };
+    *HOOKED.lock().unwrap_or_else(|e| e.into_inner()) = Some((brk, bytes));
     Ok(())
+}
+
+/// `_dl_debug_state` and its own five bytes, while the hook is in place.
+static HOOKED: std::sync::Mutex<Option<(u64, [u8; 5])>> = std::sync::Mutex::new(None);
+
+/// Put `_dl_debug_state`'s own bytes back (an attached agent's detach: every other thread
+/// is stopped; a thread stopped in the hook or its stub goes on there, they stay mapped).
+pub fn unhook() {
+    if let Some((brk, bytes)) = HOOKED.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        // SAFETY: every other thread is stopped by the CLI (the detach call), none inside
+        // these five bytes (a `jmp` of ours: one instruction); the code is writable (init).
+        unsafe { ftprobe::arch::x86_64::text_poke::text_poke_early(brk, &bytes) };
+    }
 }
 
 /// Whether the 5 bytes at `addr` can take the `jmp`: `endbr64; ret`, or `ret` at a
@@ -192,6 +218,12 @@ extern "C" fn debug_state_hook() {
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
     BUSY.store(false, Ordering::Release);
+}
+
+/// An attached agent's later session: follow what was loaded and unloaded since the last
+/// (every other thread is stopped by the CLI).
+pub fn sync_objects() {
+    changed();
 }
 
 /// Compare the loaded objects with the last list and follow the difference.

@@ -22,12 +22,14 @@
 //! start; any other problem leaves the program running untraced.
 
 mod alloc;
+mod attach;
 mod environ;
 mod returns;
 mod sigtrap;
 
 use std::os::fd::BorrowedFd;
 
+use ftprobe::agent_config::{AgentConfig, RingsFrom};
 use ftprobe::events::error_log;
 use ftprobe::ring::SharedRings;
 use ftprobe::trace;
@@ -57,6 +59,13 @@ mod follow;
 /// probe path's blacklist, so it is never probed).
 fn say(args: std::fmt::Arguments<'_>) {
     let text = args.to_string();
+    // While the CLI's call into an attached process runs: its messages go back to the CLI.
+    if let Ok(mut g) = CAPTURE.try_lock() {
+        if let Some(buf) = g.as_mut() {
+            buf.push_str(&text);
+            return;
+        }
+    }
     let mut rest = text.as_bytes();
     while !rest.is_empty() {
         // SAFETY: write(2) of a live buffer to fd 2.
@@ -67,6 +76,9 @@ fn say(args: std::fmt::Arguments<'_>) {
         rest = &rest[n as usize..];
     }
 }
+
+/// Where [`say`] writes while [`attach::ftprobe_agent_control`] runs (`None`: stderr).
+static CAPTURE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
 /// `eprintln!` through [`say`].
 macro_rules! say {
@@ -105,7 +117,7 @@ fn init() {
     // A followed exec's new image joins whoever its parent is (`follow`).
     // SAFETY: getppid has no preconditions.
     let ours = follow::exec_pid_is_mine() || cli_pid == Some(unsafe { libc::getppid() });
-    let env = Env::take();
+    let config = config_from_env(&fd, cli_pid.unwrap_or(0));
     if !ours {
         return;
     }
@@ -114,98 +126,170 @@ fn init() {
         unsafe { libc::getpid() },
         std::sync::atomic::Ordering::Relaxed,
     );
-    if let Err(e) = start(&fd, &env) {
-        if follow::enabled() {
+    match config.and_then(|c| start(&c, &Mode::Preloaded)) {
+        Ok(()) => {}
+        Err(e) if follow::enabled() => {
             // --follow-exec: this image may exec one that can be traced (a shell script).
+            if let StartError::Probe(text) = &e {
+                say(format_args!("{text}"));
+            }
             let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+            let why = match &e {
+                StartError::Probe(_) => "a probe cannot be armed here".to_owned(),
+                StartError::Other(e) => e.to_string(),
+            };
             say!(
-                "ftprobe-agent: {e}: nothing traced in {} (--follow-exec: its exec is followed)",
+                "ftprobe-agent: {why}: nothing traced in {} (--follow-exec: its exec is followed)",
                 exe.display()
             );
-            return;
         }
-        // As for a definition that cannot be armed: the program does not run untraced as if
-        // all were well.
-        say!("ftprobe-agent: {e}: stopped before main, nothing traced");
-        // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
-        unsafe { libc::_exit(1) };
+        Err(StartError::Probe(text)) => {
+            say(format_args!("{text}"));
+            // Which program it was (a script or a shim runs its interpreter, which is
+            // what the agent looked in).
+            let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+            // SAFETY: getpid has no preconditions.
+            let pid = unsafe { libc::getpid() };
+            say!("  (in {}, pid {pid}: stopped before main)", exe.display());
+            // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
+            unsafe { libc::_exit(1) };
+        }
+        Err(StartError::Other(e)) => {
+            // As for a definition that cannot be armed: the program does not run untraced
+            // as if all were well.
+            say!("ftprobe-agent: {e}: stopped before main, nothing traced");
+            // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
+            unsafe { libc::_exit(1) };
+        }
     }
 }
 
-/// The agent's variables, read and removed from the environment.
-struct Env {
-    filter: Vec<String>,
-    notrace: Vec<String>,
-    function: bool,
-    events: Vec<String>,
-    /// `FTPROBE_TRACER=function_graph`.
-    graph: bool,
-    graph_function: Vec<String>,
-    graph_notrace: Vec<String>,
-    max_depth: Option<String>,
-}
-
-impl Env {
-    fn take() -> Env {
-        let lines = |var: &str| -> Vec<String> {
-            std::env::var(var)
-                .unwrap_or_default()
-                .split('\n')
-                .filter(|s| !s.trim().is_empty())
-                .map(str::to_owned)
-                .collect()
-        };
-        let env = Env {
-            filter: lines("FTPROBE_FILTER"),
-            notrace: lines("FTPROBE_NOTRACE"),
-            function: std::env::var("FTPROBE_FUNCTION").is_ok_and(|v| v == "1"),
-            events: lines("FTPROBE_EVENTS"),
-            graph: std::env::var("FTPROBE_TRACER").is_ok_and(|v| v == "function_graph"),
-            graph_function: lines("FTPROBE_GRAPH_FUNCTION"),
-            graph_notrace: lines("FTPROBE_GRAPH_NOTRACE"),
-            max_depth: std::env::var("FTPROBE_MAX_DEPTH").ok(),
-        };
-        // SAFETY (set_var/remove_var): we run from .init_array before main; no other thread
-        // reads the environment concurrently (ftrace::init checks that we are alone).
-        // Libraries the CLI preloaded before the agent (a sanitizer's runtime, which must come
-        // first): taken out of LD_PRELOAD too, as the agent itself.
-        let added = std::env::var("FTPROBE_PRELOADED").unwrap_or_default();
-        let added: Vec<&str> = added.split(':').filter(|p| !p.is_empty()).collect();
-        follow::save();
-        for var in follow::SESSION_VARS {
-            // SAFETY: see above: constructor, single thread.
-            unsafe { std::env::remove_var(var) };
-        }
-        if let Ok(preload) = std::env::var("LD_PRELOAD") {
-            let rest: Vec<&str> = preload
-                .split([':', ' '])
-                .filter(|p| {
-                    !p.is_empty() && !p.ends_with("libftprobe_agent.so") && !added.contains(p)
-                })
-                .collect();
-            if rest.is_empty() {
-                // SAFETY: see above: constructor, single thread.
-                unsafe { std::env::remove_var("LD_PRELOAD") };
-            } else {
-                // SAFETY: see above: constructor, single thread.
-                unsafe { environ::shorten(c"LD_PRELOAD", &rest.join(":")) };
+/// The agent's variables, read and removed from the environment, as a configuration (the
+/// one an attaching CLI sends).
+fn config_from_env(fd: &str, cli_pid: i32) -> Result<AgentConfig, StartError> {
+    let lines = |var: &str| -> Vec<String> {
+        std::env::var(var)
+            .unwrap_or_default()
+            .split('\n')
+            .filter(|s| !s.trim().is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let events = lines("FTPROBE_EVENTS")
+        .into_iter()
+        .enumerate()
+        .map(|(line, probe)| {
+            // `ID<TAB>DEF` (the probes of one event share its id), or a bare DEF: id = line.
+            match probe.split_once('\t') {
+                Some((id, cmd)) if id.parse::<u32>().is_ok() => {
+                    (id.parse::<u32>().unwrap_or(0), cmd.to_owned())
+                }
+                _ => (line as u32, probe),
             }
+        })
+        .collect();
+    let max_depth = std::env::var("FTPROBE_MAX_DEPTH").ok();
+    let fd_num = fd.parse::<i32>().ok();
+    let config = AgentConfig {
+        rings: RingsFrom::Fd(fd_num.unwrap_or(-1)),
+        cli_pid: cli_pid as u32,
+        filter: lines("FTPROBE_FILTER"),
+        notrace: lines("FTPROBE_NOTRACE"),
+        function: std::env::var("FTPROBE_FUNCTION").is_ok_and(|v| v == "1"),
+        events,
+        graph: std::env::var("FTPROBE_TRACER").is_ok_and(|v| v == "function_graph"),
+        graph_function: lines("FTPROBE_GRAPH_FUNCTION"),
+        graph_notrace: lines("FTPROBE_GRAPH_NOTRACE"),
+        max_depth: 0,
+    };
+    // SAFETY (set_var/remove_var): we run from .init_array before main; no other thread
+    // reads the environment concurrently (ftrace::init checks that we are alone).
+    // Libraries the CLI preloaded before the agent (a sanitizer's runtime, which must come
+    // first): taken out of LD_PRELOAD too, as the agent itself.
+    let added = std::env::var("FTPROBE_PRELOADED").unwrap_or_default();
+    let added: Vec<&str> = added.split(':').filter(|p| !p.is_empty()).collect();
+    follow::save();
+    for var in follow::SESSION_VARS {
+        // SAFETY: see above: constructor, single thread.
+        unsafe { std::env::remove_var(var) };
+    }
+    if let Ok(preload) = std::env::var("LD_PRELOAD") {
+        let rest: Vec<&str> = preload
+            .split([':', ' '])
+            .filter(|p| !p.is_empty() && !p.ends_with("libftprobe_agent.so") && !added.contains(p))
+            .collect();
+        if rest.is_empty() {
+            // SAFETY: see above: constructor, single thread.
+            unsafe { std::env::remove_var("LD_PRELOAD") };
+        } else {
+            // SAFETY: see above: constructor, single thread.
+            unsafe { environ::shorten(c"LD_PRELOAD", &rest.join(":")) };
         }
-        env
+    }
+    if fd_num.is_none() {
+        return Err(format!("FTPROBE_RING_FD={fd:?} is not a file descriptor").into());
+    }
+    let max_depth = match max_depth.as_deref().map(str::trim) {
+        None | Some("") => 0,
+        Some(v) => v
+            .parse::<u32>()
+            .map_err(|_| format!("FTPROBE_MAX_DEPTH={v:?} is not a number"))?,
+    };
+    Ok(AgentConfig {
+        max_depth,
+        ..config
+    })
+}
+
+/// How the agent came into the process.
+pub(crate) enum Mode {
+    /// Preloaded by `ftprobe trace`: its constructor runs before `main`, alone.
+    Preloaded,
+    /// Loaded by an attaching CLI: every other thread is stopped, at these instruction
+    /// pointers.
+    Attached { stopped_ips: Vec<u64> },
+}
+
+/// Why [`start`] failed.
+pub(crate) enum StartError {
+    /// A probe definition that cannot be armed: the kernel's error log text (with its
+    /// caret line and detail).
+    Probe(String),
+    Other(Box<dyn std::error::Error>),
+}
+
+impl<E: Into<Box<dyn std::error::Error>>> From<E> for StartError {
+    fn from(e: E) -> StartError {
+        StartError::Other(e.into())
     }
 }
 
-fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
-    let fd: i32 = fd
-        .parse()
-        .map_err(|_| format!("FTPROBE_RING_FD={fd:?} is not a file descriptor"))?;
-    // SAFETY: the CLI passed this fd open to us and nothing else in the process knows it.
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Probe(t) => f.write_str(t.trim_end()),
+            StartError::Other(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Map the rings' memfd as the configuration says (the descriptor is closed again: the
+/// mapping stays).
+pub(crate) fn open_rings(from: &RingsFrom) -> Result<SharedRings, StartError> {
+    let RingsFrom::Fd(fd) = *from;
+    // SAFETY: the CLI passed (or had us make) this fd and nothing else in the process
+    // knows it.
     let rings = SharedRings::attach(unsafe { BorrowedFd::borrow_raw(fd) });
+    // --follow-exec keeps the preloaded agent's descriptor for the images it execs.
     if !(rings.is_ok() && follow::keep_fd(fd)) {
         // SAFETY: the mapping (if any) does not need the fd; closing it frees the number.
         unsafe { libc::close(fd) };
     }
-    let rings = rings?;
+    Ok(rings?)
+}
+
+fn start(config: &AgentConfig, mode: &Mode) -> Result<(), StartError> {
+    let rings = open_rings(&config.rings)?;
     let tsc = ftprobe::ring::read_tsc();
     // Published first, so the CLI can symbolize and knows the agent ran even if init fails.
     // This library itself is left out: it has no sites, must not be probed, and parsing its
@@ -219,16 +303,147 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
         .collect();
-    if follow::exec_image() {
-        // A followed exec: the old image's objects stay (its records need them).
+    // A followed exec: the old image's objects stay (its records need them).
+    let exec_image = matches!(mode, Mode::Preloaded) && follow::exec_image();
+    let mut image = None;
+    if exec_image {
         let first = rings.objects().len();
-        let count = rings.add_objects(&table);
-        trace::set_buffer(rings);
-        follow::announce_image(first, count, tsc);
+        image = Some((first, rings.add_objects(&table)));
     } else {
         rings.set_objects(&table)?;
-        trace::set_buffer(rings);
     }
+    match mode {
+        Mode::Preloaded => {
+            if !trace::set_buffer(rings) {
+                return Err("the agent's rings are set already".into());
+            }
+            if let Some((first, count)) = image {
+                follow::announce_image(first, count, tsc);
+            }
+        }
+        // An attach that failed before ftrace was initialized may have set one.
+        Mode::Attached { .. } => trace::replace_buffer(rings),
+    }
+    let skipped = match mode {
+        Mode::Preloaded => {
+            say_early_status();
+            // SAFETY: we run from .init_array, before main; ftrace::init refuses if other
+            // threads run. The biases are the dynamic linker's own (dl_iterate_phdr).
+            unsafe { ftrace::init_objects(&objects) }?
+        }
+        Mode::Attached { stopped_ips } => {
+            // A dlopened agent: the probe path finds its thread state without
+            // `__tls_get_addr` (DEVELOPERS.md, "Attach").
+            trace::fix_thread_state_offset();
+            // SAFETY: every other thread is stopped by the CLI's ptrace until this returns,
+            // at these instruction pointers (the CLI's call, DESIGN.md section 7).
+            unsafe { ftrace::init_objects_stopped(&objects, stopped_ips) }?
+        }
+    };
+    sigtrap::start();
+    for e in skipped {
+        say!("ftprobe-agent: skipped an object: {e}");
+    }
+    let ips: &[u64] = match mode {
+        Mode::Preloaded => &[],
+        Mode::Attached { stopped_ips } => stopped_ips,
+    };
+    arm(config, &objects, own, ips)
+}
+
+/// Once ftrace is initialized and the trace buffer set: create the kprobe events, start
+/// the tracers, follow later `dlopen`s, and say the trace is on. `objects`: the loaded
+/// objects (without the agent, whose load base is `own`); `stopped_ips`: where the other
+/// threads of an attached process resume.
+pub(crate) fn arm(
+    config: &AgentConfig,
+    objects: &[ftprobe::process::LoadedObject],
+    own: Option<u64>,
+    stopped_ips: &[u64],
+) -> Result<(), StartError> {
+    // Return hooks in use (a return event, the function_graph tracer): longjmp, context
+    // switches and unwinders must be followed (`start_return_hooks`).
+    let mut returns_in_use = false;
+    for (id, cmd) in &config.events {
+        match trace_kprobe::create(*id, cmd) {
+            Ok(tk) => {
+                returns_in_use |= tk.rp.is_some();
+                if let (
+                    true,
+                    kprobes::KprobeTarget::Symbol {
+                        module: Some(m), ..
+                    },
+                ) = (tk.is_pending(), &tk.kp.target)
+                {
+                    say!(
+                        "ftprobe-agent: {}/{}: {m} is not loaded: the probe is armed when it is",
+                        tk.def.group,
+                        tk.def.event
+                    );
+                }
+            }
+            Err(e) => {
+                let mut text = format!("ftprobe-agent: {}", error_log(cmd, &e.err));
+                if let Some(d) = e.detail {
+                    text.push_str(&format!("  ({d})\n"));
+                }
+                return Err(StartError::Probe(text));
+            }
+        }
+    }
+    if config.events.is_empty() && ftrace::functions()?.is_empty() {
+        return Err(
+            "no function of this program or its libraries has an ftrace site: nothing to trace \
+                    (build with -pg -mfentry, -pg, or -fpatchable-function-entry=5)"
+                .into(),
+        );
+    }
+    if !config.events.is_empty() {
+        trace::write_text(TEXT_KPROBES_LIST, &kprobes::list());
+    }
+    if config.function {
+        let unmatched = function_tracer::start(None, &config.filter, &config.notrace)?;
+        // --follow-exec: a pattern may be for another program of the exec chain.
+        if let Some(w) = unmatched.first().filter(|_| !follow::enabled()) {
+            // The kernel refuses such a write to set_ftrace_filter / set_ftrace_notrace with
+            // EINVAL (ftrace_regex_write): refused here too, before main.
+            return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
+        }
+    }
+    if config.graph {
+        let cfg = function_graph::GraphConfig {
+            filter: config.filter.clone(),
+            notrace: config.notrace.clone(),
+            graph_function: config.graph_function.clone(),
+            graph_notrace: config.graph_notrace.clone(),
+            max_depth: config.max_depth,
+        };
+        let unmatched = function_graph::start(None, &cfg).map_err(|e| match e {
+            ftrace::FtraceError::NoMatch(_) => {
+                format!("{e} (EINVAL, as the kernel's set_graph_function)")
+            }
+            e => e.to_string(),
+        })?;
+        if let Some(w) = unmatched.first().filter(|_| !follow::enabled()) {
+            return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
+        }
+        returns_in_use = true;
+    }
+    if returns_in_use {
+        start_return_hooks();
+    }
+    // Objects loaded from now on (`dlopen`) are scanned before their initializers run.
+    if let Err(e) = dlopen::init(objects, own, !config.events.is_empty(), stopped_ips) {
+        say!("ftprobe-agent: objects loaded later with dlopen will not be traced: {e}");
+    }
+    if let Some(rings) = trace::buffer() {
+        rings.set_armed();
+    }
+    Ok(())
+}
+
+/// What the preloaded agent tells about its start: which objects' constructors ran before it.
+fn say_early_status() {
     let (resolved, unhooked) = early::status();
     if !resolved {
         say!(
@@ -249,113 +464,6 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
              library was initialized, so before the agent: calls made there are not traced"
         );
     }
-    // SAFETY: we run from .init_array, before main; ftrace::init refuses if other threads run.
-    // The biases are the dynamic linker's own (dl_iterate_phdr).
-    let skipped = unsafe { ftrace::init_objects(&objects) }?;
-    sigtrap::start();
-    for e in skipped {
-        say!("ftprobe-agent: skipped an object: {e}");
-    }
-    // Return hooks in use (a return event, the function_graph tracer): longjmp, context
-    // switches and unwinders must be followed (`start_return_hooks`).
-    let mut returns_in_use = false;
-    for (line, probe) in env.events.iter().enumerate() {
-        // `ID<TAB>DEF` (the probes of one event share its id), or a bare DEF: id = line.
-        let (id, cmd) = match probe.split_once('\t') {
-            Some((id, cmd)) if id.parse::<u32>().is_ok() => (id.parse::<u32>().unwrap_or(0), cmd),
-            _ => (line as u32, probe.as_str()),
-        };
-        match trace_kprobe::create(id, cmd) {
-            Ok(tk) => {
-                returns_in_use |= tk.rp.is_some();
-                if let (
-                    true,
-                    kprobes::KprobeTarget::Symbol {
-                        module: Some(m), ..
-                    },
-                ) = (tk.is_pending(), &tk.kp.target)
-                {
-                    say!(
-                        "ftprobe-agent: {}/{}: {m} is not loaded: the probe is armed when it is",
-                        tk.def.group,
-                        tk.def.event
-                    );
-                }
-            }
-            Err(e) => {
-                say(format_args!("ftprobe-agent: {}", error_log(cmd, &e.err)));
-                if let Some(d) = e.detail {
-                    say!("  ({d})");
-                }
-                // Which program it was (a script or a shim runs its interpreter, which is
-                // what the agent looked in).
-                let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
-                // SAFETY: getpid has no preconditions.
-                let pid = unsafe { libc::getpid() };
-                if follow::enabled() {
-                    return Err(format!("{cmd:?} cannot be armed here").into());
-                }
-                say!("  (in {}, pid {pid}: stopped before main)", exe.display());
-                // SAFETY: _exit ends the process at once; main has not run, nothing to flush.
-                unsafe { libc::_exit(1) };
-            }
-        }
-    }
-    if env.events.is_empty() && ftrace::functions()?.is_empty() {
-        return Err(
-            "no function of this program or its libraries has an ftrace site: nothing to trace \
-                    (build with -pg -mfentry, -pg, or -fpatchable-function-entry=5)"
-                .into(),
-        );
-    }
-    if !env.events.is_empty() {
-        trace::write_text(TEXT_KPROBES_LIST, &kprobes::list());
-    }
-    if env.function {
-        let unmatched = function_tracer::start(None, &env.filter, &env.notrace)?;
-        // --follow-exec: a pattern may be for another program of the exec chain.
-        if let Some(w) = unmatched.first().filter(|_| !follow::enabled()) {
-            // The kernel refuses such a write to set_ftrace_filter / set_ftrace_notrace with
-            // EINVAL (ftrace_regex_write): refused here too, before main.
-            return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
-        }
-    }
-    if env.graph {
-        let max_depth = match env.max_depth.as_deref().map(str::trim) {
-            None | Some("") => 0,
-            Some(v) => v
-                .parse::<u32>()
-                .map_err(|_| format!("FTPROBE_MAX_DEPTH={v:?} is not a number"))?,
-        };
-        let cfg = function_graph::GraphConfig {
-            filter: env.filter.clone(),
-            notrace: env.notrace.clone(),
-            graph_function: env.graph_function.clone(),
-            graph_notrace: env.graph_notrace.clone(),
-            max_depth,
-        };
-        let unmatched = function_graph::start(None, &cfg).map_err(|e| match e {
-            ftrace::FtraceError::NoMatch(_) => {
-                format!("{e} (EINVAL, as the kernel's set_graph_function)")
-            }
-            e => e.to_string(),
-        })?;
-        if let Some(w) = unmatched.first().filter(|_| !follow::enabled()) {
-            return Err(format!("{w} (EINVAL, as the kernel's set_ftrace_filter)").into());
-        }
-        returns_in_use = true;
-    }
-    if returns_in_use {
-        start_return_hooks();
-    }
-    // Objects loaded from now on (`dlopen`) are scanned before their initializers run.
-    if let Err(e) = dlopen::init(&objects, own, !env.events.is_empty()) {
-        say!("ftprobe-agent: objects loaded later with dlopen will not be traced: {e}");
-    }
-    if let Some(rings) = trace::buffer() {
-        rings.set_armed();
-    }
-    Ok(())
 }
 
 /// Return hooks are in use: the interposers of longjmp, context switches and catches tell
@@ -380,7 +488,7 @@ fn start_return_hooks() {
 
 /// The load base of this library (`dladdr` on one of its functions), which is its bias in
 /// the objects table.
-fn own_load_base() -> Option<u64> {
+pub(crate) fn own_load_base() -> Option<u64> {
     // SAFETY: a zeroed Dl_info is valid; dladdr only writes it.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: the address is a function of this library; dladdr reads the linker's tables.

@@ -1,6 +1,7 @@
 //! `ftprobe`: run a program with the agent and print its ftrace events (or record them, and
 //! replay the recording), or list the functions a binary has ftrace sites in.
 
+mod attach;
 mod dump;
 mod filter;
 mod graph;
@@ -45,6 +46,17 @@ enum Cmd {
     Report(report::ReportArgs),
     /// Export a recording: Chrome Trace Event JSON, folded stacks or a flame graph SVG.
     Dump(dump::DumpArgs),
+    /// Load the agent into a running process and detach, leaving it idle (attach's
+    /// mechanics alone, for tests).
+    #[command(name = "attach-load", hide = true)]
+    AttachLoad {
+        /// The process.
+        #[arg(short = 'p', long = "pid")]
+        pid: i32,
+        /// The agent library (default: as `trace`).
+        #[arg(long = "agent", value_name = "PATH")]
+        agent: Option<PathBuf>,
+    },
     /// List things in a binary.
     List {
         #[command(subcommand)]
@@ -91,6 +103,15 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Replay(args) => replay::run(args),
         Cmd::Report(args) => report::run(args),
         Cmd::Dump(args) => dump::run(args),
+        Cmd::AttachLoad { pid, agent } => {
+            let agent = session::agent_path(agent)?;
+            let handle = attach::load_agent(pid, &agent)?;
+            println!(
+                "loaded {} into process {pid} (handle {handle:#x})",
+                agent.display()
+            );
+            Ok(0)
+        }
         Cmd::List {
             what: ListWhat::Functions { bin },
         } => {

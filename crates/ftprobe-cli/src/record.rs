@@ -682,6 +682,9 @@ impl Sink for Recorder {
 
 /// Run the command; returns the exit code to exit with.
 pub fn run(args: RecordArgs) -> Result<i32> {
+    if args.session.pid.is_some() {
+        anyhow::bail!("record -p (attach) is not supported yet: use `ftprobe trace -p PID`");
+    }
     let plan = session::prepare(args.session)?;
     let staging = make_staging(&args.dir)?;
     let a = &plan.args;

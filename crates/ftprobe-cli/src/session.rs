@@ -21,6 +21,7 @@ use ftprobe::ring::{Clock, RingConfig, SharedRings, MAX_EVENTS};
 use ftprobe::trace_kprobe;
 use std::sync::atomic::Ordering;
 
+use crate::attach::{self, Attached};
 use crate::signals;
 
 /// The options of a tracing session, shared by `ftprobe trace` and `ftprobe record`.
@@ -85,8 +86,16 @@ pub struct SessionArgs {
     /// $FTPROBE_AGENT).
     #[arg(long = "agent", value_name = "PATH")]
     pub agent: Option<PathBuf>,
+    /// Attach to the running process PID instead of running CMD (`trace` only): ftprobe
+    /// loads its agent there with ptrace, traces until Ctrl-C, --duration or the process's
+    /// exit, then puts every patched byte back and leaves the agent idle.
+    #[arg(short = 'p', long = "pid", value_name = "PID", conflicts_with = "cmd")]
+    pub pid: Option<i32>,
+    /// With -p: stop tracing after this many seconds.
+    #[arg(long = "duration", value_name = "S", requires = "pid")]
+    pub duration: Option<f64>,
     /// The program and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    #[arg(last = true, required_unless_present = "pid", value_name = "CMD")]
     pub cmd: Vec<String>,
 }
 
@@ -106,7 +115,15 @@ impl SessionArgs {
     }
 }
 
-fn agent_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+/// The agent library: `--agent`, `$FTPROBE_AGENT`, or the newest next to this executable;
+/// made absolute (a target resolves a relative path against its own directory).
+pub fn agent_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    agent_path_found(explicit)?
+        .canonicalize()
+        .context("agent library")
+}
+
+fn agent_path_found(explicit: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = explicit.or_else(|| std::env::var_os("FTPROBE_AGENT").map(PathBuf::from)) {
         return Ok(p);
     }
@@ -700,8 +717,12 @@ pub trait Sink {
     fn failed(&self) -> bool;
 }
 
-/// Run the plan's command, feeding `sink`; returns the exit code to exit with.
+/// Run the plan's command (or attach to its process), feeding `sink`; returns the exit code
+/// to exit with.
 pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
+    if let Some(pid) = plan.args.pid {
+        return run_attached(plan, pid, sink);
+    }
     let Plan {
         args,
         clock_start,
@@ -715,9 +736,7 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     if let Some((data, prog)) = &prog_data {
         check_not_static(prog, data)?;
     }
-    let agent = agent_path(args.agent.clone())?
-        .canonicalize()
-        .context("agent library")?;
+    let agent = agent_path(args.agent.clone())?;
     if args.buffer_size_kb < 4 {
         bail!("--buffer-size-kb must be at least 4");
     }
@@ -871,6 +890,143 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     let code = end.exit_code();
     // A trace that could not be written is a failure even when the target succeeded.
     Ok(if sink.failed() && code == 0 { 1 } else { code })
+}
+
+/// `trace -p PID`: load the agent into the running process `pid` and start it there
+/// ([`crate::attach`]), drain its rings into `sink` until Ctrl-C, `--duration` or its exit,
+/// then stop the agent (every patched byte back) and leave. Returns the exit code: 0.
+fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
+    use ftprobe::agent_config::{AgentConfig, AgentMessage, RingsFrom};
+    let Plan {
+        args,
+        clock_start,
+        events,
+        tracer,
+        ..
+    } = plan;
+    let agent = agent_path(args.agent.clone())?;
+    if args.buffer_size_kb < 4 {
+        bail!("--buffer-size-kb must be at least 4");
+    }
+    attach::check_target(pid)?;
+    for other in attach::agent_mapped(pid) {
+        if other != agent {
+            bail!(
+                "process {pid} already has another ftprobe agent loaded ({}): pass it with \
+                 --agent",
+                other.display()
+            );
+        }
+    }
+    let ring_config =
+        RingConfig::with_budget(args.nr_rings(), u64::from(args.buffer_size_kb) * 1024);
+    let mut config = AgentConfig {
+        // Set below: the target's own memfd.
+        rings: RingsFrom::Fd(-1),
+        cli_pid: std::process::id(),
+        function: tracer == "function",
+        filter: args.filter.clone(),
+        notrace: args.notrace.clone(),
+        graph: tracer == "function_graph",
+        graph_function: args.graph_function.clone(),
+        graph_notrace: args.graph_notrace.clone(),
+        max_depth: args.max_depth,
+        events: events
+            .iter()
+            .enumerate()
+            .flat_map(|(id, (defs, _))| defs.iter().map(move |d| (id as u32, d.clone())))
+            .collect(),
+    };
+    // Before the attach: a pidfd says when the process ends (it is not our child: no wait).
+    let exit = ExitWatch::new(pid as u32);
+    signals::catch_termination();
+    let mut made = None;
+    control(pid, &agent, |a| {
+        // The rings live in a memfd the target makes (it then needs no access to our
+        // process): we open it through /proc/PID/fd/N and lay it out; the agent maps it
+        // from its own descriptor, which it closes.
+        let m = a.memfd_create("ftprobe-rings", libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{m}"))
+            .with_context(|| format!("opening process {pid}'s ring buffer"))?;
+        let rings = SharedRings::create_on(std::os::fd::AsFd::as_fd(&file), ring_config)?;
+        rings.set_clock(Clock::finish_calibration(clock_start));
+        made = Some(rings);
+        config.rings = RingsFrom::Fd(m);
+        Ok(AgentMessage::Attach {
+            config: Box::new(config),
+            stopped_ips: a.thread_ips()?,
+            thread_pointers: a.thread_pointers()?,
+        })
+    })
+    .with_context(|| format!("starting the agent in process {pid}"))?;
+    let rings = made.context("no ring buffer")?;
+    eprintln!("ftprobe: tracing process {pid} (Ctrl-C to stop)");
+    let mut live = Live::new(&rings);
+    let deadline = args
+        .duration
+        .map(|s| std::time::Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    let mut exited = false;
+    loop {
+        if exit.exited() {
+            exited = true;
+            break;
+        }
+        if signals::take_pending().is_some()
+            || deadline.is_some_and(|d| std::time::Instant::now() >= d)
+        {
+            break;
+        }
+        let before = live.drained_bytes;
+        live.poll(sink, false);
+        sink.flush();
+        match live.drained_bytes - before {
+            n if n >= BUSY_POLL_BYTES => {}
+            0 if !live.churning() => exit.wait(Duration::from_millis(10)),
+            _ => exit.wait(Duration::from_millis(1)),
+        }
+    }
+    if !exited {
+        // Every site back to its NOP, every probe's byte back: the program runs as before.
+        if let Err(e) = control(pid, &agent, |_| Ok(AgentMessage::Detach)) {
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                eprintln!("ftprobe: stopping the agent in process {pid}: {e:#}");
+            }
+        }
+    }
+    live.poll(sink, true);
+    let end = End {
+        pid: pid as u32,
+        ..End::default()
+    };
+    sink.finish(&mut live, &end)?;
+    Ok(if sink.failed() { 1 } else { 0 })
+}
+
+/// Attach to `pid`, make sure the agent is loaded, send it the message `msg` builds (with
+/// the stopped process in hand), and detach. The agent's messages are printed; its error
+/// is ours.
+fn control(
+    pid: i32,
+    agent: &Path,
+    msg: impl FnOnce(&mut Attached) -> Result<ftprobe::agent_config::AgentMessage>,
+) -> Result<()> {
+    let mut a = Attached::attach(pid)?;
+    let handle = a.dlopen(agent)?;
+    let entry = a.dlsym(handle, "ftprobe_agent_control")?;
+    let bytes = ftprobe::agent_config::encode(&msg(&mut a)?);
+    let (code, text) = a.call_with_output(entry, &bytes, 16 << 10)?;
+    a.detach()?;
+    let text = String::from_utf8_lossy(&text);
+    if code != 0 {
+        bail!("{}", text.trim_end());
+    }
+    if !text.is_empty() {
+        eprint!("{text}");
+    }
+    Ok(())
 }
 
 /// A poll that drained this many bytes is followed by the next one at once.
@@ -1029,6 +1185,22 @@ impl ExitWatch {
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         // SAFETY: a non-negative return is a new file descriptor that we own.
         ExitWatch((fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    /// The process has exited (without a pidfd: it is gone from /proc, or a zombie).
+    fn exited(&self) -> bool {
+        match &self.0 {
+            Some(fd) => {
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; poll writes only its revents.
+                unsafe { libc::poll(&mut p, 1, 0) > 0 && p.revents & libc::POLLIN != 0 }
+            }
+            None => false,
+        }
     }
 
     fn wait(&self, timeout: Duration) {

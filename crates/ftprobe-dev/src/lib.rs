@@ -197,6 +197,18 @@ pub fn churn_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("churn")
 }
 
+/// Path of `attach_target` (C, `-pg -mfentry -mnop-mcount -mrecord-mcount`, not PIE,
+/// `-pthread`), a running program for `trace -p`: four threads besides main (a nanosleep
+/// loop, a blocked pipe read, a busy loop calling `attach_loop`, a thread signalling itself
+/// with SIGUSR1), `ready` once they all run; stdin commands `window N` (exactly N calls of
+/// `attach_window`, then `window N done`), `nap MS` (one nanosleep in main, MS < 1000, then
+/// `nap done`) and `quit` (prints
+/// `eintr=0 bad=0 selfsig=ok reader=1 busy=yes` when nothing went wrong). `attach_target
+/// strict`: `ready`, then strict seccomp, one byte of stdin, `bye`. See `c/attach_target.c`.
+pub fn attach_target_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("attach_target")
+}
+
 /// Path of `procs_tree` (C; sites by attribute only, `-pthread`): a known call tree in two
 /// threads of the program and two of its forked child (`a` calls `b` `x % 3 + 1` times, `b`
 /// calls `c` twice). Prints `T pid tid name a=A b=B c=C` per thread (its own ids, name and

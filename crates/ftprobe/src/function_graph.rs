@@ -22,7 +22,7 @@
 //! `set_graph_notrace` function; calltime: 0, or for the thread's first recorded call the
 //! time after ftprobe's one-time set-up (its duration starts there).
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::ftrace::fgraph::{self, FgraphEnt, FgraphOps, FgraphRet, FGRAPH_DATA_WORDS};
 use crate::ftrace::{self, FtraceError, PtRegs};
@@ -56,7 +56,16 @@ struct Active {
     max_depth: u32,
 }
 
-static ACTIVE: OnceLock<Active> = OnceLock::new();
+/// The configuration of the running tracer (leaked: a hit may still read an older one; a
+/// later session, attach's, replaces it).
+static ACTIVE: AtomicPtr<Active> = AtomicPtr::new(std::ptr::null_mut());
+
+fn active() -> Option<&'static Active> {
+    // Acquire: pairs with the Release store in `start`.
+    let p = ACTIVE.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer is a leaked Box, never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
 
 /// The graph user; its filter is set by [`start`].
 pub static GRAPH_OPS: FgraphOps = FgraphOps::new(graph_entry, graph_return);
@@ -68,7 +77,7 @@ unsafe fn graph_entry(
     regs: &mut PtRegs,
     data: &mut [u64; FGRAPH_DATA_WORDS],
 ) -> bool {
-    let Some(a) = ACTIVE.get() else { return false };
+    let Some(a) = active() else { return false };
     let parent = fgraph::parent_data_of(ent.thread(), gops, regs_retp_hint(regs));
     let depth = match parent {
         Some(p) if p[0] & NOTRACE != 0 => return false,
@@ -205,7 +214,7 @@ pub fn start(
         },
         max_depth: cfg.max_depth,
     };
-    let _ = ACTIVE.set(active);
+    ACTIVE.store(Box::into_raw(Box::new(active)), Ordering::Release);
     fgraph::register_ftrace_graph(&GRAPH_OPS)?;
     Ok(warnings)
 }

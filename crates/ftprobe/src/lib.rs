@@ -4,6 +4,7 @@
 //! formats, NOPs, `text_poke`, trampolines), [`ring`] (per-thread ring buffers shared with the
 //! CLI), [`elf`] (objects on disk), [`process`] (objects in this process), [`sys`] (syscalls).
 
+pub mod agent_config;
 pub mod arch;
 pub mod demangle;
 pub mod elf;

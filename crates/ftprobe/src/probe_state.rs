@@ -20,6 +20,7 @@
 //! another stack (a handler on the `sigaltstack`) compare only with guards on that stack.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use crate::kprobes::Kprobe;
 use crate::ring::{RingWriter, MAX_NEST};
@@ -98,6 +99,9 @@ pub(crate) struct ThreadState {
     pub program_trap_pending: Cell<bool>,
     /// This thread's fgraph shadow stack (`ftrace::fgraph`): mapped on its first hooked call.
     pub fgraph: Cell<*mut crate::ftrace::fgraph::ShadowStack>,
+    /// This thread's signal stack as last asked (`ftrace::fgraph_unwind`): `(known, lo,
+    /// hi)`, `lo == hi` when it has none.
+    pub alt_stack: Cell<(bool, u64, u64)>,
 }
 
 thread_local! {
@@ -115,13 +119,66 @@ thread_local! {
             program_trap_sp: Cell::new(0),
             program_trap_pending: Cell::new(false),
             fgraph: Cell::new(std::ptr::null_mut()),
+            alt_stack: Cell::new((false, 0, 0)),
         }
     };
+}
+
+/// [`STATE`]'s offset from the thread pointer, once [`fix_thread_state_offset`] ran
+/// ([`NO_OFFSET`] before).
+static STATE_TP_OFFSET: AtomicI64 = AtomicI64::new(NO_OFFSET);
+const NO_OFFSET: i64 = i64::MIN;
+
+/// The thread pointer (`%fs` base; glibc keeps it at `%fs:0` too).
+#[inline(always)]
+fn thread_pointer() -> u64 {
+    let tp: u64;
+    // SAFETY: reads the TCB's self pointer at %fs:0 (x86-64 TLS variant II): no other effect.
+    unsafe {
+        std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp,
+                        options(nostack, readonly, preserves_flags))
+    };
+    tp
+}
+
+/// From now on, find a thread's state (`STATE`) at its fixed offset from the thread
+/// pointer instead of through `__tls_get_addr`. Only valid in an object whose TLS block is static (at the
+/// same offset from the thread pointer in every thread, initialized in every thread): the
+/// agent is, since it has an initial-exec TLS word (`DF_STATIC_TLS`: glibc refuses to
+/// `dlopen` it otherwise). Needed when the agent is `dlopen`ed into a running process
+/// (attach): there, a thread's first `__tls_get_addr` for the agent's module updates the
+/// thread's DTV, which takes the loader's `dl_load_tls_lock` (and may `malloc` a larger
+/// DTV or `free` an unloaded module's block): not for the probe path. Returns the offset.
+pub fn fix_thread_state_offset() -> i64 {
+    let addr = STATE.with(|t| t as *const ThreadState as u64);
+    let off = addr.wrapping_sub(thread_pointer()) as i64;
+    STATE_TP_OFFSET.store(off, Ordering::Release);
+    off
+}
+
+/// The state of the thread whose thread pointer is `tp`, once [`fix_thread_state_offset`]
+/// ran.
+///
+/// # Safety
+/// `tp` is a live thread's thread pointer, and that thread does not run (or is this one)
+/// while the reference is used.
+pub(crate) unsafe fn thread_state_at(tp: u64) -> Option<&'static ThreadState> {
+    let off = STATE_TP_OFFSET.load(Ordering::Acquire);
+    // SAFETY: the caller's contract, and `fix_thread_state_offset`'s.
+    (off != NO_OFFSET).then(|| unsafe { &*((tp as i64).wrapping_add(off) as *const ThreadState) })
 }
 
 /// This thread's state: one TLS access.
 #[inline(always)]
 pub(crate) fn this_thread() -> &'static ThreadState {
+    // Acquire: pairs with the Release store in `fix_thread_state_offset`.
+    let off = STATE_TP_OFFSET.load(Ordering::Acquire);
+    if off != NO_OFFSET {
+        // SAFETY: [`fix_thread_state_offset`]'s contract: STATE is in a static TLS block at
+        // this offset from every thread's thread pointer, initialized (const image) in every
+        // thread; the reference is only used on this thread (as below).
+        return unsafe { &*((thread_pointer() as i64).wrapping_add(off) as *const ThreadState) };
+    }
     // SAFETY: a const-initialized thread-local without a destructor lives in the thread's
     // static TLS block for the thread's whole life; the reference is only used on this thread
     // (ThreadState is not Sync, and callers keep it within the call that took it).

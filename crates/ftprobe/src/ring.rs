@@ -848,14 +848,23 @@ impl SharedRings {
     /// zero until [`set_clock`](Self::set_clock). The agent never reads the clock (it writes
     /// raw TSC values), so the CLI calibrates while its target starts.
     pub fn create_uncalibrated(cfg: RingConfig) -> Result<(Self, OwnedFd), RingError> {
-        let layout = cfg.check()?;
+        cfg.check()?;
         let fd = sys::memfd_create(c"ftprobe-rings", libc::MFD_ALLOW_SEALING)?;
-        sys::ftruncate(fd_ref(&fd), layout.total_bytes)?;
+        let rings = Self::create_on(fd_ref(&fd), cfg)?;
+        Ok((rings, fd))
+    }
+
+    /// [`create_uncalibrated`](Self::create_uncalibrated) in an empty memfd made elsewhere
+    /// (with `MFD_ALLOW_SEALING`): attach has the target make it, and opens it through
+    /// `/proc/PID/fd/N`, so that the target needs no access to ftprobe's process.
+    pub fn create_on(fd: BorrowedFd<'_>, cfg: RingConfig) -> Result<Self, RingError> {
+        let layout = cfg.check()?;
+        sys::ftruncate(fd, layout.total_bytes)?;
         sys::add_seals(
-            fd_ref(&fd),
+            fd,
             libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
         )?;
-        let base = sys::mmap_shared(fd_ref(&fd), layout.total_bytes)?;
+        let base = sys::mmap_shared(fd, layout.total_bytes)?;
         let rings = SharedRings {
             map: Mapping {
                 base,
@@ -875,7 +884,7 @@ impl SharedRings {
             .store(layout.cfg.budget_bytes, Relaxed);
         // Release: publishes the fields above; pairs with the Acquire load in `attach`.
         h.magic.store(MAGIC_U64, Release);
-        Ok((rings, fd))
+        Ok(rings)
     }
 
     /// Store `clock` in the header (what [`clock`](Self::clock) returns from then on).

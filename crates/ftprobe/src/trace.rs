@@ -18,6 +18,7 @@
 
 use std::sync::OnceLock;
 
+pub use crate::probe_state::fix_thread_state_offset;
 use crate::probe_state::{self, stack_pointer, Entry, ThreadRing, ThreadState};
 use crate::ring::{self, NoRing, RingWriter, SectionWriter, SharedRings};
 use crate::sys;
@@ -58,9 +59,51 @@ pub fn set_buffer(rings: SharedRings) -> bool {
     true
 }
 
+/// The buffer that replaced the first ([`replace_buffer`]), leaked.
+static REPLACED: std::sync::atomic::AtomicPtr<SharedRings> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
 /// The trace buffer, if set.
+#[inline]
 pub fn buffer() -> Option<&'static SharedRings> {
+    // Acquire: pairs with the Release store in `replace_buffer`.
+    let p = REPLACED.load(std::sync::atomic::Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: a leaked Box, never freed.
+        return Some(unsafe { &*p });
+    }
     RINGS.get()
+}
+
+/// A later session's buffer (attach, again): replaces the current one, which stays
+/// mapped (a thread may still be writing into it). Every thread's claim on the old one
+/// must be dropped ([`forget_thread_ring`]) while no thread runs.
+pub fn replace_buffer(rings: SharedRings) {
+    if RINGS.get().is_none() {
+        set_buffer(rings);
+        return;
+    }
+    REPLACED.store(
+        Box::into_raw(Box::new(rings)),
+        std::sync::atomic::Ordering::Release,
+    );
+}
+
+/// Drop the ring claim of the thread whose thread pointer is `tp`: its next event claims a
+/// ring of the current buffer ([`replace_buffer`]). A thread whose ring was released (it
+/// is ending) stays so.
+///
+/// # Safety
+/// [`fix_thread_state_offset`] ran, `tp` is a live thread's thread pointer, and that thread
+/// is stopped (or is this one) until this returns.
+pub unsafe fn forget_thread_ring(tp: u64) {
+    // SAFETY: forwarded contract.
+    let t = unsafe { probe_state::thread_state_at(tp) };
+    if let Some(t) = t {
+        if let ThreadRing::Claimed(_) | ThreadRing::NoneFree { .. } = t.ring.get() {
+            t.ring.set(ThreadRing::Unclaimed);
+        }
+    }
 }
 
 /// Probe path: this thread's ring, claimed on first use; `None` (and the event counted as
@@ -83,7 +126,7 @@ fn ring_of(t: &ThreadState) -> Option<RingWriter<'static>> {
 #[cold]
 #[inline(never)]
 fn no_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
-    let rings = RINGS.get()?;
+    let rings = buffer()?;
     let slot = match t.ring.get() {
         ThreadRing::Claimed(w) => return Some(w),
         ThreadRing::Unclaimed => None,
@@ -135,7 +178,7 @@ fn begin_nested(t: &ThreadState, w: RingWriter<'static>, sp: u64, level: u32) ->
         t.level_reserved.get(level as usize),
     ) else {
         w.commit();
-        if let Some(b) = RINGS.get() {
+        if let Some(b) = buffer() {
             b.note_lost_recursion(1);
         }
         return None;
@@ -335,7 +378,7 @@ unsafe extern "C" fn release_at_exit(_: *mut libc::c_void) {
 /// Release this thread's ring (its end): see `release_at_exit`.
 pub fn release_this_thread() {
     let t = probe_state::this_thread();
-    let Some(rings) = RINGS.get() else { return };
+    let Some(rings) = buffer() else { return };
     let ThreadRing::Claimed(w) = t.ring.get() else {
         return;
     };

@@ -545,6 +545,26 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
     Ok(tk)
 }
 
+/// Unregister the probe of every event [`create`] made (an attached agent's detach): each
+/// armed probe's bytes are put back; the events are forgotten. Returns the failures.
+pub fn unregister_all() -> Vec<KprobeError> {
+    let events = std::mem::take(&mut *EVENTS.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut failed = Vec::new();
+    for tk in events {
+        if tk.is_pending() {
+            continue;
+        }
+        let r = match tk.rp {
+            None => kprobes::unregister_kprobe(tk.kp),
+            Some(rp) => kprobes::unregister_kretprobe(rp),
+        };
+        if let Err(e) = r {
+            failed.push(e);
+        }
+    }
+    failed
+}
+
 /// Every event [`create`] made, for [`objects_loaded`].
 static EVENTS: Mutex<Vec<&'static TraceKprobe>> = Mutex::new(Vec::new());
 

@@ -140,11 +140,8 @@ fn known_stack_of(a: u64) -> u64 {
     0
 }
 
-thread_local! {
-    /// This thread's signal stack as last asked: `(known, lo, hi)`, `lo == hi` when it has
-    /// none. Const-initialized, no destructor (the probe path reads it).
-    static ALT_STACK: std::cell::Cell<(bool, u64, u64)> = const { std::cell::Cell::new((false, 0, 0)) };
-}
+// This thread's signal stack as last asked: `(known, lo, hi)`, `lo == hi` when it has none:
+// `ThreadState::alt_stack` (one thread-local for the probe path, see `probe_state`).
 
 /// The thread's signal stack `(lo, hi)`, if enabled: asked (one raw `sigaltstack`) once per
 /// thread and again after the program changes it ([`signal_stack_changed`]), not per event.
@@ -153,7 +150,7 @@ thread_local! {
 /// A thread whose first question is asked inside such a handler, or a program that calls
 /// the system call itself, keeps a stale answer until its next `sigaltstack` call.
 fn alt_stack() -> Option<(u64, u64)> {
-    let (known, lo, hi) = ALT_STACK.with(|c| c.get());
+    let (known, lo, hi) = probe_state::this_thread().alt_stack.get();
     if known {
         return (lo < hi).then_some((lo, hi));
     }
@@ -170,14 +167,14 @@ fn alt_stack() -> Option<(u64, u64)> {
         let lo = st.ss_sp as u64;
         (lo, lo + st.ss_size as u64)
     };
-    ALT_STACK.with(|c| c.set((true, lo, hi)));
+    probe_state::this_thread().alt_stack.set((true, lo, hi));
     (lo < hi).then_some((lo, hi))
 }
 
 /// The agent's `sigaltstack` interposer, after the program set its signal stack: the next
 /// question asks the kernel again.
 pub fn signal_stack_changed() {
-    ALT_STACK.with(|c| c.set((false, 0, 0)));
+    probe_state::this_thread().alt_stack.set((false, 0, 0));
 }
 
 /// Whether `a` is on the thread's signal stack (and not on a stack of `makecontext`).
@@ -694,7 +691,10 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
         )));
         p.data.store(unwinding as u64, Ordering::Relaxed);
         match register_kprobe(p) {
-            Ok(()) => armed += 1,
+            Ok(()) => {
+                armed += 1;
+                armed_probes().push(p);
+            }
             Err(e) => errors.push(e),
         }
     }
@@ -713,7 +713,10 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
                 None,
             )));
             match register_kprobe(p) {
-                Ok(()) => armed += 1,
+                Ok(()) => {
+                    armed += 1;
+                    armed_probes().push(p);
+                }
                 Err(e) => errors.push(e),
             }
         }
@@ -728,11 +731,32 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
             None,
         )));
         match register_kprobe(p) {
-            Ok(()) => armed += 1,
+            Ok(()) => {
+                armed += 1;
+                armed_probes().push(p);
+            }
             Err(e) => errors.push(e),
         }
     }
     (armed, errors)
+}
+
+/// The probes [`arm_unwinder_probes`] armed.
+static ARMED: std::sync::Mutex<Vec<&'static crate::kprobes::Kprobe>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn armed_probes() -> std::sync::MutexGuard<'static, Vec<&'static crate::kprobes::Kprobe>> {
+    ARMED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Unregister the probes [`arm_unwinder_probes`] armed (an attached agent's detach);
+/// returns the failures.
+pub fn disarm_unwinder_probes() -> Vec<crate::kprobes::KprobeError> {
+    let probes = std::mem::take(&mut *armed_probes());
+    probes
+        .into_iter()
+        .filter_map(|p| crate::kprobes::unregister_kprobe(p).err())
+        .collect()
 }
 
 /// libgcc_s's `_Unwind_GetCFA` (0 until the probes are armed).

@@ -177,6 +177,13 @@ pub enum FtraceError {
          constructor): converting the sites now could crash them, so nothing is traced"
     )]
     ThreadsRunning(usize),
+    /// A stopped thread resumes inside a site that init would rewrite
+    /// ([`init_objects_stopped`]).
+    #[error(
+        "a thread is stopped at {pc:#x}, inside the ftrace site at {site:#x}: converting the \
+         sites now would resume it mid-instruction (try again)"
+    )]
+    ThreadInSite { site: u64, pc: u64 },
     /// A filter pattern does not parse.
     #[error(transparent)]
     Filter(#[from] FilterError),
@@ -479,15 +486,32 @@ pub unsafe fn init() -> Result<Vec<FtraceError>, FtraceError> {
 /// # Safety
 /// As [`init`]; and every object's bias must be its real load bias in this process.
 pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, FtraceError> {
-    let mut g = lock();
-    if g.is_some() {
-        return Err(FtraceError::AlreadyInitialized);
-    }
     // The caller promises a single thread; check what we can, since plain stores into a
     // running thread's code (a NOP run it is in the middle of) would crash it.
     let threads = crate::process::thread_count().unwrap_or(1);
     if threads > 1 {
         return Err(FtraceError::ThreadsRunning(threads - 1));
+    }
+    // SAFETY: forwarded contract; no other thread.
+    unsafe { init_objects_stopped(objs, &[]) }
+}
+
+/// [`init_objects`] in a process whose other threads are all stopped (by a ptrace attach),
+/// at the instruction pointers `stopped_ips` (where each resumes). A thread stopped inside
+/// a site (the second to last byte of a run of one-byte NOPs that would become one NOP5)
+/// would resume in the middle of an instruction: refused with
+/// [`FtraceError::ThreadInSite`] before anything is written.
+///
+/// # Safety
+/// As [`init_objects`], except that other threads may exist if none of them runs until this
+/// returns, and `stopped_ips` holds where every one of them resumes.
+pub unsafe fn init_objects_stopped(
+    objs: &[LoadedObject],
+    stopped_ips: &[u64],
+) -> Result<Vec<FtraceError>, FtraceError> {
+    let mut g = lock();
+    if g.is_some() {
+        return Err(FtraceError::AlreadyInitialized);
     }
     text_poke::init()?;
     let mut skipped = Vec::new();
@@ -505,6 +529,16 @@ pub unsafe fn init_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         }
     }
     sites.sort_by_key(|s| s.0);
+    for (ip, m) in &sites {
+        let len = if m.kind == SiteKind::CallGot {
+            SITE_LEN + 1
+        } else {
+            SITE_LEN
+        };
+        if let Some(&pc) = stopped_ips.iter().find(|&&pc| pc > *ip && pc < *ip + len) {
+            return Err(FtraceError::ThreadInSite { site: *ip, pc });
+        }
+    }
     for o in &objects {
         if o.image.sites.is_empty() {
             continue;
@@ -830,6 +864,18 @@ pub fn site_covering_func(func: &SymbolAddr) -> Option<u64> {
 /// Set (with `reset`, replace) the filter of an unregistered ops (`ftrace_set_filter()`).
 pub fn ftrace_set_filter(ops: &FtraceOps, pattern: &str, reset: bool) -> Result<(), FtraceError> {
     set_filter(ops, pattern, reset, false)
+}
+
+/// Clear an unregistered ops' filter and notrace lists (every function again): an attached
+/// agent's next session starts from none.
+pub fn ftrace_reset_filters(ops: &FtraceOps) -> Result<(), FtraceError> {
+    if ops.is_registered() {
+        return Err(FtraceError::OpsBusy);
+    }
+    let mut f = ops.lock_filters();
+    f.filter.clear();
+    f.notrace.clear();
+    Ok(())
 }
 
 /// Set (with `reset`, replace) the notrace list of an unregistered ops (`ftrace_set_notrace()`).

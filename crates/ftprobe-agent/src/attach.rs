@@ -1,0 +1,180 @@
+//! The agent in a process the CLI attached to (`ftprobe trace -p PID`): loaded by the
+//! target's own `dlopen`, it does nothing at its constructor (no `FTPROBE_*` variables).
+//! The CLI then calls [`ftprobe_agent_control`] on one thread of the target while it holds
+//! every other thread stopped, with a typed message (`ftprobe::agent_config`): `Attach`
+//! runs the same start as the preloaded agent's constructor ([`crate::start`]) with the
+//! configuration it carries.
+//!
+//! Not available to an attached agent: the interposers of the preloaded one (a `dlopen`ed
+//! library's definitions do not take precedence over the C library's for the program): the
+//! program's own SIGTRAP actions and masks are not filtered (`sigtrap`), `exec` leaves no
+//! note, and `longjmp`, context switches and C++ catches are not followed for return hooks
+//! (unwinders are: they are int3 probes).
+
+use std::ffi::{c_char, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ftprobe::agent_config::{self, AgentMessage};
+
+use ftprobe::agent_config::AgentConfig;
+
+use crate::{start, Mode, StartError, CAPTURE, PID};
+
+/// An attach ran (successfully or not) in this process.
+static ATTACHED: AtomicBool = AtomicBool::new(false);
+/// A session is on (between its attach and its detach).
+static TRACING: AtomicBool = AtomicBool::new(false);
+
+/// A later session (the agent was attached before and detached): ftrace is initialized
+/// and its sites are NOP; the new session's rings replace the old ones (every thread's
+/// claim on them is dropped: `thread_pointers`), the objects loaded or unloaded since are
+/// followed, then the session's events and tracers start as in the first.
+fn again(
+    config: &AgentConfig,
+    stopped_ips: &[u64],
+    thread_pointers: &[u64],
+) -> Result<(), StartError> {
+    let rings = crate::open_rings(&config.rings)?;
+    let own = crate::own_load_base();
+    let objects: Vec<_> = ftprobe::process::loaded_objects()
+        .into_iter()
+        .filter(|o| Some(o.bias) != own)
+        .collect();
+    let table: Vec<(u64, &[u8])> = objects
+        .iter()
+        .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
+        .collect();
+    rings.set_objects(&table)?;
+    ftprobe::trace::replace_buffer(rings);
+    for &tp in thread_pointers {
+        // SAFETY: the CLI stopped every other thread (this one makes the call); `tp` is a
+        // live thread's %fs base, and the offset was fixed by the first attach.
+        unsafe { ftprobe::trace::forget_thread_ring(tp) };
+    }
+    // Objects loaded or unloaded since the last session (the loader hook was off).
+    crate::dlopen::sync_objects();
+    crate::arm(config, &objects, own, stopped_ips)
+}
+
+/// The CLI's call: `msg` is a NUL-terminated encoded [`AgentMessage`]; the agent's messages
+/// (and the error, if any) are written into `out` (`out_len` bytes, NUL-terminated).
+/// Returns 0 when the message was carried out, 1 otherwise.
+///
+/// # Safety
+/// `msg` is a NUL-terminated string and `out` is writable for `out_len` bytes. Called by
+/// the CLI while every other thread of the process is stopped.
+#[no_mangle]
+pub unsafe extern "C" fn ftprobe_agent_control(
+    msg: *const c_char,
+    out: *mut u8,
+    out_len: usize,
+) -> i32 {
+    if let Ok(mut g) = CAPTURE.lock() {
+        *g = Some(String::new());
+    }
+    // SAFETY: the caller's contract: a NUL-terminated string.
+    let bytes = unsafe { CStr::from_ptr(msg) }.to_bytes();
+    let result = agent_config::decode(bytes).and_then(handle);
+    let mut text = CAPTURE
+        .lock()
+        .ok()
+        .and_then(|mut g| g.take())
+        .unwrap_or_default();
+    let code = match result {
+        Ok(()) => 0,
+        Err(e) => {
+            text.push_str(&e);
+            1
+        }
+    };
+    if out_len > 0 {
+        let n = text.len().min(out_len - 1);
+        // SAFETY: the caller's contract: `out` is writable for `out_len` bytes; n < out_len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), out, n);
+            *out.add(n) = 0;
+        }
+    }
+    code
+}
+
+fn handle(msg: AgentMessage) -> Result<(), String> {
+    match msg {
+        AgentMessage::Attach {
+            config,
+            stopped_ips,
+            thread_pointers,
+        } => {
+            if ftprobe::trace::buffer().is_some() && !ATTACHED.load(Ordering::Relaxed) {
+                return Err(
+                    "this process is traced already: it was started under `ftprobe trace`".into(),
+                );
+            }
+            if TRACING.load(Ordering::Acquire) {
+                return Err("another ftprobe is attached to this process".into());
+            }
+            // SAFETY: getpid has no preconditions.
+            PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+            ATTACHED.store(true, Ordering::Release);
+            // A session before this one initialized ftrace (an attach that failed before
+            // that, e.g. on the rings, starts from the beginning again).
+            let r = if ftprobe::ftrace::functions().is_ok() {
+                again(&config, &stopped_ips, &thread_pointers)
+            } else {
+                start(&config, &Mode::Attached { stopped_ips })
+            };
+            r.map_err(|e| e.to_string())?;
+            TRACING.store(true, Ordering::Release);
+            Ok(())
+        }
+        AgentMessage::Detach => {
+            if !TRACING.swap(false, Ordering::AcqRel) {
+                return Err("the agent is not tracing".into());
+            }
+            detach()
+        }
+    }
+}
+
+/// Stop everything the attach started: the tracers' ops unregistered (their sites back to
+/// NOP by the batch protocol), every kprobe (events and the unwinder's) unregistered (its
+/// byte back), `_dl_debug_state` back. Trampolines, slots and rings stay mapped (a thread
+/// may still be in one), unused.
+fn detach() -> Result<(), String> {
+    use ftprobe::ftrace::{self, FtraceError};
+    let mut errors = Vec::new();
+    for r in [
+        ftrace::unregister_ftrace_function(&ftprobe::function_tracer::FUNCTION_OPS),
+        ftrace::fgraph::unregister_ftrace_graph(&ftprobe::function_graph::GRAPH_OPS),
+    ] {
+        match r {
+            Ok(()) | Err(FtraceError::NotRegistered) => {}
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    // The next session sets its own filters.
+    for ops in [
+        &ftprobe::function_tracer::FUNCTION_OPS,
+        ftprobe::function_graph::GRAPH_OPS.ops(),
+    ] {
+        if let Err(e) = ftrace::ftrace_reset_filters(ops) {
+            errors.push(e.to_string());
+        }
+    }
+    errors.extend(
+        ftprobe::trace_kprobe::unregister_all()
+            .into_iter()
+            .map(|e| e.to_string()),
+    );
+    errors.extend(
+        ftrace::fgraph_unwind::disarm_unwinder_probes()
+            .into_iter()
+            .map(|e| e.to_string()),
+    );
+    crate::dlopen::unhook();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("stopping the agent: {}", errors.join("; ")))
+    }
+}

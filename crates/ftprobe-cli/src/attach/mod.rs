@@ -1,0 +1,890 @@
+//! Attaching to a running process (`ftprobe trace -p PID`): stop every thread with ptrace,
+//! make one of them call a function of the target (its own `dlopen`, then the agent's entry
+//! points), put everything back as it was, and let the threads go.
+//!
+//! - **Stopping**: `PTRACE_SEIZE` + `PTRACE_INTERRUPT` each thread of `/proc/PID/task`,
+//!   wait for its stop, and scan the list again until it brings no new thread (a stopped
+//!   thread creates none, so the set is complete once a scan finds only stopped threads).
+//!   A thread reports an interrupt stop, a group-stop (the process was stopped: it stops
+//!   again when we detach), or a signal-delivery-stop (a signal was on its way: it is
+//!   delivered at detach, with its own `siginfo`, as it would have been).
+//! - **A remote call** ([`Attached::call`]): the calling thread's registers
+//!   (`PTRACE_GETREGS`), extended state (`PTRACE_GETREGSET NT_X86_XSTATE`) and signal mask
+//!   are saved; its arguments are copied below its stack's red zone; `rip` is the function,
+//!   the return address 0, `orig_rax` -1 (no system call to restart), and every signal but
+//!   SIGSEGV is blocked (nothing of the program's runs on this thread meanwhile, and a
+//!   signal that arrives stays pending for later). The function returns to 0 and faults:
+//!   the SIGSEGV's signal-delivery-stop ends the call (the signal is never delivered; it is
+//!   not blocked, so the kernel does not reset its action either). Then every register, the
+//!   extended state and the mask are put back exactly.
+//! - **System calls in progress**: a thread interrupted in a blocking call is stopped with
+//!   `rax` = `-ERESTARTSYS` (or another `-ERESTART*`) and `orig_rax` = the call. Restoring
+//!   those registers before it leaves its stop lets the kernel restart the call when the
+//!   thread resumes (as for any stop without a handler to run): the program never sees
+//!   `EINTR`.
+//! - **Detaching**: `PTRACE_DETACH` with signal 0, or with the signal a thread was about to
+//!   take when it stopped.
+//!
+//! Every ptrace request goes through [`ptrace`], the module's system-call choke point.
+
+pub mod ptrace;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use ptrace::{Mem, Regs, Stop};
+
+/// `-ERESTARTSYS`, `-ERESTARTNOINTR`, `-ERESTARTNOHAND`, `-ERESTART_RESTARTBLOCK`: a system
+/// call that a stop interrupted and that the kernel restarts when the thread resumes.
+const ERESTART: [i64; 4] = [-512, -513, -514, -516];
+/// How long a thread may take to report its stop, and a remote call to return.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// `RTLD_NOW`.
+const RTLD_NOW: u64 = 2;
+
+/// What a process's `/proc/PID/status` says about it (the lines attach needs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    pub name: String,
+    pub tracer_pid: i32,
+    /// 0: off, 1: strict, 2: filter.
+    pub seccomp: u32,
+    /// Real uid.
+    pub uid: u32,
+    /// Ignored signals (bit n - 1 for signal n).
+    pub sig_ign: u64,
+}
+
+impl Status {
+    pub fn parse(text: &str) -> Status {
+        let mut s = Status::default();
+        for line in text.lines() {
+            let Some((key, value)) = line.split_once(':') else {
+                continue;
+            };
+            let value = value.trim();
+            match key {
+                "Name" => s.name = value.to_owned(),
+                "TracerPid" => s.tracer_pid = value.parse().unwrap_or(0),
+                "Seccomp" => s.seccomp = value.parse().unwrap_or(0),
+                "Uid" => {
+                    s.uid = value
+                        .split_whitespace()
+                        .next()
+                        .and_then(|u| u.parse().ok())
+                        .unwrap_or(0)
+                }
+                "SigIgn" => s.sig_ign = u64::from_str_radix(value, 16).unwrap_or(0),
+                _ => {}
+            }
+        }
+        s
+    }
+
+    fn read(path: &str) -> Option<Status> {
+        std::fs::read_to_string(path)
+            .ok()
+            .map(|t| Status::parse(&t))
+    }
+}
+
+/// What `kernel.yama.ptrace_scope` at `scope` means for attaching to another process, and
+/// what would allow it; `None` for 0 (classic permissions).
+pub fn yama_message(scope: u32) -> Option<String> {
+    const ALTERNATIVES: &str = "or start the program under ftprobe instead \
+                                (`ftprobe trace -- PROGRAM ...`), which needs no ptrace";
+    Some(match scope {
+        0 => return None,
+        1 => format!(
+            "kernel.yama.ptrace_scope is 1 (restricted ptrace): only a parent process, or \
+             one the program named with prctl(PR_SET_PTRACER), may attach. To allow it: \
+             `sysctl kernel.yama.ptrace_scope=0`, or run ftprobe with CAP_SYS_PTRACE (as \
+             root), {ALTERNATIVES}"
+        ),
+        2 => format!(
+            "kernel.yama.ptrace_scope is 2 (admin-only attach): only a process with \
+             CAP_SYS_PTRACE may attach. To allow it: run ftprobe with CAP_SYS_PTRACE (as \
+             root), or `sysctl kernel.yama.ptrace_scope=1` (then 0 for a process that is not \
+             ftprobe's child), {ALTERNATIVES}"
+        ),
+        3 => format!(
+            "kernel.yama.ptrace_scope is 3 (no attach): no process may attach with ptrace \
+             until the next reboot (the setting cannot be lowered); {ALTERNATIVES}"
+        ),
+        n => format!("kernel.yama.ptrace_scope is {n} (unknown): attaching is refused"),
+    })
+}
+
+/// Why `PTRACE_SEIZE` of `pid` failed with EPERM: the target's owner `target_uid` against
+/// ours (`own_euid`), Yama's `ptrace_scope` (`None`: no Yama).
+pub fn eperm_message(
+    pid: i32,
+    target_uid: Option<u32>,
+    own_euid: u32,
+    yama: Option<u32>,
+) -> String {
+    let mut why = Vec::new();
+    if let Some(uid) = target_uid.filter(|&u| u != own_euid && own_euid != 0) {
+        why.push(format!(
+            "process {pid} belongs to uid {uid} and ftprobe runs as uid {own_euid}: attaching \
+             to another user's process needs CAP_SYS_PTRACE (run ftprobe as root), or run \
+             ftprobe as that user"
+        ));
+    }
+    if let Some(m) = yama.and_then(yama_message) {
+        why.push(m);
+    }
+    if why.is_empty() {
+        why.push(format!(
+            "process {pid} cannot be traced by this user (a setuid or otherwise non-dumpable \
+             program, or a security module's policy): run ftprobe with CAP_SYS_PTRACE (as \
+             root), or start the program under ftprobe (`ftprobe trace -- PROGRAM ...`)"
+        ));
+    }
+    format!(
+        "cannot attach to process {pid}: Operation not permitted (EPERM): {}",
+        why.join("; ")
+    )
+}
+
+/// Yama's `ptrace_scope`, when the kernel has Yama.
+fn yama_scope() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The threads of `pid` (`/proc/PID/task`), but those already exited (zombies).
+fn list_tasks(pid: i32) -> Result<Vec<i32>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .with_context(|| format!("no process with pid {pid}"))?;
+    let mut tids = Vec::new();
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // `tid (comm) S ...`: the state follows the last ')'.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .unwrap_or("");
+        if state == "Z" || state == "X" {
+            continue;
+        }
+        tids.push(tid);
+    }
+    tids.sort_unstable();
+    Ok(tids)
+}
+
+/// Refuse, before touching it, a target that cannot be attached: none, ourselves, traced
+/// by someone else, in strict seccomp mode, or ignoring SIGSEGV (a remote call ends with
+/// one).
+pub fn check_target(pid: i32) -> Result<Status> {
+    if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+        bail!("no process with pid {pid}");
+    }
+    if pid as u32 == std::process::id() {
+        bail!("process {pid} is ftprobe itself");
+    }
+    let status = Status::read(&format!("/proc/{pid}/status"))
+        .ok_or_else(|| anyhow!("no process with pid {pid}"))?;
+    for tid in list_tasks(pid)? {
+        let Some(t) = Status::read(&format!("/proc/{pid}/task/{tid}/status")) else {
+            continue;
+        };
+        if t.tracer_pid != 0 {
+            let tracer = std::fs::read_to_string(format!("/proc/{}/comm", t.tracer_pid))
+                .map(|c| c.trim().to_owned())
+                .unwrap_or_else(|_| "?".into());
+            bail!(
+                "process {pid} ({}) is already traced by process {} ({tracer}): a thread has \
+                 one tracer at a time (detach the debugger or tracer first)",
+                status.name,
+                t.tracer_pid
+            );
+        }
+        if t.seccomp == 1 {
+            bail!(
+                "process {pid} ({}) runs in strict seccomp mode (thread {tid}): it may only \
+                 read, write and exit, so loading ftprobe's agent would kill it; not touched",
+                status.name
+            );
+        }
+    }
+    if status.sig_ign & (1 << (libc::SIGSEGV - 1)) != 0 {
+        bail!(
+            "process {pid} ({}) ignores SIGSEGV, which ends ftprobe's calls into it: not \
+             touched",
+            status.name
+        );
+    }
+    Ok(status)
+}
+
+/// How a thread was stopped when we took it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taken {
+    /// `PTRACE_INTERRUPT`'s stop.
+    Interrupt,
+    /// A group-stop (the process is stopped).
+    GroupStop,
+    /// A signal-delivery-stop: the thread was about to take this signal.
+    Signal(i32),
+}
+
+/// What a remote call changes, saved before the first and put back after each.
+struct Saved {
+    regs: Regs,
+    xstate: Vec<u8>,
+    mask: u64,
+}
+
+struct Tracee {
+    tid: i32,
+    taken: Taken,
+    /// A signal to give back at detach, with its `siginfo`: the one it was about to take
+    /// when it stopped, once the thread has left that stop.
+    pending: Option<(i32, libc::siginfo_t)>,
+    saved: Option<Saved>,
+}
+
+/// Every thread of a process, stopped under our ptrace.
+pub struct Attached {
+    pid: i32,
+    threads: Vec<Tracee>,
+    /// The thread that makes the remote calls (index in `threads`).
+    caller: usize,
+    mem: Mem,
+    /// Where the last call's blobs were copied.
+    last_blobs: Vec<u64>,
+    detached: bool,
+}
+
+impl Attached {
+    /// Check `pid` ([`check_target`]), then seize and stop every thread.
+    pub fn attach(pid: i32) -> Result<Attached> {
+        let status = check_target(pid)?;
+        let mut threads: Vec<Tracee> = Vec::new();
+        let mut detach_on_error = DetachGuard(Vec::new());
+        loop {
+            let new: Vec<i32> = list_tasks(pid)?
+                .into_iter()
+                .filter(|t| !threads.iter().any(|x| x.tid == *t))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            let mut seized = Vec::new();
+            for tid in new {
+                match ptrace::seize(tid) {
+                    Ok(()) => {}
+                    // The thread exited meanwhile.
+                    Err(e) if e.errno() == Some(libc::ESRCH) => continue,
+                    Err(e) if e.errno() == Some(libc::EPERM) => {
+                        // Became a zombie meanwhile: nothing to stop.
+                        if !list_tasks(pid)?.contains(&tid) {
+                            continue;
+                        }
+                        // SAFETY: geteuid has no preconditions.
+                        let euid = unsafe { libc::geteuid() };
+                        bail!(eperm_message(pid, Some(status.uid), euid, yama_scope()));
+                    }
+                    Err(e) => return Err(e).context(format!("attaching to process {pid}")),
+                }
+                detach_on_error.0.push((tid, 0));
+                ptrace::interrupt(tid)?;
+                seized.push(tid);
+            }
+            for tid in seized {
+                match wait_stop(tid, STOP_TIMEOUT)? {
+                    Some(taken) => {
+                        if let Taken::Signal(sig) = taken {
+                            // Detached with it, should anything fail from here.
+                            for t in detach_on_error.0.iter_mut().filter(|t| t.0 == tid) {
+                                t.1 = sig;
+                            }
+                        }
+                        threads.push(Tracee {
+                            tid,
+                            taken,
+                            pending: None,
+                            saved: None,
+                        })
+                    }
+                    None => detach_on_error.0.retain(|t| t.0 != tid),
+                }
+            }
+        }
+        if threads.is_empty() {
+            bail!("process {pid} has no thread left to attach to");
+        }
+        let caller = pick_caller(pid, &threads);
+        let mem = Mem::open(threads[caller].tid)?;
+        detach_on_error.0.clear();
+        Ok(Attached {
+            pid,
+            threads,
+            caller,
+            mem,
+            last_blobs: Vec::new(),
+            detached: false,
+        })
+    }
+
+    /// Every stopped thread's instruction pointer as the program will see it on resume
+    /// (the saved one for the calling thread).
+    pub fn thread_ips(&self) -> Result<Vec<u64>> {
+        self.threads
+            .iter()
+            .map(|t| -> Result<u64> {
+                Ok(match &t.saved {
+                    Some(s) => s.regs.rip,
+                    None => ptrace::get_regs(t.tid)?.rip,
+                })
+            })
+            .collect()
+    }
+
+    /// Every stopped thread's thread pointer (`%fs` base).
+    pub fn thread_pointers(&self) -> Result<Vec<u64>> {
+        self.threads
+            .iter()
+            .map(|t| -> Result<u64> {
+                Ok(match &t.saved {
+                    Some(s) => s.regs.fs_base,
+                    None => ptrace::get_regs(t.tid)?.fs_base,
+                })
+            })
+            .collect()
+    }
+
+    /// Call `func(args...)` on the calling thread; `blobs` are copied into its stack first
+    /// and their addresses replace the arguments `args[i] == BLOB(j)` ([`blob`]). Returns
+    /// `rax`.
+    pub fn call(&mut self, func: u64, args: &[u64], blobs: &[&[u8]]) -> Result<u64> {
+        assert!(args.len() <= 6);
+        let t = &mut self.threads[self.caller];
+        let tid = t.tid;
+        if t.saved.is_none() {
+            if let Taken::Signal(sig) = t.taken {
+                // It leaves its signal-delivery-stop now: the signal goes back at detach.
+                t.pending = Some((sig, ptrace::get_siginfo(tid)?));
+            }
+            t.saved = Some(Saved {
+                regs: ptrace::get_regs(tid)?,
+                xstate: ptrace::get_xstate(tid)?,
+                mask: ptrace::get_sigmask(tid)?,
+            });
+        }
+        let saved = t.saved.as_ref().expect("saved above");
+        let mut regs = saved.regs;
+        // Below the red zone, 16-aligned.
+        let mut sp = (regs.rsp - 128 - 256) & !15;
+        let mut blob_addrs = Vec::new();
+        for b in blobs {
+            sp = (sp - b.len() as u64) & !15;
+            self.mem.write(sp, b)?;
+            blob_addrs.push(sp);
+        }
+        self.last_blobs = blob_addrs.clone();
+        // The return address: 0. A function is entered with rsp = 8 mod 16.
+        sp -= 8;
+        self.mem.write(sp, &0u64.to_le_bytes())?;
+        let args: Vec<u64> = args
+            .iter()
+            .map(|&a| match blob_index(a) {
+                Some(j) => blob_addrs[j],
+                None => a,
+            })
+            .collect();
+        let mut a = [0u64; 6];
+        a[..args.len()].copy_from_slice(&args);
+        regs.rdi = a[0];
+        regs.rsi = a[1];
+        regs.rdx = a[2];
+        regs.rcx = a[3];
+        regs.r8 = a[4];
+        regs.r9 = a[5];
+        regs.rax = 0;
+        regs.orig_rax = u64::MAX;
+        regs.rip = func;
+        regs.rsp = sp;
+        // The ABI's direction flag is clear at a call.
+        regs.eflags &= !0x400;
+        ptrace::set_regs(tid, &regs)?;
+        ptrace::set_sigmask(tid, !(1u64 << (libc::SIGSEGV - 1)))?;
+        ptrace::cont(tid, 0)?;
+        let result = self.finish_call(tid, func);
+        // Put everything back, whatever happened (the thread is in a ptrace-stop).
+        let t = &self.threads[self.caller];
+        let saved = t.saved.as_ref().expect("saved above");
+        let restored = ptrace::set_regs(tid, &saved.regs)
+            .and_then(|()| ptrace::set_xstate(tid, &saved.xstate))
+            .and_then(|()| ptrace::set_sigmask(tid, saved.mask));
+        let rax = result?;
+        restored?;
+        Ok(rax)
+    }
+
+    /// Call `func(msg, out, out_len)` (an agent entry): `msg` is copied in, `out` is a
+    /// zeroed buffer of `out_len` bytes on the thread's stack. Returns the call's `int`
+    /// result and the string it left in `out`.
+    pub fn call_with_output(
+        &mut self,
+        func: u64,
+        msg: &[u8],
+        out_len: usize,
+    ) -> Result<(i32, Vec<u8>)> {
+        let out = vec![0u8; out_len];
+        let rax = self.call(func, &[blob(0), blob(1), out_len as u64], &[msg, &out])?;
+        let text = self.mem.read_cstr(self.last_blobs[1], out_len);
+        Ok((rax as i32, text))
+    }
+
+    /// Wait for the call to return to address 0; returns its `rax`.
+    fn finish_call(&mut self, tid: i32, func: u64) -> Result<u64> {
+        let start = Instant::now();
+        loop {
+            let stop = match ptrace::wait(tid, true)? {
+                Some(s) => s,
+                None => {
+                    if start.elapsed() > CALL_TIMEOUT {
+                        // Stop it where it is; registers are put back by the caller. What
+                        // the call was doing is left half done.
+                        let _ = ptrace::interrupt(tid);
+                        let _ = wait_stop(tid, STOP_TIMEOUT);
+                        bail!(
+                            "the call into process {} (function at {func:#x}, thread {tid}) \
+                             did not return within {} s: another thread, stopped by ftprobe, \
+                             may hold a lock it needs",
+                            self.pid,
+                            CALL_TIMEOUT.as_secs()
+                        );
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                    continue;
+                }
+            };
+            match stop {
+                Stop::Signal(libc::SIGSEGV) => {
+                    let regs = ptrace::get_regs(tid)?;
+                    if regs.rip == 0 {
+                        return Ok(regs.rax);
+                    }
+                    bail!(
+                        "process {} crashed (SIGSEGV at {:#x}) in ftprobe's call of the function \
+                         at {func:#x}",
+                        self.pid,
+                        regs.rip
+                    );
+                }
+                // SIGSTOP cannot be blocked: delivered now (the process stops; this thread
+                // goes on with the call after its group-stop).
+                Stop::Signal(libc::SIGSTOP) => ptrace::cont(tid, libc::SIGSTOP)?,
+                Stop::Signal(sig) => {
+                    let regs = ptrace::get_regs(tid)?;
+                    bail!(
+                        "process {} took signal {sig} at {:#x} in ftprobe's call of the function \
+                         at {func:#x}",
+                        self.pid,
+                        regs.rip
+                    );
+                }
+                // Our interrupt still pending, or a group-stop: go on with the call.
+                Stop::Event { .. } | Stop::OtherEvent => ptrace::cont(tid, 0)?,
+                Stop::Exited(code) => {
+                    self.detached = true;
+                    bail!(
+                        "process {} exited (status {code}) during the attach",
+                        self.pid
+                    )
+                }
+                Stop::Killed(sig) => {
+                    self.detached = true;
+                    bail!(
+                        "process {} was killed by signal {sig} during the attach",
+                        self.pid
+                    )
+                }
+            }
+        }
+    }
+
+    /// `dlopen(path, RTLD_NOW)` in the target; returns the handle, or the loader's message.
+    pub fn dlopen(&mut self, path: &Path) -> Result<u64> {
+        let tid = self.threads[self.caller].tid;
+        let dlopen = target_symbol(tid, "dlopen")?;
+        let mut p = path.as_os_str().as_encoded_bytes().to_vec();
+        p.push(0);
+        let handle = self.call(dlopen, &[blob(0), RTLD_NOW], &[&p])?;
+        if handle == 0 {
+            let why = match target_symbol(tid, "dlerror") {
+                Ok(f) => {
+                    let msg = self.call(f, &[], &[])?;
+                    String::from_utf8_lossy(&self.mem.read_cstr(msg, 1024)).into_owned()
+                }
+                Err(_) => "no message".into(),
+            };
+            bail!(
+                "dlopen of {} in process {} failed: {why}",
+                path.display(),
+                self.pid
+            );
+        }
+        Ok(handle)
+    }
+
+    /// `memfd_create(name, flags)` in the target: the new descriptor's number there.
+    pub fn memfd_create(&mut self, name: &str, flags: u32) -> Result<i32> {
+        let tid = self.threads[self.caller].tid;
+        let f = target_symbol(tid, "memfd_create")?;
+        let mut n = name.as_bytes().to_vec();
+        n.push(0);
+        let fd = self.call(f, &[blob(0), u64::from(flags)], &[&n])? as i32;
+        if fd < 0 {
+            bail!("memfd_create failed in process {}", self.pid);
+        }
+        Ok(fd)
+    }
+
+    /// `dlsym(handle, name)` in the target.
+    pub fn dlsym(&mut self, handle: u64, name: &str) -> Result<u64> {
+        let tid = self.threads[self.caller].tid;
+        let dlsym = target_symbol(tid, "dlsym")?;
+        let mut n = name.as_bytes().to_vec();
+        n.push(0);
+        let f = self.call(dlsym, &[handle, blob(0)], &[&n])?;
+        if f == 0 {
+            bail!(
+                "{name} not found in the agent loaded into process {}",
+                self.pid
+            );
+        }
+        Ok(f)
+    }
+
+    /// Let every thread go: each with the signal it was about to take, if any.
+    pub fn detach(mut self) -> Result<()> {
+        self.detach_all()
+    }
+
+    fn detach_all(&mut self) -> Result<()> {
+        if self.detached {
+            return Ok(());
+        }
+        self.detached = true;
+        let mut first_err = None;
+        for t in &self.threads {
+            let r = match (t.saved.is_some(), t.taken, &t.pending) {
+                // Still in the signal-delivery-stop it was taken in.
+                (false, Taken::Signal(sig), _) => ptrace::detach(t.tid, sig),
+                // In our call's SIGSEGV stop: the signal it was about to take, with its
+                // siginfo, replaces ours.
+                (true, _, Some((sig, si))) => {
+                    ptrace::set_siginfo(t.tid, si).and_then(|()| ptrace::detach(t.tid, *sig))
+                }
+                _ => ptrace::detach(t.tid, 0),
+            };
+            match r {
+                Ok(()) => {}
+                // Exited meanwhile.
+                Err(e) if e.errno() == Some(libc::ESRCH) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Err(e) = self.detach_all() {
+            eprintln!("ftprobe: detaching from process {}: {e:#}", self.pid);
+        }
+    }
+}
+
+/// Threads seized before an error, with the signal each was about to take (0: none):
+/// detached again when it drops (unless cleared).
+struct DetachGuard(Vec<(i32, i32)>);
+
+impl Drop for DetachGuard {
+    fn drop(&mut self) {
+        for &(tid, sig) in &self.0 {
+            // Stopped or not yet (an interrupt pending): PTRACE_DETACH needs a stop, so
+            // wait for it first.
+            if ptrace::detach(tid, sig).is_err() {
+                let sig = match wait_stop(tid, STOP_TIMEOUT) {
+                    Ok(Some(Taken::Signal(s))) => s,
+                    _ => sig,
+                };
+                let _ = ptrace::detach(tid, sig);
+            }
+        }
+    }
+}
+
+/// Marks argument `j` of [`Attached::call`] as the address of blob `j`.
+pub fn blob(j: usize) -> u64 {
+    BLOB_MARK | j as u64
+}
+
+/// A non-canonical address: never a real argument of ours.
+const BLOB_MARK: u64 = 0xb10b_0000_0000_0000;
+
+fn blob_index(a: u64) -> Option<usize> {
+    (a & 0xffff_ffff_0000_0000 == BLOB_MARK).then_some((a & 0xffff) as usize)
+}
+
+/// Wait until `tid` reports its first stop after `PTRACE_INTERRUPT`; `None` when it exited.
+fn wait_stop(tid: i32, timeout: Duration) -> Result<Option<Taken>> {
+    let start = Instant::now();
+    loop {
+        match ptrace::wait(tid, true)? {
+            None if start.elapsed() > timeout => bail!(
+                "thread {tid} did not stop within {} s (in an uninterruptible sleep?)",
+                timeout.as_secs()
+            ),
+            None => std::thread::sleep(Duration::from_micros(200)),
+            Some(Stop::Event { sig: libc::SIGTRAP }) => return Ok(Some(Taken::Interrupt)),
+            Some(Stop::Event { .. }) => return Ok(Some(Taken::GroupStop)),
+            Some(Stop::Signal(sig)) => return Ok(Some(Taken::Signal(sig))),
+            Some(Stop::OtherEvent) => return Ok(Some(Taken::Interrupt)),
+            Some(Stop::Exited(_) | Stop::Killed(_)) => return Ok(None),
+        }
+    }
+}
+
+/// The thread to make the calls: one blocked in a system call other than `futex` (it holds
+/// no lock of the program's as a rule), the main thread first; else one taken by an
+/// interrupt or group-stop; else the first.
+fn pick_caller(pid: i32, threads: &[Tracee]) -> usize {
+    let in_syscall = |t: &Tracee| {
+        ptrace::get_regs(t.tid).is_ok_and(|r| {
+            (r.orig_rax as i64) >= 0
+                && r.orig_rax != libc::SYS_futex as u64
+                && ERESTART.contains(&(r.rax as i64))
+        })
+    };
+    let by_main_first = |pred: &dyn Fn(&Tracee) -> bool| {
+        threads
+            .iter()
+            .position(|t| t.tid == pid && pred(t))
+            .or_else(|| threads.iter().position(pred))
+    };
+    by_main_first(&|t| t.taken == Taken::Interrupt && in_syscall(t))
+        .or_else(|| by_main_first(&|t| !matches!(t.taken, Taken::Signal(_))))
+        .unwrap_or(0)
+}
+
+/// One mapped object of a process (`/proc/PID/maps`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub offset: u64,
+    pub path: String,
+}
+
+/// The file-backed mappings of `/proc/PID/maps`'s text.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let range = f.next()?;
+            let _perms = f.next()?;
+            let offset = u64::from_str_radix(f.next()?, 16).ok()?;
+            let _dev = f.next()?;
+            let _inode = f.next()?;
+            let path = f.collect::<Vec<_>>().join(" ");
+            if !path.starts_with('/') {
+                return None;
+            }
+            let (s, _end) = range.split_once('-')?;
+            Some(Mapping {
+                start: u64::from_str_radix(s, 16).ok()?,
+                offset,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// The C library's objects (where `dlopen` is: libc.so.6 since glibc 2.34, libdl.so.2
+/// before), with their load addresses (the mapping of file offset 0).
+fn libc_objects(maps: &[Mapping]) -> Vec<(u64, String)> {
+    let mut out: Vec<(u64, String)> = Vec::new();
+    for want in ["libc.so", "libc-2.", "libdl.so", "libdl-2."] {
+        for m in maps {
+            let base = m.path.rsplit('/').next().unwrap_or("");
+            if base.starts_with(want) && m.offset == 0 && !out.iter().any(|(_, p)| *p == m.path) {
+                out.push((m.start, m.path.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The address of the C library's function `name` in process (thread) `tid`.
+fn target_symbol(tid: i32, name: &str) -> Result<u64> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let maps = std::fs::read_to_string(format!("/proc/{tid}/maps"))
+        .with_context(|| format!("reading /proc/{tid}/maps"))?;
+    let objects = libc_objects(&parse_maps(&maps));
+    if objects.is_empty() {
+        bail!(
+            "process {tid} has no C library mapped (a statically linked program?): ftprobe \
+             cannot load its agent into it"
+        );
+    }
+    for (start, path) in &objects {
+        // Through the target's root: the path is the one it sees.
+        let file = std::fs::read(format!("/proc/{tid}/root{path}"))
+            .or_else(|_| std::fs::read(path))
+            .with_context(|| format!("reading {path}"))?;
+        let obj = object::File::parse(&*file).with_context(|| format!("parsing {path}"))?;
+        let first = obj
+            .segments()
+            .map(|s| s.address() & !0xfff)
+            .min()
+            .unwrap_or(0);
+        for s in obj.dynamic_symbols() {
+            if s.is_definition() && s.name() == Ok(name) {
+                return Ok(start - first + s.address());
+            }
+        }
+    }
+    bail!(
+        "{name} not found in the target's C library ({}): glibc before 2.34 has it in \
+         libdl.so.2, which the program does not load",
+        objects
+            .iter()
+            .map(|(_, p)| p.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The agent objects mapped in `pid` (paths of mappings named `libftprobe_agent.so`).
+pub fn agent_mapped(pid: i32) -> Vec<PathBuf> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mut out: Vec<PathBuf> = parse_maps(&maps)
+        .into_iter()
+        .filter(|m| m.path.ends_with("/libftprobe_agent.so") && m.offset == 0)
+        .map(|m| PathBuf::from(m.path))
+        .collect();
+    out.dedup();
+    out
+}
+
+/// `ftprobe attach-load`: load the agent into process `pid` and let it go (the attach
+/// mechanics alone; the agent stays idle).
+pub fn load_agent(pid: i32, agent: &Path) -> Result<u64> {
+    for other in agent_mapped(pid) {
+        if other != agent {
+            bail!(
+                "process {pid} already has another ftprobe agent loaded ({}): pass it with \
+                 --agent",
+                other.display()
+            );
+        }
+    }
+    let mut a = Attached::attach(pid)?;
+    let handle = a.dlopen(agent)?;
+    a.detach()?;
+    Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yama_messages_say_what_allows_attach() {
+        assert_eq!(yama_message(0), None);
+        let m1 = yama_message(1).unwrap();
+        assert!(m1.contains("ptrace_scope is 1"), "{m1}");
+        assert!(m1.contains("sysctl kernel.yama.ptrace_scope=0"), "{m1}");
+        assert!(m1.contains("CAP_SYS_PTRACE"), "{m1}");
+        assert!(m1.contains("ftprobe trace --"), "{m1}");
+        let m2 = yama_message(2).unwrap();
+        assert!(m2.contains("ptrace_scope is 2"), "{m2}");
+        assert!(m2.contains("CAP_SYS_PTRACE"), "{m2}");
+        assert!(m2.contains("ftprobe trace --"), "{m2}");
+        let m3 = yama_message(3).unwrap();
+        assert!(m3.contains("ptrace_scope is 3"), "{m3}");
+        assert!(m3.contains("until the next reboot"), "{m3}");
+        assert!(m3.contains("ftprobe trace --"), "{m3}");
+        assert!(!m3.contains("sysctl"), "{m3}");
+    }
+
+    #[test]
+    fn eperm_message_names_the_cause() {
+        let other_user = eperm_message(42, Some(1000), 65534, None);
+        assert!(other_user.contains("belongs to uid 1000"), "{other_user}");
+        assert!(other_user.contains("runs as uid 65534"), "{other_user}");
+        assert!(other_user.contains("EPERM"), "{other_user}");
+        let yama = eperm_message(42, Some(1000), 1000, Some(1));
+        assert!(!yama.contains("belongs to"), "{yama}");
+        assert!(yama.contains("ptrace_scope is 1"), "{yama}");
+        let neither = eperm_message(42, Some(1000), 1000, Some(0));
+        assert!(neither.contains("non-dumpable"), "{neither}");
+    }
+
+    #[test]
+    fn status_lines() {
+        let s = Status::parse(
+            "Name:\tcat\nUmask:\t0022\nState:\tS (sleeping)\nTracerPid:\t123\n\
+             Uid:\t1000\t1000\t1000\t1000\nSigIgn:\t0000000000000400\nSeccomp:\t1\n",
+        );
+        assert_eq!(
+            s,
+            Status {
+                name: "cat".into(),
+                tracer_pid: 123,
+                seccomp: 1,
+                uid: 1000,
+                sig_ign: 1 << (libc::SIGSEGV - 1),
+            }
+        );
+    }
+
+    #[test]
+    fn maps_and_libc() {
+        let maps = parse_maps(
+            "7f0000000000-7f0000028000 r--p 00000000 08:01 123 /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+             7f0000028000-7f000019d000 r-xp 00028000 08:01 123 /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+             7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n\
+             7f1000000000-7f1000001000 r--p 00000000 08:01 9 /tmp/a b/libdl.so.2\n",
+        );
+        assert_eq!(maps.len(), 3);
+        assert_eq!(
+            libc_objects(&maps),
+            vec![
+                (
+                    0x7f00_0000_0000,
+                    "/usr/lib/x86_64-linux-gnu/libc.so.6".into()
+                ),
+                (0x7f10_0000_0000, "/tmp/a b/libdl.so.2".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn blob_marks() {
+        assert_eq!(blob_index(blob(3)), Some(3));
+        assert_eq!(blob_index(0x7fff_0000_1000), None);
+        assert_eq!(blob_index(RTLD_NOW), None);
+    }
+}

@@ -1,0 +1,595 @@
+//! Attaching to a running process (`ftprobe trace -p PID`, issue 13). The target is
+//! `attach_target` (ftprobe-dev), a multithreaded program blocked in system calls that
+//! checks every result (an `EINTR` is counted), signals itself, and prints the same lines
+//! for the same commands whatever happens around it: its output with ftprobe attaching and
+//! detaching must equal its output without.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{ChildStdin, ChildStdout, Command, Output, Stdio};
+
+mod common;
+use common::ftprobe;
+
+use ftprobe_dev::{attach_target_fixture, KillOnDrop};
+
+/// The fixture, started and past its `ready` line.
+struct Target {
+    child: KillOnDrop,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Target {
+    fn start(args: &[&str]) -> Target {
+        let mut cmd = Command::new(attach_target_fixture());
+        cmd.args(args);
+        Target::spawn(cmd)
+    }
+
+    /// As user `nobody` (we are root).
+    fn start_as_nobody() -> Target {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(attach_target_fixture());
+        Target::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Target {
+        let mut child = KillOnDrop::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()))
+            .expect("start attach_target");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut t = Target {
+            child,
+            stdin,
+            stdout,
+        };
+        assert_eq!(t.line(), "ready\n");
+        t
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        l
+    }
+
+    fn send(&mut self, line: &str) {
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// `window N`: returns its line.
+    fn window(&mut self, n: u32) -> String {
+        self.send(&format!("window {n}\n"));
+        self.line()
+    }
+
+    /// `quit`: the rest of its output and its exit code.
+    fn quit(mut self) -> (String, Option<i32>) {
+        self.send("quit\n");
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        (rest, status.code())
+    }
+}
+
+/// The fixture's last line when nothing went wrong.
+const CLEAN_END: &str = "eintr=0 bad=0 selfsig=ok reader=1 busy=yes\n";
+
+fn attach_load(pid: i32) -> Output {
+    ftprobe()
+        .args(["attach-load", "-p", &pid.to_string()])
+        .output()
+        .expect("run ftprobe attach-load")
+}
+
+fn tasks(pid: i32) -> Vec<i32> {
+    let mut v: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// `TracerPid` of every thread of `pid`.
+fn tracer_pids(pid: i32) -> Vec<i32> {
+    tasks(pid)
+        .iter()
+        .map(|t| {
+            let s = std::fs::read_to_string(format!("/proc/{pid}/task/{t}/status")).unwrap();
+            s.lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// How many times the agent is mapped in `pid` (its mappings at file offset 0).
+fn agent_loads(pid: i32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.ends_with("/libftprobe_agent.so") && l.split_whitespace().nth(2) == Some("00000000")
+        })
+        .count()
+}
+
+/// The open file descriptors of `pid`.
+fn open_fds(pid: i32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn state(pid: i32) -> String {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    s.rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn the_fixture_alone_prints_its_clean_end() {
+    let mut t = Target::start(&[]);
+    assert_eq!(t.window(1000), "window 1000 done\n");
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// The agent is loaded with the target's own `dlopen` by one of its threads while the
+/// others are stopped, five times (the first loads it, the others find it loaded): the
+/// program's blocked `nanosleep`s, `read`s and `fgets` never see EINTR, its own signals
+/// are all delivered, its threads are the same, nobody traces it afterwards, and the agent
+/// is mapped once.
+#[test]
+fn loading_the_agent_changes_nothing_the_program_sees() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    let before = tasks(pid);
+    assert_eq!(before.len(), 5, "main and four threads");
+    assert_eq!(agent_loads(pid), 0);
+    for i in 0..5 {
+        let o = attach_load(pid);
+        assert!(o.status.success(), "attach {i}: {}", stderr(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).starts_with("loaded "),
+            "{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert_eq!(agent_loads(pid), 1, "attach {i}");
+        assert_eq!(tasks(pid), before, "attach {i}");
+        assert!(tracer_pids(pid).iter().all(|&p| p == 0), "attach {i}");
+        assert_eq!(t.window(1000), "window 1000 done\n");
+    }
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// A stopped process (SIGSTOP: every thread in group-stop) is still stopped after the
+/// agent was loaded, and runs as before once continued.
+#[test]
+fn a_stopped_process_stays_stopped() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    // SAFETY: kill has no memory effects; the pid is our live child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    while state(pid) != "T" {
+        std::thread::yield_now();
+    }
+    let o = attach_load(pid);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(agent_loads(pid), 1);
+    assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    // A detached thread re-enters the group-stop on its way out of ptrace: soon after.
+    let mut n = 0;
+    while state(pid) != "T" && n < 5000 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        n += 1;
+    }
+    assert_eq!(state(pid), "T", "stopped again after the detach");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert_eq!(t.window(10), "window 10 done\n");
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+#[test]
+fn no_such_process() {
+    // A pid that was just used and is free now (pids are not reused at once).
+    let mut c = Command::new("true").spawn().unwrap();
+    let pid = c.id() as i32;
+    c.wait().unwrap();
+    let o = attach_load(pid);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&format!("no process with pid {pid}")),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// ftprobe as `nobody` cannot attach to our (root's) process: EPERM, and the message says
+/// whose process it is and what would allow it.
+#[test]
+fn another_users_process_is_eperm() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (runs ftprobe as nobody against a root process)");
+        return;
+    }
+    let t = Target::start(&[]);
+    let pid = t.pid();
+    let o = Command::new("setpriv")
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(env!("CARGO_BIN_EXE_ftprobe"))
+        .args(["attach-load", "-p", &pid.to_string()])
+        .output()
+        .expect("run setpriv");
+    let err = stderr(&o);
+    if err.contains("Permission denied") && !err.contains("EPERM") {
+        eprintln!("skipped: nobody cannot run the ftprobe binary here: {err}");
+        return;
+    }
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("Operation not permitted (EPERM)"), "{err}");
+    assert!(err.contains("belongs to uid 0"), "{err}");
+    assert!(err.contains("CAP_SYS_PTRACE"), "{err}");
+    assert_eq!(agent_loads(pid), 0);
+    assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// A process another tracer holds (this test, with PTRACE_SEIZE) is refused, naming the
+/// tracer, before anything is touched.
+#[test]
+fn an_already_traced_process_is_refused() {
+    let t = Target::start(&[]);
+    let pid = t.pid();
+    // SAFETY: ptrace with integer arguments; the tracee is our child.
+    let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0usize, 0usize) };
+    assert_eq!(r, 0, "seize: {}", std::io::Error::last_os_error());
+    let o = attach_load(pid);
+    // Let it go (from this thread, its tracer): detach needs a stop.
+    // SAFETY: as above; waitpid writes our own status word.
+    unsafe {
+        assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0usize, 0usize), 0);
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, libc::__WALL), pid);
+        assert_eq!(libc::ptrace(libc::PTRACE_DETACH, pid, 0usize, 0usize), 0);
+    }
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    // The tracer is this test's thread.
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    assert!(
+        err.contains(&format!("is already traced by process {me} ")),
+        "{err}"
+    );
+    assert_eq!(agent_loads(pid), 0);
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// A process in strict seccomp mode would be killed by the agent's loading: refused before
+/// it is touched, and it goes on (reads its byte, says `bye`, exits 0).
+#[test]
+fn a_strict_seccomp_process_is_refused() {
+    let mut t = Target::start(&["strict"]);
+    let pid = t.pid();
+    let seccomp = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:").map(|v| v.trim().to_owned()))
+            .unwrap()
+    };
+    while seccomp() != "1" {
+        std::thread::yield_now();
+    }
+    let o = attach_load(pid);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("strict seccomp mode"), "{err}");
+    assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    t.send("x");
+    assert_eq!(t.line(), "bye\n");
+    assert_eq!(t.child.wait().unwrap().code(), Some(0));
+}
+
+/// The bytes of every executable file mapping of `pid` (but the agent's), by start address.
+fn code_bytes(pid: i32) -> Vec<(String, Vec<u8>)> {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut out = Vec::new();
+    for l in maps.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
+            continue;
+        }
+        if f[5].ends_with("/libftprobe_agent.so") {
+            continue;
+        }
+        let (s, e) = f[0].split_once('-').unwrap();
+        let (s, e) = (
+            u64::from_str_radix(s, 16).unwrap(),
+            u64::from_str_radix(e, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (e - s) as usize];
+        mem.read_exact_at(&mut buf, s).unwrap();
+        // By range and path: ftprobe makes patched code writable (the permissions change).
+        out.push((format!("{} {}", f[0], f[5]), buf));
+    }
+    out
+}
+
+/// `ftprobe trace -p PID ARGS -o FILE`, running until `stop` returns; then SIGINT. Returns
+/// the CLI's output and the trace.
+fn trace_attached(pid: i32, args: &[&str], during: impl FnOnce()) -> (Output, String) {
+    let out_file =
+        std::env::temp_dir().join(format!("ftprobe-attach-{}-{pid}.txt", std::process::id()));
+    let mut cli = KillOnDrop::spawn(
+        ftprobe()
+            .args(["trace", "-p", &pid.to_string()])
+            .args(args)
+            .arg("-o")
+            .arg(&out_file)
+            .stderr(Stdio::piped()),
+    )
+    .unwrap();
+    // A line says it is tracing (after the agent's messages, if any), or it fails.
+    let mut err = BufReader::new(cli.stderr.take().unwrap());
+    let mut first = String::new();
+    loop {
+        let mut l = String::new();
+        if err.read_line(&mut l).unwrap() == 0 {
+            break;
+        }
+        first.push_str(&l);
+        if l.starts_with("ftprobe: tracing process") {
+            during();
+            // SAFETY: kill has no memory effects; the pid is our live child.
+            unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
+            break;
+        }
+    }
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let status = cli.wait().unwrap();
+    let text = std::fs::read_to_string(&out_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_file);
+    (
+        Output {
+            status,
+            stdout: Vec::new(),
+            stderr: (first + &rest).into_bytes(),
+        },
+        text,
+    )
+}
+
+fn count(text: &str, what: &str) -> usize {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(what))
+        .count()
+}
+
+/// `trace -p -F attach_window`: exactly the calls of the window made while attached, the
+/// program's output as without ftprobe, and, after the detach, every byte of its code as it
+/// was (the sites are the compiler's NOP5, which is their canonical NOP).
+#[test]
+fn trace_p_counts_a_window_exactly_and_leaves_the_code_as_it_was() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    let before = code_bytes(pid);
+    let threads = tasks(pid);
+    let fds = open_fds(pid);
+    let (o, text) = trace_attached(pid, &["-F", "attach_window"], || {
+        assert_eq!(t.window(777), "window 777 done\n");
+    });
+    // The ring buffer's memfd was the target's, and the agent closed it once mapped.
+    assert_eq!(open_fds(pid), fds);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(count(&text, "attach_window <-main"), 777, "{}", stderr(&o));
+    assert_eq!(count(&text, "attach_loop"), 0);
+    assert_eq!(agent_loads(pid), 1);
+    assert_eq!(tasks(pid), threads);
+    assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    // Every code mapping the program had (the agent brought libgcc_s.so.1 if the program
+    // had not loaded it), byte for byte.
+    let after = code_bytes(pid);
+    for (m, b) in &before {
+        let a = after
+            .iter()
+            .find(|(n, _)| n == m)
+            .unwrap_or_else(|| panic!("{m} is gone"));
+        if let Some(i) = (0..b.len()).find(|&i| b[i] != a.1[i]) {
+            panic!(
+                "{m}: byte {i:#x} changed after the detach: {:02x?} -> {:02x?}",
+                &b[i..(i + 8).min(b.len())],
+                &a.1[i..(i + 8).min(b.len())]
+            );
+        }
+    }
+    // After the detach the window's calls are not traced, and the program is as before.
+    assert_eq!(t.window(100), "window 100 done\n");
+    // A second session on the same process: the agent is loaded already, and starts again
+    // with the new session's rings and options.
+    // (Another tracer: the function tracer's filter must not stay.)
+    let (o, text) = trace_attached(
+        pid,
+        &["-t", "function_graph", "-F", "attach_window"],
+        || {
+            assert_eq!(t.window(222), "window 222 done\n");
+        },
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(count(&text, "attach_window()"), 222, "{}", stderr(&o));
+    assert_eq!(count(&text, "attach_window <-"), 0);
+    assert_eq!(agent_loads(pid), 1);
+    assert_eq!(tasks(pid), threads);
+    assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    let again = code_bytes(pid);
+    for (m, b) in &before {
+        let a = again.iter().find(|(n, _)| n == m).unwrap();
+        assert!(*b == a.1, "{m} changed after the second detach");
+    }
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// `trace -p` with the function_graph tracer and a kprobe event on the window's function.
+#[test]
+fn trace_p_function_graph_and_kprobe_event() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    let (o, text) = trace_attached(
+        pid,
+        &[
+            "-t",
+            "function_graph",
+            "-F",
+            "attach_window",
+            "-e",
+            "p:win attach_window x=%di:s64",
+        ],
+        || {
+            assert_eq!(t.window(50), "window 50 done\n");
+        },
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A leaf `attach_window();`, or `attach_window() {` around the event's line.
+    assert_eq!(count(&text, "attach_window()"), 50, "{text}");
+    let xs: Vec<i64> = text
+        .lines()
+        .filter(|l| l.contains("win:"))
+        .map(|l| {
+            let v = l.rsplit_once(" x=").unwrap().1;
+            v.trim_end_matches(" */").trim().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(xs, (0..50).collect::<Vec<i64>>(), "{text}");
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// The target's exit ends `trace -p` (a pidfd: it is not ftprobe's child).
+#[test]
+fn trace_p_ends_when_the_process_exits() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    let mut quit_out = None;
+    let (o, text) = trace_attached(pid, &["-F", "attach_window"], || {
+        assert_eq!(t.window(3), "window 3 done\n");
+        t.send("quit\n");
+        let mut rest = String::new();
+        t.stdout.read_to_string(&mut rest).unwrap();
+        quit_out = Some(rest);
+        // Reaped here: the CLI sees the pidfd readable.
+        t.child.wait().unwrap();
+    });
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(count(&text, "attach_window <-main"), 3);
+    assert_eq!(quit_out.as_deref(), Some(CLEAN_END));
+}
+
+/// A root ftprobe traces another user's process: the ring buffer is a memfd the target
+/// makes (it could not open one of a root process's descriptors), twice.
+#[test]
+fn a_root_ftprobe_traces_another_users_process() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (a root ftprobe against a process of nobody)");
+        return;
+    }
+    let mut t = Target::start_as_nobody();
+    let pid = t.pid();
+    for n in [10, 20] {
+        let (o, text) = trace_attached(pid, &["-F", "attach_window"], || {
+            assert_eq!(t.window(n), format!("window {n} done\n"));
+        });
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(count(&text, "attach_window <-main"), n as usize);
+        assert_eq!(agent_loads(pid), 1);
+        assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    }
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// The thread that makes ftprobe's calls is the main thread when it is blocked in a system
+/// call: here in `nanosleep` (`clock_nanosleep`, restarted through the kernel's restart
+/// block): the call is restarted after each attach, never EINTR (the fixture counts one).
+#[test]
+fn a_nanosleep_of_the_calling_thread_is_restarted() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    t.send("nap 900\n");
+    // Main is in clock_nanosleep (its first field in /proc/PID/syscall: 230).
+    loop {
+        let sc = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")).unwrap();
+        if sc.starts_with("230 ") {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    for _ in 0..2 {
+        let o = attach_load(pid);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert_eq!(t.line(), "nap done\n");
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// An int3 kprobe in the C library (no site there) in an attached process: hit by the
+/// program's threads, then its byte is put back at the detach with every other code byte.
+#[test]
+fn trace_p_int3_probe_in_libc_is_removed_at_detach() {
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    let before = code_bytes(pid);
+    let (o, text) = trace_attached(pid, &["-e", "p:ns libc:clock_nanosleep"], || {
+        // main's own nap: at least one hit on a thread we know.
+        t.send("nap 20\n");
+        assert_eq!(t.line(), "nap done\n");
+    });
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&format!("-{pid} ")) && l.contains(" ns: ")),
+        "{text}"
+    );
+    let after = code_bytes(pid);
+    for (m, b) in &before {
+        let a = after.iter().find(|(n, _)| n == m).unwrap();
+        assert!(*b == a.1, "{m} changed after the detach");
+    }
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
