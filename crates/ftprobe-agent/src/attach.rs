@@ -35,16 +35,8 @@ fn again(
     thread_pointers: &[u64],
 ) -> Result<(), StartError> {
     let rings = crate::open_rings(&config.rings)?;
-    let own = crate::own_load_base();
-    let objects: Vec<_> = ftprobe::process::loaded_objects()
-        .into_iter()
-        .filter(|o| Some(o.bias) != own)
-        .collect();
-    let table: Vec<(u64, &[u8])> = objects
-        .iter()
-        .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
-        .collect();
-    rings.set_objects(&table)?;
+    let (own, objects) = crate::loaded_objects();
+    rings.set_objects(&crate::objects_table(&objects))?;
     ftprobe::trace::replace_buffer(rings);
     for &tp in thread_pointers {
         // SAFETY: the CLI stopped every other thread (this one makes the call); `tp` is a

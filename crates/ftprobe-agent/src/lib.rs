@@ -288,21 +288,33 @@ pub(crate) fn open_rings(from: &RingsFrom) -> Result<SharedRings, StartError> {
     Ok(rings?)
 }
 
+/// The loaded objects but the agent (which has no sites, must not be probed, and whose
+/// symbols would only slow every start), and the agent's load base.
+pub(crate) fn loaded_objects() -> (Option<u64>, Vec<ftprobe::process::LoadedObject>) {
+    let own = own_load_base();
+    let objects = ftprobe::process::loaded_objects()
+        .into_iter()
+        .filter(|o| Some(o.bias) != own)
+        .collect();
+    (own, objects)
+}
+
+/// `objects` as the rings' objects table holds them: (load bias, path).
+pub(crate) fn objects_table(objects: &[ftprobe::process::LoadedObject]) -> Vec<(u64, &[u8])> {
+    objects
+        .iter()
+        .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
+        .collect()
+}
+
 fn start(config: &AgentConfig, mode: &Mode) -> Result<(), StartError> {
     let rings = open_rings(&config.rings)?;
     let tsc = ftprobe::ring::read_tsc();
     // Published first, so the CLI can symbolize and knows the agent ran even if init fails.
     // This library itself is left out: it has no sites, must not be probed, and parsing its
     // symbols (~10 MB of file, ~20k Rust names to demangle) would only slow every start.
-    let own = own_load_base();
-    let objects: Vec<_> = ftprobe::process::loaded_objects()
-        .into_iter()
-        .filter(|o| Some(o.bias) != own)
-        .collect();
-    let table: Vec<(u64, &[u8])> = objects
-        .iter()
-        .map(|o| (o.bias, o.path.as_os_str().as_encoded_bytes()))
-        .collect();
+    let (own, objects) = loaded_objects();
+    let table = objects_table(&objects);
     // A followed exec: the old image's objects stay (its records need them).
     let exec_image = matches!(mode, Mode::Preloaded) && follow::exec_image();
     let mut image = None;

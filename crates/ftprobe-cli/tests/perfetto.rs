@@ -258,6 +258,21 @@ fn counts_by_thread(r: &Read) -> BTreeMap<String, BTreeMap<String, u64>> {
     got
 }
 
+/// report_tree's own counts per thread name (its main thread is `report_tree`).
+fn report_tree_counts(program: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
+    own_lines(program)
+        .into_iter()
+        .map(|(ids, counts)| {
+            let name = if ids[0] == "main" {
+                "report_tree"
+            } else {
+                "worker"
+            };
+            (name.to_owned(), counts)
+        })
+        .collect()
+}
+
 /// The program's `T ... a=A b=B c=C` lines: the fields before the counts, and the counts.
 fn own_lines(program: &str) -> Vec<(Vec<String>, BTreeMap<String, u64>)> {
     program
@@ -292,17 +307,7 @@ fn perfetto_trace_has_one_slice_per_call_on_its_threads_track_and_the_kprobe_ins
         &["-t", "function_graph", "-e", "p:pc c x=%di:u32"],
         &report_tree_fixture(),
     );
-    let own: BTreeMap<String, BTreeMap<String, u64>> = own_lines(&program)
-        .into_iter()
-        .map(|(ids, counts)| {
-            let name = if ids[0] == "main" {
-                "report_tree"
-            } else {
-                "worker"
-            };
-            (name.to_owned(), counts)
-        })
-        .collect();
+    let own = report_tree_counts(&program);
     assert_eq!(own.len(), 2, "{program}");
     let lines = perfetto_lines(&dump(&dir, "perfetto", "trace.pftrace"));
     let r = read(&lines);
@@ -554,17 +559,7 @@ fn perfetto_trace_of_a_time_range_begins_a_call_whose_entry_is_outside_it_at_its
     assert!(out.status.success(), "{out:?}");
     let lines = perfetto_lines(&pf);
     let r = read(&lines);
-    let own: BTreeMap<String, BTreeMap<String, u64>> = own_lines(&program)
-        .into_iter()
-        .map(|(ids, counts)| {
-            let name = if ids[0] == "main" {
-                "report_tree"
-            } else {
-                "worker"
-            };
-            (name.to_owned(), counts)
-        })
-        .collect();
+    let own = report_tree_counts(&program);
     assert_eq!(counts_by_thread(&r), own, "{lines}");
     // (thread, name, begin, end) of every slice, and of every complete event.
     let mut got: Vec<(String, String, u64, u64)> = Vec::new();

@@ -228,8 +228,8 @@ fn a_ring_file_emptied_cut_short_or_missing_is_an_error() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
-/// The complete events of a Chrome dump of `dir` (`ARGS` for dump): (tid, name, ts in ns).
-fn chrome_calls(dir: &Path, args: &[&str]) -> Vec<(u64, String, u64)> {
+/// The events of a Chrome dump of `dir` (`ARGS` for dump).
+fn chrome_events(dir: &Path, args: &[&str]) -> Vec<serde_json::Value> {
     let out = ftprobe()
         .arg("dump")
         .arg("-d")
@@ -239,10 +239,16 @@ fn chrome_calls(dir: &Path, args: &[&str]) -> Vec<(u64, String, u64)> {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["traceEvents"]
-        .as_array()
-        .unwrap()
+    let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    match v["traceEvents"].take() {
+        serde_json::Value::Array(a) => a,
+        e => panic!("traceEvents: {e}"),
+    }
+}
+
+/// The complete events of a Chrome dump of `dir` (`ARGS` for dump): (tid, name, ts in ns).
+fn chrome_calls(dir: &Path, args: &[&str]) -> Vec<(u64, String, u64)> {
+    chrome_events(dir, args)
         .iter()
         .filter(|e| e["ph"] == "X")
         .map(|e| {
@@ -291,21 +297,8 @@ fn a_call_open_at_the_end_of_the_time_range_is_cut_there() {
         [ftprobe_dev::naps_fixture()],
     );
     assert!(out.status.success(), "{out:?}");
-    let out = ftprobe()
-        .arg("dump")
-        .arg("-d")
-        .arg(&dir)
-        .args(["--time-range", "~20ms", "--chrome", "-"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let xs: Vec<&serde_json::Value> = v["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X")
-        .collect();
+    let events = chrome_events(&dir, &["--time-range", "~20ms"]);
+    let xs: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
     let first = xs
         .iter()
         .map(|e| e["ts"].as_f64().unwrap())
@@ -428,18 +421,7 @@ fn exported_string_args_are_the_strings_without_ftraces_quotes() {
     let dir = tmp.join("rec");
     let out = common::record_to(&dir, &["-e", "p:s take s=+0($arg2):string"], [exe]);
     assert!(out.status.success(), "{out:?}");
-    let out = ftprobe()
-        .arg("dump")
-        .arg("-d")
-        .arg(&dir)
-        .args(["--chrome", "-"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let got: Vec<String> = v["traceEvents"]
-        .as_array()
-        .unwrap()
+    let got: Vec<String> = chrome_events(&dir, &[])
         .iter()
         .filter(|e| e["name"] == "s")
         .map(|e| e["args"]["s"].as_str().unwrap().to_owned())
