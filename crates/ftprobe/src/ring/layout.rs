@@ -10,7 +10,7 @@ use super::RingError;
 /// The first 8 bytes of the memfd.
 pub const MAGIC: [u8; 8] = *b"FTPRING1";
 /// Layout version; bumped on any change of the layout above.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 /// Smallest data area of one ring, in bytes.
 pub const MIN_RING_BYTES: u32 = 4096;
 /// Largest data area of one ring, in bytes.
@@ -38,6 +38,11 @@ pub const MAX_EVENTS: usize = 1024;
 pub const MAX_OBJECT_PATH: usize = 255;
 /// Record type reserved for padding; [`RingWriter::write`](super::RingWriter::write) refuses it.
 pub const RTYPE_PADDING: u16 = u16::MAX;
+/// Record type of the LOST record the writer puts before the first record that fits after
+/// drops (module docs, "Lost events"); `crate::record` decodes it.
+pub const RTYPE_LOST: u16 = 7;
+/// Bit 63 of the producer's `tail_cache`: drops happened that no LOST record marks yet.
+pub(super) const LOST_PENDING: u64 = 1 << 63;
 /// Longest record, in words, header word included.
 pub const MAX_RECORD_WORDS: usize = u16::MAX as usize;
 
@@ -138,6 +143,9 @@ pub(super) struct RingDesc {
 pub(super) struct ReaderLine {
     pub(super) tail: AtomicU64,
     pub(super) pid: AtomicU32,
+    /// Written by the owner's writer on its cold path: the ring's `lost` count that its last
+    /// LOST record accounted for.
+    pub(super) lost_marked: AtomicU64,
 }
 
 #[repr(C)]
@@ -205,6 +213,10 @@ const _: () = {
     assert!(align_of::<RingDesc>() == CACHE_LINE);
     assert!(offset_of!(RingDesc, prod) == 0);
     assert!(offset_of!(RingDesc, tail) == CACHE_LINE);
+    assert!(offset_of!(ReaderLine, tail) == 0);
+    assert!(offset_of!(ReaderLine, pid) == 8);
+    assert!(offset_of!(ReaderLine, lost_marked) == 16);
+    assert!(size_of::<ReaderLine>() <= CACHE_LINE);
     assert!(offset_of!(ProducerLine, head) == 0);
     assert!(offset_of!(ProducerLine, lost) == 8);
     assert!(offset_of!(ProducerLine, tail_cache) == 16);

@@ -41,11 +41,14 @@
 //!   |        released its ring, e.g. in a later TLS destructor)                      |
 //!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
 //!   |  +0 line 0, written by the producer: 0 head u64 (published), 8 lost u64,        |
-//!   |          16 tail_cache u64, 24 tid u32, 28 state u32 (0 free, 1 owned,          |
-//!   |          2 released), 32 comm[16], 48 reserved u64 (the reserve pointer),       |
+//!   |          16 tail_cache u64 (bit 63: LOST_PENDING), 24 tid u32, 28 state u32     |
+//!   |          (0 free, 1 owned, 2 released), 32 comm[16], 48 reserved u64 (the       |
+//!   |          reserve pointer),                                                     |
 //!   |          56 size u32 (bytes in use, a power of two), 60 nest u32 (writers)      |
 //!   | +64 line 1, written by the reader: 64 tail u64; by the owner at its claim:    |
-//!   |          72 pid u32 (its process: a forked child's threads have their own)     |
+//!   |          72 pid u32 (its process: a forked child's threads have their own);    |
+//!   |          by the owner's writer once per gap: 80 lost_marked u64 (the `lost`     |
+//!   |          its last LOST record accounted for)                                   |
 //!   +-- Data at data_offset = DESC_OFFSET + round_up(nr_rings * 128, 4096) ----------+
 //!   | ring 0: ring_bytes | ring 1: ring_bytes | ...  | ring nr_rings-1               |
 //!   +----------------------------------------------------------------- total_bytes --+
@@ -101,6 +104,21 @@
 //! `counter & (size - 1)` (during the first lap `counter < size`, so a larger `size` gives the
 //! same positions). `head - tail` bytes are unread.
 //!
+//! # Lost events
+//!
+//! A record that does not fit (the ring is full: the reader is behind) is dropped, the
+//! newest, never one already written, and counted in the ring's `lost`. So that a reader
+//! sees *where* in the thread's records events are missing (as the kernel's ring buffer
+//! marks `[LOST N EVENTS]`), a drop also sets `LOST_PENDING`, bit 63 of the producer's
+//! cached tail: the writer's fast path compares with that word anyway, so the bit makes it
+//! fail and costs nothing until there is a gap. The first record that fits after one or more
+//! drops is then preceded by a LOST record ([`RTYPE_LOST`]: the timestamp and the number
+//! of events dropped since the previous LOST record, `lost - lost_marked`), reserved
+//! together with it, out of line. The sum of a ring's LOST counts is its `lost`, except for
+//! drops after its last record (a thread that ended with its ring full: the ring's release
+//! writes the mark if there is room by then). A LOST record may count 0 events (a signal
+//! handler took the count in between): readers skip it.
+//!
 //! # Writers and nesting
 //!
 //! Only the owner thread writes, but a signal handler on that thread may interrupt a write
@@ -152,7 +170,7 @@ use layout::*;
 pub use layout::{
     EventCounters, RingConfig, HEADER_BYTES, INIT_RING_BYTES, LAYOUT_VERSION, MAGIC, MAX_EVENTS,
     MAX_LOST_TIDS, MAX_NEST, MAX_OBJECTS, MAX_OBJECT_PATH, MAX_RECORD_WORDS, MAX_RINGS,
-    MAX_RING_BYTES, MIN_RING_BYTES, POPULATE_CHUNK, RTYPE_PADDING,
+    MAX_RING_BYTES, MIN_RING_BYTES, POPULATE_CHUNK, RTYPE_LOST, RTYPE_PADDING,
 };
 pub use reader::RingReader;
 pub use writer::{RingWriter, SectionWriter};
@@ -587,6 +605,8 @@ impl SharedRings {
     /// Probe path (a thread's end): give `w`'s ring back. The owner writes nothing into it
     /// after this; the reader frees it once it has read it all.
     pub fn release(&self, w: RingWriter<'_>) {
+        // Drops at the end of the thread's records: marked if there is room.
+        w.flush_lost();
         // Release: every record published before happens before the reader sees the state.
         w.desc().state.store(STATE_RELEASED, Release);
         // Relaxed: a hint for threads without a ring (the kind of their loss may change).
@@ -656,6 +676,7 @@ impl SharedRings {
             &p.tail_cache,
             &p.reserved,
             &desc.tail.0.tail,
+            &desc.tail.0.lost_marked,
         ] {
             w.store(0, Relaxed);
         }

@@ -327,8 +327,14 @@ mod tests {
             });
             let mut next = 0u64;
             let mut bad = 0u64;
+            let mut marked = 0u64;
             while next < N {
                 r.drain(|t, p| {
+                    if t == RTYPE_LOST {
+                        // The mark of the writes that failed before this one.
+                        marked += p[1];
+                        return;
+                    }
                     let extra = (next % 5) as usize;
                     if t != 1 || p.len() != extra + 1 || p.iter().any(|&x| x != next) {
                         bad += 1;
@@ -341,6 +347,7 @@ mod tests {
             assert_eq!(next, N);
             assert_eq!(r.drain(|_, _| {}), 0);
             assert_eq!(r.lost(), fails);
+            assert_eq!(marked, fails, "every drop marked");
             assert_eq!(r.corrupt_bytes(), 0);
         });
     }

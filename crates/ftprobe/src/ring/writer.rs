@@ -61,6 +61,32 @@ fn signal_fence() {
     std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
 }
 
+/// Words of a LOST record, its header included: the timestamp, the drops it marks.
+pub(super) const LOST_WORDS: usize = 3;
+
+/// What [`RingWriter::room`] found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Room {
+    Fits,
+    /// It fits, and drops wait for their LOST record.
+    FitsLostPending,
+    Full,
+}
+
+/// Where `need` bytes go at reserve counter `r` of a ring of `size` bytes: (position of
+/// `r`, the record's start, bytes taken from `r`: the record, plus the padding to the end
+/// when it does not fit before it and goes to 0).
+#[inline(always)]
+fn span(r: u64, need: u64, size: u64) -> (u64, u64, u64) {
+    let pos = r & size.wrapping_sub(1);
+    let to_end = size.wrapping_sub(pos);
+    if need <= to_end {
+        (pos, pos, need)
+    } else {
+        (pos, 0, to_end + need)
+    }
+}
+
 /// A writer inside a section the caller began ([`RingWriter::in_section`]): its writes
 /// neither begin nor commit, the section's commit publishes them.
 pub type SectionWriter<'a> = RingWriter<'a, true>;
@@ -317,20 +343,36 @@ impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
         self.desc().reserved.store(back, Relaxed);
         self.desc().nest.store(level, Relaxed);
         signal_fence();
+        // An abandoned LOST record is never published: mark its drops again.
+        // Relaxed: this thread's own words.
+        if self.desc().lost.load(Relaxed) != self.ring.tail.0.lost_marked.load(Relaxed) {
+            self.desc().tail_cache.fetch_or(LOST_PENDING, Relaxed);
+        }
     }
 
     /// Finds room for `nwords` words at the reserve pointer and writes the padding word if
-    /// the record has to go to offset 0. Returns the record's first word index.
+    /// the record has to go to offset 0. Returns the record's first word index. When drops
+    /// are not marked yet (`LOST_PENDING`), the record goes after a LOST record
+    /// ([`reserve_lost_then`](Self::reserve_lost_then)).
     #[inline(always)]
     fn reserve(&self, nwords: usize) -> Option<usize> {
+        self.reserve_as::<false>(nwords).map(|(_, start)| start)
+    }
+
+    /// [`reserve`](Self::reserve); with `LOST`, room for a LOST record ([`LOST_WORDS`])
+    /// first, then the record (`nwords` may then be 0: the LOST record alone). Returns the
+    /// LOST record's first word index (0 without `LOST`) and the record's.
+    #[inline(always)]
+    fn reserve_as<const LOST: bool>(&self, nwords: usize) -> Option<(usize, usize)> {
         let need = nwords as u64 * 8;
+        let lost_need = if LOST { LOST_WORDS as u64 * 8 } else { 0 };
         loop {
             // Relaxed: only this thread (and its signal handlers) store these.
             let r = self.desc().reserved.load(Relaxed);
             // A size that is not a power of two (only a scribbled line has one) gives
             // positions that `data.get` refuses or that are wrong but in bounds.
             let size = u64::from(self.desc().size.load(Relaxed));
-            if r <= size && r + need > size {
+            if r <= size && r + lost_need + need > size {
                 // The first lap's end (the ring never wrapped: `reserved` is at most `size`):
                 // the outermost writer grows the ring instead of wrapping, while the budget
                 // lets it; a nested one never wraps it first.
@@ -341,23 +383,36 @@ impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
                     continue;
                 }
             }
-            let pos = r & size.wrapping_sub(1);
-            let to_end = size.wrapping_sub(pos);
-            let (start, total) = if need <= to_end {
-                (pos, need)
+            // The LOST record (if any) at `r`, the record after it.
+            let (lost_pos, lost_start, lost_total) = if LOST {
+                span(r, lost_need, size)
             } else {
-                (0, to_end + need)
+                (0, 0, 0)
             };
-            if !self.has_room(r, total, size) {
-                return None;
+            let r1 = r.wrapping_add(lost_total);
+            let (pos, start, total) = span(r1, need, size);
+            let all = lost_total + total;
+            match self.room(r, all, size) {
+                Room::Fits => {}
+                Room::Full => return None,
+                // Drops not marked yet: a LOST record first (out of line). With `LOST` this
+                // is that path: the bit is cleared once the room is taken.
+                Room::FitsLostPending if !LOST => {
+                    return self.reserve_lost_then(nwords).map(|start| (0, start))
+                }
+                Room::FitsLostPending => {}
             }
-            let new = r.wrapping_add(total);
+            let new = r.wrapping_add(all);
             self.point(hook::RESERVING);
             if !cmpxchg_local(&self.desc().reserved, r, new) {
                 // A signal handler reserved in between: again from its end.
                 continue;
             }
             self.point(hook::RESERVED);
+            if LOST && lost_start != lost_pos {
+                let pad = self.data.get((lost_pos / 8) as usize)?;
+                pad.store(record_header(0, RTYPE_PADDING), Relaxed);
+            }
             if start != pos {
                 let pad = self.data.get((pos / 8) as usize)?;
                 pad.store(record_header(0, RTYPE_PADDING), Relaxed);
@@ -377,7 +432,63 @@ impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
                 };
                 self.populate(from, populate_chunk_start(k + 2).min(size));
             }
-            return Some((start / 8) as usize);
+            return Some(((lost_start / 8) as usize, (start / 8) as usize));
+        }
+    }
+
+    /// The first record that fits after one or more drops: reserve a LOST record and the
+    /// record together, write the LOST record (the drops since the last one) and return the
+    /// record's first word index. Out of line: once per gap. Async-signal-safe and nested
+    /// writers' safe: the pending bit is cleared after the room is taken and before the
+    /// count is taken, so a drop in a handler in between is either in this record's count
+    /// or marks a later one (possibly with a count of 0, which readers ignore).
+    #[cold]
+    #[inline(never)]
+    fn reserve_lost_then(&self, nwords: usize) -> Option<usize> {
+        let (lost_at, start) = self.reserve_as::<true>(nwords)?;
+        // Relaxed: the producer's own word; a locked instruction (a handler may set the bit
+        // between a load and a store), once per gap.
+        self.desc().tail_cache.fetch_and(!LOST_PENDING, Relaxed);
+        signal_fence();
+        let count = self.take_lost_count();
+        let (tsc, cpu) = (super::read_tsc(), super::read_cpu());
+        if let Some([hdr, ts, n]) = self.data.get(lost_at..lost_at + LOST_WORDS) {
+            hdr.store(record_header_aux(LOST_WORDS, RTYPE_LOST, cpu), Relaxed);
+            ts.store(tsc, Relaxed);
+            n.store(count, Relaxed);
+        }
+        Some(start)
+    }
+
+    /// The drops since the last LOST record: `lost` less `lost_marked`, which becomes
+    /// `lost`. One `cmpxchg` without a lock prefix, retried if a handler's LOST record took
+    /// a count in between: each drop is counted in one LOST record.
+    fn take_lost_count(&self) -> u64 {
+        let marked = &self.ring.tail.0.lost_marked;
+        loop {
+            // Relaxed: both written by this thread (and its handlers) only.
+            let m = marked.load(Relaxed);
+            let l = self.desc().lost.load(Relaxed);
+            if cmpxchg_local(marked, m, l) {
+                return l.wrapping_sub(m);
+            }
+        }
+    }
+
+    /// A thread's end (before its ring is released), or any time: write the LOST record of
+    /// the drops not marked yet, if there are any and there is room, so that a gap at the end
+    /// of the thread's records is marked too. Async-signal-safe.
+    pub fn flush_lost(&self) {
+        // Relaxed: the producer's own word.
+        if self.desc().tail_cache.load(Relaxed) & LOST_PENDING == 0 {
+            return;
+        }
+        if !IN_SECTION {
+            self.begin();
+        }
+        let _ = self.reserve_lost_then(0);
+        if !IN_SECTION {
+            self.commit();
         }
     }
 
@@ -441,24 +552,39 @@ impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
         }
     }
 
+    /// Whether `total` bytes fit at `reserved`, and whether drops wait for their LOST
+    /// record. The fast path is one compare with the producer's cached tail, whose
+    /// `LOST_PENDING` bit (set by a drop) makes it fail: the check for a gap costs nothing
+    /// until there is one.
     #[inline(always)]
-    fn has_room(&self, reserved: u64, total: u64, size: u64) -> bool {
+    fn room(&self, reserved: u64, total: u64, size: u64) -> Room {
         // A tail "ahead" of the reserve pointer or more than a ring behind (a corrupted
-        // reader) means full.
+        // reader) means full; so does a cached tail with LOST_PENDING (bit 63: the distance
+        // to it is then above any size).
         let fits = |tail: u64| {
             let free = size.checked_sub(reserved.wrapping_sub(tail));
             free.is_some_and(|free| total <= free)
         };
         // Relaxed: the producer's own copy of a value it loaded with Acquire below.
-        if fits(self.desc().tail_cache.load(Relaxed)) {
-            return true;
+        let cached = self.desc().tail_cache.load(Relaxed);
+        if fits(cached) {
+            return Room::Fits;
         }
         // Acquire: pairs with the Release store in `RingReader::drain`: the reader's loads of
         // the bytes it freed happen before our stores that reuse them.
         let tail = self.ring.tail.0.tail.load(Acquire);
-        // Relaxed: producer-private.
-        self.desc().tail_cache.store(tail, Relaxed);
-        fits(tail)
+        let pending = cached & LOST_PENDING != 0;
+        if !pending {
+            // A compare-and-swap, not a store: a handler's drop that set the bit since our
+            // load must not be wiped out. On failure the cache stays stale (it is only a
+            // lower bound).
+            cmpxchg_local(&self.desc().tail_cache, cached, tail);
+        }
+        match (fits(tail), pending) {
+            (false, _) => Room::Full,
+            (true, false) => Room::Fits,
+            (true, true) => Room::FitsLostPending,
+        }
     }
 
     #[cold]
@@ -467,6 +593,10 @@ impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
         // but a signal handler may drop one in between a load and a store: a locked add, on
         // the (cold) dropping path only.
         self.desc().lost.fetch_add(1, Relaxed);
+        // Then the mark: the next record that fits is preceded by a LOST record. After the
+        // count, so that a LOST record a handler writes in between either counts this drop
+        // or leaves the bit set for the next one.
+        self.desc().tail_cache.fetch_or(LOST_PENDING, Relaxed);
         false
     }
 }
@@ -535,7 +665,7 @@ fn populate_chunk_start(k: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::ring::test_util::{drain_all, head_of, rings, COMM};
-    use crate::ring::SharedRings;
+    use crate::ring::{RingReader, SharedRings};
 
     #[test]
     fn round_trip_exact_values() {
@@ -695,12 +825,18 @@ mod tests {
         assert!(!w.write(RTYPE_PADDING, &[1]));
         assert!(!w.write3(RTYPE_PADDING, 1, 2, 3));
         assert_eq!(r.lost(), 4);
-        // After a wrap to a non-zero position, a whole-ring record needs padding too.
+        // After a wrap to a non-zero position, a whole-ring record needs padding too. (The
+        // first record after drops comes after a LOST record: 3 words.)
         assert!(w.write(1, &[42]));
-        assert_eq!(drain_all(&mut r), vec![(1, vec![42])]);
+        let got = drain_all(&mut r);
+        assert_eq!((got[0].0, got[0].1[1]), (RTYPE_LOST, 4), "{got:?}");
+        assert_eq!(got[1..], [(1, vec![42])]);
         assert!(!w.write(3, &big), "needs 4096 + padding");
-        assert!(w.write(3, &big[..509]), "4080 bytes fit before the end");
-        assert_eq!(drain_all(&mut r), vec![(3, big[..509].to_vec())]);
+        // At 40: a LOST record (24 bytes), then 4032 bytes fit before the end.
+        assert!(w.write(3, &big[..503]), "4032 bytes fit before the end");
+        let got = drain_all(&mut r);
+        assert_eq!((got[0].0, got[0].1[1]), (RTYPE_LOST, 1), "{got:?}");
+        assert_eq!(got[1..], [(3, big[..503].to_vec())]);
         assert_eq!(r.lost(), 5);
     }
 
@@ -717,9 +853,12 @@ mod tests {
         let got = drain_all(&mut r);
         let want: Vec<(u16, Vec<u64>)> = (0..128u64).map(|i| (5, vec![i, i * 2, i * 3])).collect();
         assert_eq!(got, want);
-        // Space is back; the count stays.
+        // Space is back; the count stays; the gap is marked where it was.
         assert!(w.write(6, &[99]));
-        assert_eq!(drain_all(&mut r), vec![(6, vec![99])]);
+        let got = drain_all(&mut r);
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].0, got[0].1[1]), (RTYPE_LOST, 72));
+        assert_eq!(got[1], (6, vec![99]));
         assert_eq!(r.lost(), 72);
     }
 
@@ -818,9 +957,191 @@ mod tests {
         assert!(w.write3(2, 1, 2, 3));
         assert_eq!(sr.ring_size(0), Some(32 << 10));
         let got = drain_all(&mut r);
-        assert_eq!(got.len(), 2);
-        assert_eq!(got[1], (2, vec![1, 2, 3]));
+        assert_eq!(got.len(), 3);
+        assert_eq!(
+            (got[1].0, got[1].1[1]),
+            (RTYPE_LOST, 1),
+            "the nested drop, marked"
+        );
+        assert_eq!(got[2], (2, vec![1, 2, 3]));
         assert_eq!((r.lost(), r.corrupt_bytes()), (1, 0));
+    }
+
+    /// A gap in a fresh 4 KiB ring, past its first lap (where a nested writer may wrap):
+    /// one record read, then 128 four-word records (the ring full), `drops` dropped, and
+    /// the 128 read.
+    fn gap(w: &RingWriter<'_>, r: &mut RingReader<'_>, drops: u64) {
+        assert!(w.write3(5, 0, 0, 0));
+        assert_eq!(drain_all(r).len(), 1);
+        for i in 0..128u64 {
+            assert!(w.write3(5, i, i, i));
+        }
+        for _ in 0..drops {
+            assert!(!w.write3(5, 0, 0, 0));
+        }
+        assert_eq!(drain_all(r).len(), 128, "no mark without room");
+    }
+
+    /// The (count) of each LOST record in `got`, and the other records.
+    fn split_lost(got: &[(u16, Vec<u64>)]) -> (Vec<u64>, Vec<(u16, Vec<u64>)>) {
+        let lost = got
+            .iter()
+            .filter(|(t, _)| *t == RTYPE_LOST)
+            .map(|(_, p)| {
+                assert_eq!(p.len(), LOST_WORDS - 1, "{p:?}");
+                p[1]
+            })
+            .collect();
+        let other = got
+            .iter()
+            .filter(|(t, _)| *t != RTYPE_LOST)
+            .cloned()
+            .collect();
+        (lost, other)
+    }
+
+    /// A gap (records dropped on a full ring) is marked once, by a LOST record with the
+    /// number dropped, right before the first record that fits after it; the records after
+    /// it need none; a second gap gets its own count (since the previous mark).
+    #[test]
+    fn a_gap_is_marked_once_before_the_first_record_that_fits() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        gap(&w, &mut r, 10);
+        let before = read_tsc_for_test();
+        assert!(w.write3(6, 1, 1, 1));
+        assert!(w.write3(6, 2, 2, 2));
+        let got = drain_all(&mut r);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0].0, RTYPE_LOST);
+        assert_eq!(got[0].1[1], 10);
+        assert!(got[0].1[0] >= before, "its timestamp is the mark's");
+        assert_eq!(got[1..], [(6, vec![1, 1, 1]), (6, vec![2, 2, 2])]);
+        // Fill the ring again (the write that ends the loop is a drop), drop 2 more (one too
+        // large for any ring).
+        let mut n = 0;
+        while w.write3(7, n, n, n) {
+            n += 1;
+        }
+        assert!(!w.write3(7, 0, 0, 0));
+        assert!(!w.write(7, &[0; 600]), "too large for the ring: a drop too");
+        assert_eq!(drain_all(&mut r).len() as u64, n);
+        assert!(w.write(8, &[]));
+        let got = drain_all(&mut r);
+        assert_eq!(split_lost(&got), (vec![3], vec![(8, vec![])]));
+        assert_eq!(r.lost(), 13, "the counts add up to the ring's total");
+        assert_eq!((r.corrupt_bytes(), w.nesting()), (0, 0));
+    }
+
+    fn read_tsc_for_test() -> u64 {
+        crate::ring::read_tsc()
+    }
+
+    /// A signal handler that writes (a nested writer) at each point of the first write after
+    /// a gap, or that drops its own record there: every drop is counted in exactly one LOST
+    /// record (a second one may count 0), each LOST record is before the records that
+    /// follow the drops it counts, every record is whole, the ring goes on.
+    #[test]
+    fn a_nested_writer_during_a_gap() {
+        fn nested(w: &RingWriter<'_>) {
+            assert!(w.write3(9, 90, 91, 92));
+        }
+        let points = [
+            hook::BEGUN,
+            hook::RESERVING,
+            hook::RESERVED,
+            hook::FILLED,
+            hook::COMMIT_LOADED,
+            hook::PUBLISHED,
+            hook::UNNESTED,
+        ];
+        for p in points {
+            let sr = rings(1, 4096);
+            let w = sr.claim(1, COMM).unwrap();
+            let mut r = sr.reader(0).unwrap();
+            gap(&w, &mut r, 5);
+            hook::AT.set((p, Some(nested)));
+            assert!(w.write3(1, 10, 11, 12), "point {p}");
+            assert_eq!(hook::AT.get().0, 0, "point {p} fired");
+            let got = drain_all(&mut r);
+            let (lost, other) = split_lost(&got);
+            assert_eq!(lost.iter().sum::<u64>(), 5, "point {p}: {got:?}");
+            assert_eq!(
+                lost.iter().filter(|&&n| n != 0).count(),
+                1,
+                "point {p}: {got:?}"
+            );
+            // The first record is a LOST record: every drop came before both writes.
+            assert_eq!(got[0].0, RTYPE_LOST, "point {p}: {got:?}");
+            assert_eq!(other.len(), 2, "point {p}: {got:?}");
+            assert!(
+                other.contains(&(1, vec![10, 11, 12])) && other.contains(&(9, vec![90, 91, 92]))
+            );
+            assert_eq!(
+                (w.nesting(), r.lost(), r.corrupt_bytes()),
+                (0, 5, 0),
+                "point {p}"
+            );
+            assert!(w.write3(2, 3, 4, 5));
+            assert_eq!(
+                drain_all(&mut r),
+                vec![(2, vec![3, 4, 5])],
+                "point {p}: no mark again"
+            );
+        }
+        // A handler whose own record drops (the ring has room for the outer write only)
+        // while the outer one writes the mark: its drop is marked too, once.
+        fn nested_big(w: &RingWriter<'_>) {
+            assert!(!w.write(9, &[0; 600]), "larger than the ring");
+        }
+        for p in [
+            hook::BEGUN,
+            hook::RESERVING,
+            hook::RESERVED,
+            hook::FILLED,
+            hook::UNNESTED,
+        ] {
+            let sr = rings(1, 4096);
+            let w = sr.claim(1, COMM).unwrap();
+            let mut r = sr.reader(0).unwrap();
+            gap(&w, &mut r, 5);
+            hook::AT.set((p, Some(nested_big)));
+            assert!(w.write3(1, 10, 11, 12), "point {p}");
+            assert!(w.write3(2, 3, 4, 5), "point {p}");
+            let got = drain_all(&mut r);
+            let (lost, other) = split_lost(&got);
+            assert_eq!(lost.iter().sum::<u64>(), 6, "point {p}: {got:?}");
+            assert_eq!(
+                other,
+                vec![(1, vec![10, 11, 12]), (2, vec![3, 4, 5])],
+                "point {p}"
+            );
+            assert_eq!(got[0].0, RTYPE_LOST, "point {p}: {got:?}");
+            assert_eq!((w.nesting(), r.lost()), (0, 6), "point {p}");
+        }
+    }
+
+    /// A thread that ends right after a gap: its ring's release writes the mark (there is
+    /// room by then), so the gap at the end of its records is marked too.
+    #[test]
+    fn release_marks_a_gap_at_the_end() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        gap(&w, &mut r, 7);
+        sr.release(w);
+        let got = drain_all(&mut r);
+        assert_eq!(split_lost(&got), (vec![7], vec![]));
+        let (_, _, lost) = sr.free_released(0).unwrap();
+        assert_eq!(lost, 7);
+        // The next owner starts with nothing to mark.
+        let w2 = sr.claim(2, COMM).unwrap();
+        assert!(w2.write3(1, 1, 1, 1));
+        assert_eq!(
+            drain_all(&mut sr.reader(0).unwrap()),
+            vec![(1, vec![1, 1, 1])]
+        );
     }
 
     /// A repair after the nested writer was abandoned (its handler jumped out) with the outer
