@@ -13,7 +13,9 @@
 //!   new stream): its records in the order drained, copied from the ring as they are there
 //!   (checked, padding left out, whole spans at once): a little-endian header word
 //!   `len | rtype << 16 | aux << 32` (`len` in words, the header included), then the payload
-//!   words: 8 + 8 x payload bytes per record (32 for a function-tracer event). Format 1
+//!   words: 8 + 8 x payload bytes per record (32 for a function-tracer event), LOST records
+//!   where the thread's events were dropped (format 3; format 2 has the same words without
+//!   them, which older builds would have ignored silently). Format 1
 //!   recordings (`rtype | payload words << 16 | aux << 32`) are read too;
 //! - `info.json` ([`Info`]): the command, tracer, options and event definitions, the clock's
 //!   conversion, per ring its thread and lost count, the header's counters, how the run ended,
@@ -35,9 +37,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::session::{self, End, SessionArgs, Sink, Source};
 
-/// The `format` of the `info.json` this code writes (2: ring files hold records as the
-/// rings do; 1 is read too).
-pub const FORMAT: u32 = 2;
+/// The `format` of the `info.json` this code writes (3: ring files may hold LOST records,
+/// the marks of the gaps a full ring left; 2: ring files hold records as the rings do; 1:
+/// another header word; all three are read).
+pub const FORMAT: u32 = 3;
 
 /// Arguments of `ftprobe record`.
 #[derive(Args)]
