@@ -36,6 +36,8 @@ use ftprobe::{ftrace, function_graph, function_tracer, kprobes};
 
 /// TEXT record kind: the armed-probes listing (`kprobes/list`).
 pub const TEXT_KPROBES_LIST: u32 = 1;
+/// TEXT record kind: a note for the trace's header (one line).
+pub const TEXT_NOTE: u32 = 4;
 
 #[used]
 #[link_section = ".init_array"]
@@ -296,6 +298,25 @@ fn start(fd: &str, env: &Env) -> Result<(), Box<dyn std::error::Error>> {
     }
     if !env.events.is_empty() {
         trace::write_text(TEXT_KPROBES_LIST, &kprobes::list());
+    }
+    // A `:mod:OBJ` filter whose object is not loaded (yet) selects nothing until it is
+    // (dlopen): said in the trace's header rather than tracing nothing silently.
+    if env.function || env.graph {
+        for (opt, pats) in [("-F", &env.filter), ("-N", &env.notrace)] {
+            for p in pats.iter() {
+                if let Ok(e) = ftrace::glob::FilterEntry::parse(p) {
+                    if !e.negate && !ftrace::filter_module_loaded(&e) {
+                        trace::write_text(
+                            TEXT_NOTE,
+                            &format!(
+                                "{opt} {p}: no object it names is loaded (yet): it selects \
+                                 nothing until one is (dlopen)"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
     }
     if env.function {
         let unmatched = function_tracer::start(None, &env.filter, &env.notrace)?;

@@ -693,6 +693,8 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
             None,
         )));
         p.data.store(unwinding as u64, Ordering::Relaxed);
+        // The engine's own: not in the user's kprobes/list.
+        p.mark_internal();
         match register_kprobe(p) {
             Ok(()) => armed += 1,
             Err(e) => errors.push(e),
@@ -712,6 +714,7 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
                 Some(set_ip_pre_handler),
                 None,
             )));
+            p.mark_internal();
             match register_kprobe(p) {
                 Ok(()) => armed += 1,
                 Err(e) => errors.push(e),
@@ -727,6 +730,7 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
             Some(backtrace_done_handler),
             None,
         )));
+        p.mark_internal();
         match register_kprobe(p) {
             Ok(()) => armed += 1,
             Err(e) => errors.push(e),
