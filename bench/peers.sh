@@ -546,7 +546,7 @@ ft_rec_graph_calls() { # DIR
 }
 # Bytes of raw records per event in a recording (its ring files over its events).
 ft_rec_bytes() { # DIR EVENTS
-	du -cb "$1"/ring-*.dat 2>/dev/null | awk -v e="$2" 'END {if (e > 0) printf "%.1f", $1/e}'
+	du -cb "$1"/ring*.dat 2>/dev/null | awk -v e="$2" 'END {if (e > 0) printf "%.1f", $1/e}'
 }
 # ftprobe's function_graph calls: one line per call opened (`f() {`) or leaf (`f();`).
 ft_graph_calls() { # FTPROBE-ARGS... (before --)

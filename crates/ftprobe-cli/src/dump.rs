@@ -47,9 +47,37 @@ pub struct DumpArgs {
     selection: crate::replay::Selection,
 }
 
-/// FILE, or standard output for `-`.
+/// FILE, or standard output for `-`; its write errors name it.
 fn output(path: &PathBuf) -> Result<Box<dyn Write>> {
-    open_output((path.as_os_str() != "-").then_some(path))
+    let inner = open_output((path.as_os_str() != "-").then_some(path))?;
+    let name = if path.as_os_str() == "-" {
+        "standard output".to_owned()
+    } else {
+        path.display().to_string()
+    };
+    Ok(Box::new(Named { inner, name }))
+}
+
+/// A writer whose errors say what was being written (their kind kept: a closed pipe is
+/// still one).
+struct Named {
+    inner: Box<dyn Write>,
+    name: String,
+}
+
+impl Named {
+    fn named(&self, e: std::io::Error) -> std::io::Error {
+        std::io::Error::new(e.kind(), format!("writing {}: {e}", self.name))
+    }
+}
+
+impl Write for Named {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf).map_err(|e| self.named(e))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush().map_err(|e| self.named(e))
+    }
 }
 
 /// Writes a JSON array's elements one at a time (memory bounded by one event, not by the
@@ -261,18 +289,26 @@ pub fn run(args: DumpArgs) -> Result<i32> {
             "nothing to dump: --chrome FILE, --perfetto FILE and/or --flame-graph FILE"
         ));
     }
+    let stdout = [&args.chrome, &args.perfetto, &args.flame_graph]
+        .iter()
+        .filter(|p| p.as_ref().is_some_and(|p| p.as_os_str() == "-"))
+        .count();
+    if stdout > 1 {
+        // A usage error, as clap's own (exit status 2).
+        return Err(crate::usage!(
+            "only one of --chrome, --perfetto and --flame-graph may write to standard output (-)"
+        ));
+    }
     let mut rec = Recording::open_filtered(&args.data.dir, args.selection.filters())?;
     if let Some(path) = &args.chrome {
         let mut o = output(path)?;
         chrome(&mut rec, &mut o)?;
-        o.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        o.flush()?;
     }
     if let Some(path) = &args.perfetto {
         let mut o = output(path)?;
         crate::perfetto::write(&mut rec, &mut o)?;
-        o.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        o.flush()?;
     }
     if let Some(path) = &args.flame_graph {
         let stacks = folded(&mut rec)?;
@@ -289,8 +325,7 @@ pub fn run(args: DumpArgs) -> Result<i32> {
                 writeln!(o, "{l}")?;
             }
         }
-        o.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        o.flush()?;
     }
     Ok(0)
 }

@@ -240,6 +240,9 @@ pub struct ThreadFilter {
     /// --min-duration: calls not yet known to be long enough (entries), and the kprobe
     /// events inside them, oldest first.
     pending: Vec<Owned>,
+    /// A record past the end of the time range was seen: the thread went on after it (its
+    /// calls still open then are cut at the range's end, not at its last record in it).
+    pub past_range: bool,
 }
 
 /// What [`ThreadFilter::push`] needs besides the record.
@@ -265,7 +268,11 @@ impl ThreadFilter {
         let f = cx.filters;
         if let Some(ts) = record::timestamp(rt, w) {
             let ns = cx.clock.tsc_to_mono_ns(ts);
-            if ns < cx.range.0 || ns > cx.range.1 {
+            if ns > cx.range.1 {
+                self.past_range = true;
+                return;
+            }
+            if ns < cx.range.0 {
                 return;
             }
         }

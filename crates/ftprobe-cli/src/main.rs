@@ -100,6 +100,16 @@ fn main() {
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,
+        // The reader of the output went away (`| head`): what it wanted was written; end
+        // quietly, as `trace` and `replay` do.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            0
+        }
         Err(e) => {
             eprintln!("ftprobe: {e:#}");
             exit_status_of(&e)

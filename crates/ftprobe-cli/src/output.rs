@@ -110,8 +110,9 @@ pub fn kprobe_event(
     out.push(b'\n');
 }
 
-/// The fetch args of a record of `def`'s event: (name, value as `trace` prints it); empty
-/// when the record does not decode.
+/// The fetch args of a record of `def`'s event: (name, value as `trace` prints it, but a
+/// string's or a character's without its quotes: the exports' values are the values, which
+/// their formats quote as they need); empty when the record does not decode.
 pub fn kprobe_args(
     def: &ProbeDef,
     decoder: Option<&RecordDecoder>,
@@ -126,7 +127,11 @@ pub fn kprobe_args(
         .zip(&values)
         .map(|(a, v)| {
             let text = format_value(&a.ty, v, syms);
-            (a.name.clone(), String::from_utf8_lossy(&text).into_owned())
+            let inner = match &text[..] {
+                [b'"', mid @ .., b'"'] | [b'\'', mid @ .., b'\''] => mid,
+                t => t,
+            };
+            (a.name.clone(), String::from_utf8_lossy(inner).into_owned())
         })
         .collect()
 }

@@ -12,7 +12,13 @@
 //!   track): a forked child's threads are in their own process;
 //! - per call of a function_graph recording, a `TYPE_SLICE_BEGIN` and a `TYPE_SLICE_END` on
 //!   its thread's track, nested as the calls were (a call cut off, which did not return, is
-//!   ended at its cut and has the debug annotation `cut: true`);
+//!   ended at its cut, and its end has the debug annotation `cut: true`, which the slice
+//!   gets; a call whose return is in the recording but not its entry begins at its entry's
+//!   time, from the return's record);
+//! - a gap in a thread's records (its ring was full: `[LOST N EVENTS]`), a `TYPE_INSTANT`
+//!   `LOST N EVENTS` (category `lost`, annotation `lost: N`) on its track; the calls that
+//!   returned in the gap (open at the depth of the thread's next graph record or deeper) end
+//!   at the gap's mark with the annotations `cut: true` and `lost_return: true`;
 //! - per function-tracer entry and per kprobe event, a `TYPE_INSTANT` on its thread's track
 //!   (categories `function` and `kprobe`); a kprobe event's fetch args are its debug
 //!   annotations (a number as an int or uint, the rest as `trace` prints it), a function
@@ -20,7 +26,9 @@
 //! - event names and categories are interned (`InternedData` in the packet that first uses
 //!   one, `SEQ_NEEDS_INCREMENTAL_STATE` on the packets that refer to them).
 //!
-//! Packets are written in timestamp order (a thread's own events in its order).
+//! Packets are written in timestamp order (a thread's own events in its order), as they are
+//! read: the rings are merged as `replay` merges them, so memory does not grow with the
+//! recording.
 //!
 //! # The encoder
 //!
@@ -41,8 +49,13 @@ use ftprobe::trace_kprobe::RecordDecoder;
 use prost::Message;
 use rustc_hash::FxHashMap;
 
+use ftprobe::ftrace::fgraph::FgraphExit;
+use ftprobe::record::rtype;
+
+use crate::merge::Merge;
 use crate::recording::Recording;
 use crate::report::name_of;
+use crate::session::Source;
 
 /// `trace.proto`'s `Trace`: `repeated TracePacket packet = 1` (written one packet at a time,
 /// each as that field: see [`write_packet`]).
@@ -70,7 +83,8 @@ const THREAD_UUID: u64 = 2 << 48;
 /// Interned categories: their iids, and their names by iid - 1.
 const CAT_FUNCTION: u64 = 1;
 const CAT_KPROBE: u64 = 2;
-const CATEGORIES: [&str; 2] = ["function", "kprobe"];
+const CAT_LOST: u64 = 3;
+const CATEGORIES: [&str; 3] = ["function", "kprobe", "lost"];
 
 /// `trace_packet.proto`'s `TracePacket` (the fields used).
 #[derive(Clone, PartialEq, Message)]
@@ -229,161 +243,226 @@ fn annotation(name: String, text: String) -> DebugAnnotation {
     a
 }
 
-/// What a thread's event is.
+/// What an event is.
 enum Kind {
-    /// A call begins: its function, and whether it was cut off.
-    Begin(u64, bool),
-    End,
+    /// A call begins: its function.
+    Begin(u64),
+    /// The innermost open call of the thread ends; `cut`: it did not return; `lost_return`:
+    /// its return was in a gap (its end is the gap's mark).
+    End { cut: bool, lost_return: bool },
     /// An instant: its name, category iid, annotations.
     Instant(String, u64, Vec<DebugAnnotation>),
 }
 
-/// A thread's event at `ts` (CLOCK_MONOTONIC ns).
-struct Event {
-    ts: u64,
-    kind: Kind,
+/// What a first pass over ring `i` finds out about its calls that the records' order does not
+/// tell (both bounded by the call depth at a break in the stream or a thread's start, not by
+/// the recording's size).
+#[derive(Default)]
+struct Thread {
+    /// Calls whose return is in the recording but not their entry (it came before
+    /// `--time-range`, or was lost): `(calltime, func)` in TSC, outer calls first. The
+    /// merge puts an entry for each in the ring's stream, before their children's.
+    missing: std::collections::VecDeque<(u64, u64)>,
+    /// Entries whose call began later than their record says: `(entry's ts, calltime)`, in
+    /// order. A thread's first call claims its ring before its duration starts (the return
+    /// holds the later calltime, which `replay` and `report` use).
+    moved: std::collections::VecDeque<(u64, u64)>,
+    /// The calls open on the thread (their functions) while the merge writes.
+    open: Vec<u64>,
+    /// The last timestamp written (CLOCK_MONOTONIC ns: a track's time never goes back).
+    last_ns: u64,
+    /// A gap (LOST record) since the thread's last graph record: its time.
+    gap_ns: Option<u64>,
 }
 
-/// The calls of ring `i` as begin/end events, nested, in order: the calls come in the order
-/// they end with their depth; the tree they make is walked depth first.
-fn slices(rec: &mut Recording, i: u32) -> Result<Vec<Event>> {
-    let mut calls = Vec::new();
-    // Per call, its children (indexes into `calls`); `open`: calls whose parent is to come.
-    let mut children: Vec<Vec<usize>> = Vec::new();
-    let mut open: Vec<(usize, usize)> = Vec::new();
-    rec.calls(i, |c, callers| {
-        let depth = callers.len();
-        let n = calls.len();
-        calls.push(*c);
-        let at = open
-            .iter()
-            .rposition(|&(_, d)| d <= depth)
-            .map_or(0, |p| p + 1);
-        children.push(open.drain(at..).map(|(k, _)| k).collect());
-        open.push((n, depth));
+fn first_pass(rec: &mut Recording, i: u32) -> Result<Thread> {
+    // The open entries: (func, ts).
+    let mut stack: Vec<(u64, u64)> = Vec::new();
+    let mut missing = Vec::new();
+    let mut moved = Vec::new();
+    rec.for_each(i, &mut |rt, aux, w| match Record::decode(rt, aux, w) {
+        Some(Record::GraphEntry { ts, func, .. }) => stack.push((func, ts)),
+        Some(Record::GraphReturn { func, calltime, .. }) => {
+            match stack.iter().rposition(|&(f, _)| f == func) {
+                Some(p) => {
+                    if stack[p].1 != calltime {
+                        moved.push((stack[p].1, calltime));
+                    }
+                    stack.truncate(p);
+                }
+                None => missing.push((calltime, func)),
+            }
+        }
+        _ => {}
     })?;
-    let mut out = Vec::with_capacity(calls.len() * 2);
-    // Timestamps never go back: a call begins no earlier than its parent or the previous
-    // event, and ends no earlier than its last child.
-    let mut last = 0u64;
-    let mut stack: Vec<(usize, usize)> = open.iter().rev().map(|&(k, _)| (k, 0)).collect();
-    while let Some((k, next)) = stack.pop() {
-        let c = &calls[k];
-        if next == 0 {
-            last = last.max(c.start_ns);
-            out.push(Event {
-                ts: last,
-                kind: Kind::Begin(c.func, c.cut),
-            });
-        }
-        if let Some(&child) = children[k].get(next) {
-            stack.push((k, next + 1));
-            stack.push((child, 0));
-        } else {
-            last = last.max(c.start_ns + c.dur_ns);
-            out.push(Event {
-                ts: last,
-                kind: Kind::End,
-            });
-        }
-    }
-    Ok(out)
+    missing.sort_unstable();
+    moved.sort_unstable();
+    Ok(Thread {
+        missing: missing.into(),
+        moved: moved.into(),
+        ..Thread::default()
+    })
 }
 
-/// The instants of ring `i`: function-tracer entries (not in a function_graph recording,
-/// whose entries are the slices) and kprobe events, in order.
-fn instants(
-    rec: &mut Recording,
-    i: u32,
-    graph: bool,
-    events: &[ftprobe::events::ProbeDef],
-    decoders: &[Option<RecordDecoder>],
-    syms: &mut crate::symbols::Symbols,
-) -> Result<Vec<Event>> {
-    let mono = crate::session::Source::clock(&*rec);
-    let mut out = Vec::new();
-    let mut last = 0u64;
-    rec.for_each(i, &mut |rt, aux, w| {
-        let rec = Record::decode(rt, aux, w);
-        let (name, cat, args) = match rec {
-            Some(Record::Func { ip, parent_ip, .. }) if !graph => {
-                let mut parent = Vec::new();
-                syms.push_return_name(parent_ip, &mut parent);
-                let parent = String::from_utf8_lossy(&parent).into_owned();
-                (
-                    name_of(syms, ip),
-                    CAT_FUNCTION,
-                    vec![DebugAnnotation {
-                        name: Some("parent".into()),
-                        string_value: Some(parent),
+/// The packets of the events, with the interning state of the sequence.
+struct Events<'a> {
+    out: &'a mut dyn Write,
+    buf: Vec<u8>,
+    /// Event names interned so far, and their iids.
+    names: FxHashMap<String, u64>,
+    /// Function names by address (symbolized once).
+    func_names: FxHashMap<u64, String>,
+    /// The categories interned so far (bit per iid).
+    cats_done: u32,
+}
+
+impl Events<'_> {
+    /// The iid of an event name, interned in `p` when new; its category's too.
+    fn intern(&mut self, name: &str, cat: u64, p: &mut TracePacket) -> u64 {
+        let data = p.interned_data.get_or_insert_with(InternedData::default);
+        if self.cats_done & (1 << cat) == 0 {
+            self.cats_done |= 1 << cat;
+            data.event_categories.push(Interned {
+                iid: Some(cat),
+                name: Some(CATEGORIES[cat as usize - 1].into()),
+            });
+        }
+        let iid = match self.names.get(name) {
+            Some(&iid) => iid,
+            None => {
+                let iid = self.names.len() as u64 + 1;
+                self.names.insert(name.to_owned(), iid);
+                data.event_names.push(Interned {
+                    iid: Some(iid),
+                    name: Some(name.to_owned()),
+                });
+                iid
+            }
+        };
+        if data.event_categories.is_empty() && data.event_names.is_empty() {
+            p.interned_data = None;
+        }
+        iid
+    }
+
+    /// Write one event of ring `ring` at `ts` (CLOCK_MONOTONIC ns).
+    fn write(
+        &mut self,
+        syms: &mut crate::symbols::Symbols,
+        ts: u64,
+        ring: u32,
+        kind: Kind,
+    ) -> Result<()> {
+        let mut p = packet();
+        p.timestamp = Some(ts);
+        p.timestamp_clock_id = Some(CLOCK_MONOTONIC);
+        p.sequence_flags = Some(SEQ_NEEDS_INCREMENTAL_STATE);
+        let mut te = TrackEvent {
+            track_uuid: Some(THREAD_UUID + u64::from(ring)),
+            ..Default::default()
+        };
+        match kind {
+            Kind::Begin(func) => {
+                let name = match self.func_names.get(&func) {
+                    Some(n) => n.clone(),
+                    None => {
+                        let n = name_of(syms, func);
+                        self.func_names.insert(func, n.clone());
+                        n
+                    }
+                };
+                te.name_iid = Some(self.intern(&name, CAT_FUNCTION, &mut p));
+                te.r#type = Some(TYPE_SLICE_BEGIN);
+                te.category_iids = vec![CAT_FUNCTION];
+            }
+            Kind::End { cut, lost_return } => {
+                te.r#type = Some(TYPE_SLICE_END);
+                if cut {
+                    te.debug_annotations = vec![DebugAnnotation {
+                        name: Some("cut".into()),
+                        bool_value: Some(true),
                         ..Default::default()
-                    }],
-                )
+                    }];
+                }
+                if lost_return {
+                    te.debug_annotations.push(DebugAnnotation {
+                        name: Some("lost_return".into()),
+                        bool_value: Some(true),
+                        ..Default::default()
+                    });
+                }
             }
-            Some(Record::Kprobe { event, words, .. }) => {
-                let id = event as usize;
-                let Some(def) = events.get(id) else { return };
-                let dec = decoders.get(id).and_then(Option::as_ref);
-                let args = crate::output::kprobe_args(def, dec, words, syms)
-                    .into_iter()
-                    .map(|(n, t)| annotation(n, t))
-                    .collect();
-                (def.event.clone(), CAT_KPROBE, args)
+            Kind::Instant(name, cat, args) => {
+                te.name_iid = Some(self.intern(&name, cat, &mut p));
+                te.r#type = Some(TYPE_INSTANT);
+                te.category_iids = vec![cat];
+                te.debug_annotations = args;
             }
-            _ => return,
-        };
-        let Some(ts) = rec.and_then(|r| r.ts()) else {
-            return;
-        };
-        last = last.max(mono.tsc_to_mono_ns(ts));
-        out.push(Event {
-            ts: last,
-            kind: Kind::Instant(name, cat, args),
-        });
-    })?;
-    Ok(out)
+        }
+        p.track_event = Some(te);
+        write_packet(self.out, &p, &mut self.buf)
+    }
 }
 
-/// Merge a thread's slices and instants by time (at one timestamp: a slice's begin, then the
-/// instants, then its end).
-fn merge(slices: Vec<Event>, instants: Vec<Event>) -> Vec<Event> {
-    let mut out = Vec::with_capacity(slices.len() + instants.len());
-    let mut s = slices.into_iter().peekable();
-    let mut t = instants.into_iter().peekable();
-    loop {
-        let take_slice = match (s.peek(), t.peek()) {
-            (Some(a), Some(b)) => {
-                a.ts < b.ts || (a.ts == b.ts && matches!(a.kind, Kind::Begin(..)))
+/// Fill ring `i`'s queue with its next chunk of records (none left: the queue is done), its
+/// missing entries put before the first record at or after their time, its moved entries at
+/// their call's time.
+fn fill(rec: &mut Recording, m: &mut Merge, t: &mut Thread, i: u32) {
+    let q = m.queue(i);
+    while q.is_empty() && !q.done {
+        let missing = &mut t.missing;
+        let moved = &mut t.moved;
+        rec.drain(i, |rt, aux, w| {
+            let ent;
+            let w = match moved.front() {
+                Some(&(ts, calltime)) if rt == rtype::FGRAPH_ENT && w.len() >= 2 && w[0] == ts => {
+                    moved.pop_front();
+                    ent = [calltime, w[1]];
+                    &ent[..]
+                }
+                _ => w,
+            };
+            if let Some(ts) = ftprobe::record::timestamp(rt, w) {
+                while let Some(&(calltime, func)) = missing.front().filter(|e| e.0 <= ts) {
+                    missing.pop_front();
+                    q.push(rtype::FGRAPH_ENT, 0, &[calltime, func]);
+                }
             }
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => break,
-        };
-        out.extend(if take_slice { s.next() } else { t.next() });
+            q.push(rt, aux, w);
+        });
+        q.done = rec.done(i);
     }
-    out
+    m.held += m.queues[&i].len();
+    m.reinsert(i);
 }
 
 /// Write the recording as a Perfetto trace to `out`.
+///
+/// The rings are merged by timestamp as `replay` merges them ([`crate::merge`]), and each
+/// record becomes its packet as it comes: memory is O(rings x chunk + call depth), whatever
+/// the recording's size.
 pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
     let events = rec.events()?;
     let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
     let mut syms = rec.symbols();
     let graph = rec.info.tracer == "function_graph";
     let rings: Vec<u32> = rec.ring_ids();
+    let mono = crate::session::Source::clock(&*rec);
 
-    // Per ring, its events.
-    let mut threads: Vec<Vec<Event>> = Vec::with_capacity(rings.len());
+    // Per ring, what a first pass finds out (function_graph).
+    let mut threads: FxHashMap<u32, Thread> = FxHashMap::default();
+    let mut first_ns = rec.start_ns;
     for &i in &rings {
-        let s = if graph { slices(rec, i)? } else { Vec::new() };
-        let t = instants(rec, i, graph, &events, &decoders, &mut syms)?;
-        threads.push(merge(s, t));
+        let t = if graph {
+            first_pass(rec, i)?
+        } else {
+            Thread::default()
+        };
+        if let Some(&(calltime, _)) = t.missing.front() {
+            first_ns = first_ns.min(mono.tsc_to_mono_ns(calltime));
+        }
+        threads.insert(i, t);
     }
-    let first_ts = threads
-        .iter()
-        .filter_map(|t| t.first().map(|e| e.ts))
-        .min()
-        .unwrap_or(0);
 
     let mut buf = Vec::new();
     // The clock, and the sequence's incremental state cleared. It comes before any timestamp
@@ -395,7 +474,7 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
     p.clock_snapshot = Some(ClockSnapshot {
         clocks: vec![Clock {
             clock_id: Some(CLOCK_MONOTONIC),
-            timestamp: Some(first_ts),
+            timestamp: Some(first_ns),
         }],
         primary_trace_clock: Some(CLOCK_MONOTONIC as i32),
     });
@@ -443,79 +522,195 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
     }
 
     // The events of all threads by time, each thread's in its order.
-    let mut order: Vec<(u64, usize, usize)> = threads
-        .iter()
-        .enumerate()
-        .flat_map(|(t, evs)| evs.iter().enumerate().map(move |(k, e)| (e.ts, t, k)))
-        .collect();
-    order.sort_unstable();
-    let mut names: FxHashMap<String, u64> = FxHashMap::default();
-    let mut func_names: FxHashMap<u64, String> = FxHashMap::default();
-    // The categories interned so far (bit per iid).
-    let mut cats_done = 0u32;
-    for (ts, t, k) in order {
-        let e = &mut threads[t][k];
-        let mut p = packet();
-        p.timestamp = Some(ts);
-        p.timestamp_clock_id = Some(CLOCK_MONOTONIC);
-        p.sequence_flags = Some(SEQ_NEEDS_INCREMENTAL_STATE);
-        let mut te = TrackEvent {
-            track_uuid: Some(THREAD_UUID + u64::from(rings[t])),
-            ..Default::default()
-        };
-        // The iid of an event name, interned in this packet when new; the category's too.
-        let mut intern = |name: &str, cat: u64, p: &mut TracePacket| -> u64 {
-            let data = p.interned_data.get_or_insert_with(InternedData::default);
-            if cats_done & (1 << cat) == 0 {
-                cats_done |= 1 << cat;
-                data.event_categories.push(Interned {
-                    iid: Some(cat),
-                    name: Some(CATEGORIES[cat as usize - 1].into()),
-                });
-            }
-            let iid = match names.get(name) {
-                Some(&iid) => iid,
-                None => {
-                    let iid = names.len() as u64 + 1;
-                    names.insert(name.to_owned(), iid);
-                    data.event_names.push(Interned {
-                        iid: Some(iid),
-                        name: Some(name.to_owned()),
-                    });
-                    iid
+    let mut w = Events {
+        out,
+        buf,
+        names: FxHashMap::default(),
+        func_names: FxHashMap::default(),
+        cats_done: 0,
+    };
+    rec.rewind();
+    let mut m = Merge::default();
+    for &i in &rings {
+        fill(
+            rec,
+            &mut m,
+            threads.get_mut(&i).expect("a thread per ring"),
+            i,
+        );
+    }
+    let mut events_out: Vec<(u64, Kind)> = Vec::new();
+    // Rings whose open calls end at the time range's end: (ring, calls).
+    let mut at_range_end: Vec<(u32, usize)> = Vec::new();
+    loop {
+        // Rings done and emptied: their calls still open end at their last event, cut (or
+        // at the time range's end if the thread went on past it: after every other event).
+        for i in m.retire() {
+            if let Some(t) = threads.remove(&i) {
+                // A gap with no graph record after it: the calls still open may have
+                // returned in it.
+                if let Some(g) = t.gap_ns {
+                    for _ in 0..t.open.len() {
+                        let lost = Kind::End {
+                            cut: true,
+                            lost_return: true,
+                        };
+                        w.write(&mut syms, g, i, lost)?;
+                    }
+                    continue;
                 }
-            };
-            if data.event_categories.is_empty() && data.event_names.is_empty() {
-                p.interned_data = None;
-            }
-            iid
-        };
-        match &mut e.kind {
-            Kind::Begin(func, cut) => {
-                let name = func_names
-                    .entry(*func)
-                    .or_insert_with(|| name_of(&mut syms, *func));
-                te.name_iid = Some(intern(name, CAT_FUNCTION, &mut p));
-                te.r#type = Some(TYPE_SLICE_BEGIN);
-                te.category_iids = vec![CAT_FUNCTION];
-                if *cut {
-                    te.debug_annotations = vec![DebugAnnotation {
-                        name: Some("cut".into()),
-                        bool_value: Some(true),
-                        ..Default::default()
-                    }];
+                let end = rec.end_ns(i, t.last_ns);
+                if end > t.last_ns {
+                    at_range_end.push((i, t.open.len()));
+                    continue;
                 }
-            }
-            Kind::End => te.r#type = Some(TYPE_SLICE_END),
-            Kind::Instant(name, cat, args) => {
-                te.name_iid = Some(intern(name, *cat, &mut p));
-                te.r#type = Some(TYPE_INSTANT);
-                te.category_iids = vec![*cat];
-                te.debug_annotations = std::mem::take(args);
+                for _ in 0..t.open.len() {
+                    w.write(
+                        &mut syms,
+                        end,
+                        i,
+                        Kind::End {
+                            cut: true,
+                            lost_return: false,
+                        },
+                    )?;
+                }
             }
         }
-        p.track_event = Some(te);
-        write_packet(out, &p, &mut buf)?;
+        let Some(r) = m.take() else { break };
+        let t = threads.get_mut(&r).expect("a thread per ring");
+        let h = m.queues[&r]
+            .head()
+            .expect("a ring in the heap holds a record");
+        let at = |t: &mut Thread, ts: u64| {
+            t.last_ns = t.last_ns.max(mono.tsc_to_mono_ns(ts));
+            t.last_ns
+        };
+        // After a gap: the calls open at the next graph record's depth or deeper (deeper
+        // than a return's) returned in it; they end at its mark.
+        let gone_from = match Record::decode(h.rtype, h.aux, h.words) {
+            Some(Record::GraphEntry { depth, .. }) if graph => Some(depth as usize),
+            Some(Record::GraphReturn { depth, .. }) if graph => Some(depth as usize + 1),
+            _ => None,
+        };
+        if let (Some(from), Some(g)) = (gone_from, t.gap_ns) {
+            t.gap_ns = None;
+            while t.open.len() > from {
+                t.open.pop();
+                events_out.push((
+                    g,
+                    Kind::End {
+                        cut: true,
+                        lost_return: true,
+                    },
+                ));
+            }
+        }
+        match Record::decode(h.rtype, h.aux, h.words) {
+            Some(Record::Lost { ts, count, .. }) if count > 0 => {
+                let ns = at(t, ts);
+                if graph {
+                    t.gap_ns = Some(ns);
+                }
+                let args = vec![DebugAnnotation {
+                    name: Some("lost".into()),
+                    uint_value: Some(count),
+                    ..Default::default()
+                }];
+                events_out.push((
+                    ns,
+                    Kind::Instant(format!("LOST {count} EVENTS"), CAT_LOST, args),
+                ));
+            }
+            Some(Record::GraphEntry { ts, func, .. }) if graph => {
+                t.open.push(func);
+                events_out.push((at(t, ts), Kind::Begin(func)));
+            }
+            Some(Record::GraphReturn { ts, func, exit, .. }) if graph => {
+                // Its entry is open (the first pass put the missing ones in the stream);
+                // calls above it never returned (cut at this return).
+                if let Some(p) = t.open.iter().rposition(|&f| f == func) {
+                    let ns = at(t, ts);
+                    for _ in p + 1..t.open.len() {
+                        events_out.push((
+                            ns,
+                            Kind::End {
+                                cut: true,
+                                lost_return: false,
+                            },
+                        ));
+                    }
+                    t.open.truncate(p);
+                    events_out.push((
+                        ns,
+                        Kind::End {
+                            cut: exit != FgraphExit::Returned,
+                            lost_return: false,
+                        },
+                    ));
+                }
+            }
+            Some(Record::Func {
+                ts, ip, parent_ip, ..
+            }) if !graph => {
+                let mut parent = Vec::new();
+                syms.push_return_name(parent_ip, &mut parent);
+                let parent = String::from_utf8_lossy(&parent).into_owned();
+                let args = vec![DebugAnnotation {
+                    name: Some("parent".into()),
+                    string_value: Some(parent),
+                    ..Default::default()
+                }];
+                let name = name_of(&mut syms, ip);
+                events_out.push((at(t, ts), Kind::Instant(name, CAT_FUNCTION, args)));
+            }
+            Some(Record::Kprobe {
+                ts, event, words, ..
+            }) => {
+                let id = event as usize;
+                if let Some(def) = events.get(id) {
+                    let dec = decoders.get(id).and_then(Option::as_ref);
+                    let args = crate::output::kprobe_args(def, dec, words, &mut syms)
+                        .into_iter()
+                        .map(|(n, t)| annotation(n, t))
+                        .collect();
+                    let name = def.event.clone();
+                    events_out.push((at(t, ts), Kind::Instant(name, CAT_KPROBE, args)));
+                }
+            }
+            _ => {}
+        }
+        for (ts, kind) in events_out.drain(..) {
+            w.write(&mut syms, ts, r, kind)?;
+        }
+        m.pop_record(r);
+        if m.queues[&r].is_empty() {
+            fill(
+                rec,
+                &mut m,
+                threads.get_mut(&r).expect("a thread per ring"),
+                r,
+            );
+        } else {
+            m.reinsert(r);
+        }
+    }
+    for (i, open) in at_range_end {
+        let end = rec.end_ns(i, 0);
+        for _ in 0..open {
+            w.write(
+                &mut syms,
+                end,
+                i,
+                Kind::End {
+                    cut: true,
+                    lost_return: false,
+                },
+            )?;
+        }
+    }
+    if let Some(e) = rec.take_error() {
+        return Err(e);
     }
     Ok(())
 }

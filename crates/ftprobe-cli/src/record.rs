@@ -14,7 +14,7 @@
 //!   (checked, padding left out, whole spans at once): a little-endian header word
 //!   `len | rtype << 16 | aux << 32` (`len` in words, the header included), then the payload
 //!   words: 8 + 8 x payload bytes per record (32 for a function-tracer event), LOST records
-//!   where the thread's events were dropped (format 3; format 2 has the same words without
+//!   where the thread's events were dropped (format 4; formats 2 and 3 have the same words without
 //!   them, which older builds would have ignored silently). Format 1
 //!   recordings (`rtype | payload words << 16 | aux << 32`) are read too;
 //! - `info.json` ([`Info`]): the command, tracer, options and event definitions, the clock's
@@ -37,10 +37,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::session::{self, End, SessionArgs, Sink, Source};
 
-/// The `format` of the `info.json` this code writes (3: ring files may hold LOST records,
-/// the marks of the gaps a full ring left; 2: ring files hold records as the rings do; 1:
-/// another header word; all three are read).
-pub const FORMAT: u32 = 3;
+/// The `format` of the `info.json` this code writes (2: ring files hold records as the
+/// rings do; 3: and the streams of short-lived threads share [`SMALL_FILE`]; 4: and the
+/// records may include LOST records, the marks of the gaps a full ring left, which older
+/// builds would have ignored silently; 1 to 3 are read too).
+pub const FORMAT: u32 = 4;
+
+/// The file the streams of short-lived threads share: a stream's records are kept in memory
+/// until it ended (then appended here, one after another) or holds [`SPILL`] bytes (then it
+/// gets a file of its own). A file per thread cost ~70 µs of the CLI's time to create on
+/// ext4: a program starting thousands of short threads a second outran it, and their rings
+/// were not freed in time (events lost where `trace` lost none).
+pub const SMALL_FILE: &str = "rings-small.dat";
+
+/// A stream's bytes in memory before it gets a file of its own.
+const SPILL: usize = 64 << 10;
+
+/// The streams' bytes kept in memory at most: beyond, the largest get files of their own.
+const PENDING_BUDGET: usize = 16 << 20;
 
 /// Arguments of `ftprobe record`.
 #[derive(Args)]
@@ -130,8 +144,12 @@ pub struct RingInfo {
     /// Records and bytes in its file.
     pub records: u64,
     pub bytes: u64,
-    /// Its data file, relative to the directory.
+    /// Its data file, relative to the directory ...
     pub file: String,
+    /// ... and where in it the stream starts (format 3: the streams of short-lived threads
+    /// share one file, [`SMALL_FILE`], one after another; absent: 0, a file of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
 }
 
 /// A loaded object of a recording.
@@ -224,6 +242,16 @@ struct Recorder {
     /// Per stream: records and bytes in its file (all streams: 16 bytes each).
     records: Vec<u64>,
     bytes: Vec<u64>,
+    /// Streams' records kept in memory (not in a file yet), and their bytes in all.
+    pending: BTreeMap<u32, Vec<u8>>,
+    pending_bytes: usize,
+    /// Streams that have a file of their own.
+    own_file: Vec<bool>,
+    /// Per stream, its offset in [`SMALL_FILE`] if it went there.
+    offsets: Vec<Option<u64>>,
+    /// [`SMALL_FILE`], open once a stream went there, and its length.
+    small: Option<File>,
+    small_len: u64,
     /// The streams that may still bring records, this poll (reused).
     active: Vec<u32>,
     /// The objects table as last seen, and every object seen (copied when first seen).
@@ -303,12 +331,24 @@ impl Recorder {
                 break;
             }
             let bytes = 8 * buf.len() as u64;
-            // One write of the whole span: the words' bytes as they are in memory
-            // (little-endian on x86-64, as the format says).
-            let written = self.file(i).and_then(|out| {
-                out.write_all(words_as_bytes(&buf))
-                    .map_err(|e| format!("writing {}: {e}", ring_file(i)))
-            });
+            // The words' bytes as they are in memory (little-endian on x86-64, as the format
+            // says): kept while the stream is small, else one write of the whole span.
+            let written = if self.own_file[i as usize] {
+                let path = self.dir.join(ring_file(i));
+                self.file(i).and_then(|out| {
+                    out.write_all(words_as_bytes(&buf))
+                        .map_err(|e| format!("writing {}: {e}", path.display()))
+                })
+            } else {
+                let p = self.pending.entry(i).or_default();
+                p.extend_from_slice(words_as_bytes(&buf));
+                self.pending_bytes += buf.len() * 8;
+                if p.len() >= SPILL {
+                    self.spill(i)
+                } else {
+                    Ok(())
+                }
+            };
             if let Err(e) = written {
                 self.fail(e);
                 break;
@@ -321,6 +361,54 @@ impl Recorder {
             }
         }
         self.buf = buf;
+    }
+
+    /// Stream `i`'s records kept in memory go to a file of its own, where the rest will go.
+    fn spill(&mut self, i: u32) -> Result<(), String> {
+        self.own_file[i as usize] = true;
+        let Some(p) = self.pending.remove(&i) else {
+            return Ok(());
+        };
+        self.pending_bytes -= p.len();
+        let path = self.dir.join(ring_file(i));
+        self.file(i)?
+            .write_all(&p)
+            .map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    /// Stream `i` ended: its records kept in memory go to the end of [`SMALL_FILE`].
+    fn settle(&mut self, i: u32) -> Result<(), String> {
+        let Some(p) = self.pending.remove(&i) else {
+            return Ok(());
+        };
+        self.pending_bytes -= p.len();
+        let path = self.dir.join(SMALL_FILE);
+        if self.small.is_none() {
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| format!("creating {}: {e}", path.display()))?;
+            self.small = Some(f);
+        }
+        let f = self.small.as_mut().expect("opened above");
+        f.write_all(&p)
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        self.offsets[i as usize] = Some(self.small_len);
+        self.small_len += p.len() as u64;
+        Ok(())
+    }
+
+    /// Over the memory budget: the largest streams kept in memory get files of their own.
+    fn trim_pending(&mut self) {
+        while self.pending_bytes > PENDING_BUDGET && self.error.is_none() {
+            let Some((&i, _)) = self.pending.iter().max_by_key(|(_, p)| p.len()) else {
+                break;
+            };
+            if let Err(e) = self.spill(i) {
+                self.fail(e);
+            }
+        }
     }
 
     /// Once the agent armed (the run is recording): the staging directory becomes the data
@@ -415,11 +503,13 @@ impl Sink for Recorder {
         if self.records.len() < n {
             self.records.resize(n, 0);
             self.bytes.resize(n, 0);
+            self.own_file.resize(n, false);
+            self.offsets.resize(n, None);
         }
         let mut active = std::mem::take(&mut self.active);
         src.active(&mut active);
         // The streams that ended since the last poll (read to the end then): their files are
-        // complete.
+        // complete, and those kept in memory go to the shared file.
         let ended: Vec<u32> = self
             .files
             .keys()
@@ -429,9 +519,21 @@ impl Sink for Recorder {
         for i in ended {
             self.close(i);
         }
+        let settled: Vec<u32> = self
+            .pending
+            .keys()
+            .copied()
+            .filter(|i| active.binary_search(i).is_err())
+            .collect();
+        for i in settled {
+            if let Err(e) = self.settle(i) {
+                self.fail(e);
+            }
+        }
         for &i in &active {
             self.drain_stream(src, i, final_poll);
         }
+        self.trim_pending();
         self.active = active;
     }
 
@@ -444,6 +546,14 @@ impl Sink for Recorder {
         for i in open {
             self.close(i);
         }
+        // The streams still in memory (threads alive at the end), to the shared file.
+        let kept: Vec<u32> = self.pending.keys().copied().collect();
+        for i in kept {
+            if let Err(e) = self.settle(i) {
+                self.fail(e);
+            }
+        }
+        self.small = None;
         self.rotate_once_armed(src);
         if !self.rotated {
             // Nothing recorded (or it could not be moved in place): `run` says so.
@@ -468,7 +578,11 @@ impl Sink for Recorder {
                     lost: src.lost(i),
                     records: self.records.get(i as usize).copied().unwrap_or(0),
                     bytes: self.bytes.get(i as usize).copied().unwrap_or(0),
-                    file: ring_file(i),
+                    file: match self.offsets.get(i as usize).copied().flatten() {
+                        Some(_) => SMALL_FILE.to_owned(),
+                        None => ring_file(i),
+                    },
+                    offset: self.offsets.get(i as usize).copied().flatten(),
                 })
             })
             .collect();
@@ -507,9 +621,26 @@ impl Sink for Recorder {
             }
         }
         info.objects = objects;
+        // Losses are said at the end, as perf record does (the recording keeps the details).
+        let full: u64 = self.info.rings.iter().map(|r| r.lost).sum();
+        let total = full + self.info.lost_no_ring + self.info.lost_recursion;
+        if total > 0 {
+            eprintln!(
+                "ftprobe: {total} events lost ({full} to full rings, {} with no ring free, {} \
+                 to recursion): `ftprobe replay -d {}` says where; --buffer-size-kb and \
+                 --rings give more room",
+                self.info.lost_no_ring,
+                self.info.lost_recursion,
+                self.target.display()
+            );
+        }
+        // Written whole or not at all (a full disk must not leave an empty `info.json`
+        // beside the records).
         let path = self.dir.join("info.json");
+        let tmp = self.dir.join("info.json.tmp");
         let text = serde_json::to_string_pretty(&self.info)?;
-        std::fs::write(&path, text + "\n")
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|()| std::fs::rename(&tmp, &path))
             .with_context(|| format!("writing {}", path.display()))?;
         Ok(())
     }
@@ -561,6 +692,12 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         files: BTreeMap::new(),
         records: Vec::new(),
         bytes: Vec::new(),
+        pending: BTreeMap::new(),
+        pending_bytes: 0,
+        own_file: Vec::new(),
+        offsets: Vec::new(),
+        small: None,
+        small_len: 0,
         active: Vec::new(),
         table: Vec::new(),
         objects: Vec::new(),

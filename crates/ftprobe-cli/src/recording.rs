@@ -47,7 +47,19 @@ pub struct DataDir {
 /// Records a drain of a recording hands out per ring at most (the merge's chunk).
 pub const CHUNK: usize = 1 << 12;
 
-/// A ring file, read one record at a time through a buffer.
+/// A stream's records in a recording: a file of its own, or a segment of a file that holds
+/// the streams of short-lived threads one after another.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    pub path: PathBuf,
+    /// Its first byte in the file.
+    pub offset: u64,
+    /// Its bytes and records, as `info.json` gives them.
+    pub bytes: u64,
+    pub records: u64,
+}
+
+/// A stream's file, read one record at a time through a buffer.
 pub struct RingFile {
     r: BufReader<File>,
     /// The recording's format (1: another header word; 2 and 3: as the rings hold it).
@@ -55,34 +67,54 @@ pub struct RingFile {
     /// The current record's payload, and its bytes as read.
     words: Vec<u64>,
     bytes: Vec<u8>,
-    /// Words read so far (for errors).
+    /// Words of the stream read so far (for errors), and the stream's length in words.
     at: u64,
+    len: u64,
 }
 
 impl RingFile {
-    fn open(path: &Path, format: u32) -> std::io::Result<RingFile> {
-        RingFile::open_at(path, format, 0)
+    fn open(s: &Stream, format: u32) -> std::io::Result<RingFile> {
+        RingFile::open_at(s, format, 0)
     }
 
-    /// The file at `path` from word `at` on (a record's start: where an earlier `RingFile`
-    /// of it stopped).
-    fn open_at(path: &Path, format: u32, at: u64) -> std::io::Result<RingFile> {
+    /// Stream `s` from word `at` on (a record's start: where an earlier `RingFile` of it
+    /// stopped). Its file must hold all the bytes `info.json` says it has: a file cut short
+    /// (or emptied) is an error, not a shorter stream.
+    fn open_at(s: &Stream, format: u32, at: u64) -> std::io::Result<RingFile> {
         use std::io::Seek;
-        let mut f = File::open(path)?;
-        if at != 0 {
-            f.seek(std::io::SeekFrom::Start(at * 8))?;
+        let mut f = File::open(&s.path)?;
+        let size = f.metadata()?.len();
+        if size < s.offset.saturating_add(s.bytes) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} bytes, where info.json puts {} bytes ({} records) at offset {}: the file \
+                     was cut short",
+                    size, s.bytes, s.records, s.offset
+                ),
+            ));
         }
+        let start = s.offset + at * 8;
+        if start != 0 {
+            f.seek(std::io::SeekFrom::Start(start))?;
+        }
+        // A short stream (a segment of the shared file) reads no more than it holds.
+        let left = s.bytes.saturating_sub(at * 8).clamp(8, 64 << 10) as usize;
         Ok(RingFile {
-            r: BufReader::with_capacity(64 << 10, f),
+            r: BufReader::with_capacity(left, f),
             format,
             words: Vec::new(),
             bytes: Vec::new(),
             at,
+            len: s.bytes / 8,
         })
     }
 
     /// The next record (rtype, aux; its payload in `self.words`), `None` at the end.
     fn next(&mut self) -> Result<Option<(u16, u32)>> {
+        if self.at >= self.len {
+            return Ok(None);
+        }
         let mut b = [0u8; 8];
         match self.r.read_exact(&mut b) {
             Ok(()) => {}
@@ -101,6 +133,13 @@ impl RingFile {
             }
             (((h >> 16) & 0xffff) as u16, len - 1)
         };
+        if self.at + 1 + len as u64 > self.len {
+            bail!(
+                "a record at word {} runs past the end of the stream ({} words)",
+                self.at,
+                self.len
+            );
+        }
         self.bytes.resize(len * 8, 0);
         self.r.read_exact(&mut self.bytes).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -126,7 +165,9 @@ struct Cursor {
     /// threads is read with one file descriptor (`at`: where to go on).
     file: Option<RingFile>,
     at: u64,
-    path: PathBuf,
+    stream: Stream,
+    /// Records read so far (checked against the stream's count at its end).
+    read: u64,
     filter: ThreadFilter,
     done: bool,
 }
@@ -233,13 +274,24 @@ impl Recording {
         }
     }
 
-    fn ring_paths(&self) -> Vec<(u32, PathBuf, u64)> {
+    /// The streams read: (index, where its records are).
+    fn streams(&self) -> Vec<(u32, Stream)> {
         let n = self.nr_streams();
         self.info
             .rings
             .iter()
             .filter(|r| r.index < n && self.filters.thread(r.tid))
-            .map(|r| (r.index, self.dir.join(&r.file), r.records))
+            .map(|r| {
+                (
+                    r.index,
+                    Stream {
+                        path: self.dir.join(&r.file),
+                        offset: r.offset.unwrap_or(0),
+                        bytes: r.bytes,
+                        records: r.records,
+                    },
+                )
+            })
             .collect()
     }
 
@@ -247,11 +299,13 @@ impl Recording {
     fn first_ns(&self) -> Result<u64> {
         let clock = self.clock();
         let mut first = u64::MAX;
-        for (_, path, _) in self.ring_paths() {
-            let Ok(mut f) = RingFile::open(&path, self.info.format) else {
+        for (_, s) in self.streams() {
+            if s.records == 0 {
                 continue;
-            };
-            while let Some((rt, _)) = f.next().with_context(|| format!("{}", path.display()))? {
+            }
+            let mut f = RingFile::open(&s, self.info.format)
+                .with_context(|| format!("reading {}", s.path.display()))?;
+            while let Some((rt, _)) = f.next().with_context(|| format!("{}", s.path.display()))? {
                 if let Some(ts) = record::timestamp(rt, &f.words) {
                     first = first.min(clock.tsc_to_mono_ns(ts));
                     break;
@@ -265,11 +319,12 @@ impl Recording {
     pub fn rewind(&mut self) {
         let n = self.nr_streams() as usize;
         let mut cursors: Vec<Option<Cursor>> = (0..n).map(|_| None).collect();
-        for (i, path, _) in self.ring_paths() {
+        for (i, stream) in self.streams() {
             cursors[i as usize] = Some(Cursor {
                 file: None,
                 at: 0,
-                path,
+                stream,
+                read: 0,
                 filter: ThreadFilter::default(),
                 done: false,
             });
@@ -290,17 +345,20 @@ impl Recording {
             return false;
         }
         if c.file.is_none() {
-            match RingFile::open_at(&c.path, format, c.at) {
+            // A stream with no record has no file.
+            if c.stream.records == 0 {
+                c.done = true;
+                return false;
+            }
+            match RingFile::open_at(&c.stream, format, c.at) {
                 Ok(file) => c.file = Some(file),
-                // A ring with no record has no file.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    c.done = true;
-                    return false;
-                }
                 Err(e) => {
-                    self.error.get_or_insert(
-                        anyhow::Error::from(e).context(format!("reading {}", c.path.display())),
-                    );
+                    self.error
+                        .get_or_insert(anyhow::Error::from(e).context(format!(
+                            "reading {} (info.json: {} records in it)",
+                            c.stream.path.display(),
+                            c.stream.records
+                        )));
                     c.done = true;
                     return false;
                 }
@@ -318,16 +376,25 @@ impl Recording {
                 Ok(r) => r,
                 Err(e) => {
                     self.error
-                        .get_or_insert(e.context(format!("{}", c.path.display())));
+                        .get_or_insert(e.context(format!("{}", c.stream.path.display())));
                     None
                 }
             };
             let Some((rt, aux)) = rec else {
+                if c.read != c.stream.records && self.error.is_none() {
+                    self.error = Some(anyhow::anyhow!(
+                        "{}: {} records, where info.json says {}",
+                        c.stream.path.display(),
+                        c.read,
+                        c.stream.records
+                    ));
+                }
                 c.filter.finish(&mut out);
                 c.done = true;
                 c.file = None;
                 return false;
             };
+            c.read += 1;
             let mut cx = FilterCx {
                 filters: &self.filters,
                 names,
@@ -349,13 +416,23 @@ impl Recording {
         self.error.take()
     }
 
+    /// When ring `i`'s calls still open at its last record read end: the time range's end
+    /// if the thread went on past it, else `last_ns` (its last record's time).
+    pub fn end_ns(&self, i: u32, last_ns: u64) -> u64 {
+        match self.cursors.get(i as usize) {
+            Some(Some(c)) if c.filter.past_range => self.range.1.max(last_ns),
+            _ => last_ns,
+        }
+    }
+
     /// Ring `i`'s records in order, filtered (threads, time range): `f(rtype, aux, payload)`.
     pub fn for_each(&mut self, i: u32, f: &mut dyn FnMut(u16, u32, &[u64])) -> Result<()> {
         if let Some(Some(c)) = self.cursors.get_mut(i as usize) {
             *c = Cursor {
                 file: None,
                 at: 0,
-                path: c.path.clone(),
+                stream: c.stream.clone(),
+                read: 0,
                 filter: ThreadFilter::default(),
                 done: false,
             };
@@ -386,6 +463,13 @@ impl Source for Recording {
             return false;
         }
         self.read(i, CHUNK, &mut f);
+        true
+    }
+    fn drain_max(&mut self, i: u32, max: usize, mut f: impl FnMut(u16, u32, &[u64])) -> bool {
+        if !matches!(self.cursors.get(i as usize), Some(Some(_))) {
+            return false;
+        }
+        self.read(i, max.clamp(1, CHUNK), &mut f);
         true
     }
     fn chunked(&self) -> bool {
@@ -649,7 +733,8 @@ impl Recording {
         if let Some(g) = gap {
             close_lost(&mut stack, &mut funcs, 0, g, &mut f);
         }
-        close(&mut stack, &mut funcs, 0, last_ns, &mut f);
+        let end_ns = self.end_ns(i, last_ns);
+        close(&mut stack, &mut funcs, 0, end_ns, &mut f);
         Ok(())
     }
 }

@@ -398,6 +398,11 @@ pub trait Source {
     /// Hand every record of stream `i` now available to `f` (rtype, aux, payload words), in
     /// the ring's order; `false` when the stream cannot be read.
     fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool;
+    /// [`drain`](Self::drain), at most `max` records of a [`chunked`](Self::chunked) stream
+    /// (a live one hands out what it has).
+    fn drain_max(&mut self, i: u32, _max: usize, f: impl FnMut(u16, u32, &[u64])) -> bool {
+        self.drain(i, f)
+    }
     /// [`drain`](Self::drain) in bulk: the records as the ring holds them (header word
     /// `len | rtype << 16 | aux << 32`, `len` counting the header, then the payload), appended
     /// to `buf`; the number of records (0: nothing more now; a live stream is drained in

@@ -295,13 +295,19 @@ impl Printer {
                 }
             }
         }
+        // A recording's streams are read in chunks (of CHUNK records; smaller with many
+        // streams, so that all of them together stay within 16 * MAX_HELD records), and the
+        // merge's bound is what they hold: every stream holds a record when the merge hands
+        // one out, so the output is in timestamp order whatever the number of threads.
+        let chunk = (8 * MAX_HELD / active.len().max(1)).clamp(16, crate::recording::CHUNK);
+        let max_held = if chunked {
+            MAX_HELD.max(active.len() * 2 * chunk)
+        } else {
+            MAX_HELD
+        };
         for &i in &active {
             let q = self.merge.queue(i);
-            let limit = if chunked {
-                crate::recording::CHUNK / 2
-            } else {
-                DRAIN_BELOW
-            };
+            let limit = if chunked { chunk / 2 } else { DRAIN_BELOW };
             if q.done || q.len() >= limit {
                 continue;
             }
@@ -330,7 +336,7 @@ impl Printer {
                 q.drained_tsc = ftprobe::ring::read_tsc();
             }
             let mut records = 0usize;
-            let readable = rings.drain(i, |rt, aux, w| {
+            let readable = rings.drain_max(i, chunk, |rt, aux, w| {
                 records += 1;
                 // Timed records (with a timestamp) are merged; TEXT is the agent's.
                 if record::timestamp(rt, w).is_some() {
@@ -352,9 +358,9 @@ impl Printer {
             }
             // Printing waits for the drain to end: until then the ring's space is not
             // handed back to its writer.
-            if self.merge.held > MAX_HELD {
+            if self.merge.held > max_held {
                 self.forced += 1;
-                self.emit(&mut || rings.prefault(), MAX_HELD / 2);
+                self.emit(&mut || rings.prefault(), max_held / 2);
             }
         }
         self.active = active;
@@ -677,7 +683,8 @@ impl Printer {
                     }
                     None => graph.nested(lines, ctx, func, depth, syms),
                 }
-                self.printed += 1;
+                // Entries counts ring records, as the kernel's: a leaf line is two.
+                self.printed += 1 + u64::from(leaf);
             }
             Some(Record::GraphReturn {
                 ts,
@@ -807,6 +814,16 @@ impl Printer {
             }
             for (tid, n) in &lost_by_tid {
                 writeln!(o, "# tid {tid}: {n} events lost (no ring free)")?;
+            }
+            // The table of threads without a ring is bounded: the rest are in the totals.
+            let listed: u64 = lost_by_tid.iter().map(|x| x.1).sum();
+            if lost_by_tid.len() >= ftprobe::ring::MAX_LOST_TIDS && listed < lost_no_ring {
+                writeln!(
+                    o,
+                    "# {} more events lost (no ring free) by threads past the {} listed",
+                    lost_no_ring - listed,
+                    ftprobe::ring::MAX_LOST_TIDS
+                )?;
             }
             let owned = lost_no_ring.saturating_sub(unreclaimed + after_end);
             if owned > 0 {

@@ -296,3 +296,86 @@ fn a_recording_replays_reports_and_dumps_the_gap() {
     assert!(folded.lines().any(|l| l.starts_with("gap_burst;gap_leaf ")));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `dump --perfetto` of the recording, read with Perfetto's own protos (the `perfetto`
+/// Python package; skipped without it): the gap is an instant `LOST N EVENTS` on the
+/// thread's track, and the two calls whose return was lost end with `lost_return`.
+#[test]
+fn perfetto_has_the_gap_on_the_threads_track() {
+    const PB2: &str = "perfetto.protos.perfetto.trace.perfetto_trace_pb2";
+    let ok = std::process::Command::new("python3")
+        .args(["-c", &format!("import {PB2}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: no Python module {PB2} (pip install perfetto)");
+        return;
+    }
+    let mut args = SMALL.to_vec();
+    args.extend(["-t", "function_graph"]);
+    let dir = tmp_dir("gaps-perfetto");
+    let data = dir.join("data");
+    let out = common::record_to(&data, &args, gaps_cmd());
+    assert!(out.status.success(), "{out:?}");
+    let info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("info.json")).unwrap()).unwrap();
+    let ring = &info["rings"].as_array().unwrap()[0];
+    let (tid, total) = (
+        ring["tid"].as_u64().unwrap(),
+        ring["lost"].as_u64().unwrap(),
+    );
+    let file = dir.join("trace.pftrace");
+    run("dump", &data, &["--perfetto", file.to_str().unwrap()]);
+    // Per thread track its tid; per event: track, type, name (interned), annotations.
+    let script = format!(
+        r#"
+import sys
+from {PB2} import Trace, TracePacket
+t = Trace()
+t.ParseFromString(open(sys.argv[1], "rb").read())
+names = {{}}
+for p in t.packet:
+    if p.sequence_flags & TracePacket.SEQ_INCREMENTAL_STATE_CLEARED:
+        names = {{}}
+    for n in p.interned_data.event_names:
+        names[n.iid] = n.name
+    if p.HasField("track_descriptor") and p.track_descriptor.HasField("thread"):
+        print("T", p.track_descriptor.uuid, p.track_descriptor.thread.tid)
+    elif p.HasField("track_event"):
+        e = p.track_event
+        name = names.get(e.name_iid, "?") if e.HasField("name_iid") else "-"
+        args = ["%s=%s" % (a.name, getattr(a, a.WhichOneof("value"))) for a in e.debug_annotations]
+        print("E", e.track_uuid, e.Type.Name(e.type), name.replace(" ", "_"), *args)
+"#
+    );
+    let py = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(py.status.success(), "{py:?}");
+    let text = String::from_utf8(py.stdout).unwrap();
+    let track = text
+        .lines()
+        .find_map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            (w[0] == "T" && w[2] == tid.to_string()).then(|| w[1].to_owned())
+        })
+        .expect("the thread's track");
+    let lost: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("TYPE_INSTANT LOST_"))
+        .collect();
+    assert_eq!(
+        lost,
+        vec![format!("E {track} TYPE_INSTANT LOST_{total}_EVENTS lost={total}").as_str()],
+        "{text}"
+    );
+    let lost_ends = text
+        .lines()
+        .filter(|l| l.contains("TYPE_SLICE_END") && l.contains("lost_return=True"))
+        .count();
+    assert_eq!(lost_ends, 2, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

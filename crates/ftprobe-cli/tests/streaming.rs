@@ -1,6 +1,7 @@
 //! The CLI reads in bounded memory: its peak private RSS (the `ftprobe` process's `RssAnon +
 //! RssFile`) on a run with 10 times the events stays within 1.5 times the smaller run's, for
-//! the live `trace` and for `replay` and `report` of a recording; and the live trace of
+//! the live `trace` and for `replay`, `report` and `dump` (Perfetto, Chrome, flame graph) of a
+//! recording; and the live trace of
 //! threads whose events interleave closely is merged strictly by timestamp, as the kernel's
 //! `trace` file is.
 
@@ -74,7 +75,7 @@ fn record_threads(dir: &Path, args: &[&str], n: u64) -> u64 {
     std::fs::read_dir(dir)
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("ring-"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ring"))
         .map(|e| e.metadata().unwrap().len())
         .sum()
 }
@@ -109,13 +110,21 @@ fn cli_memory_is_bounded() {
     // 4 threads x N calls x (24 + 40 bytes).
     assert!(bytes_large >= 4 * large * 64, "{bytes_large}");
     assert!(bytes_small < bytes_large / 9, "{bytes_small} {bytes_large}");
-    for sub in ["replay", "report"] {
+    for sub in [
+        &["replay"][..],
+        &["report"],
+        &["dump", "--perfetto", "/dev/null"],
+        &["dump", "--chrome", "/dev/null"],
+        &["dump", "--flame-graph", "/dev/null"],
+    ] {
         let rss = |d: &Path| {
-            let (code, kib) = peak_rss_kib(&[sub, "-d", d.to_str().unwrap()]);
+            let mut args = vec![sub[0], "-d", d.to_str().unwrap()];
+            args.extend_from_slice(&sub[1..]);
+            let (code, kib) = peak_rss_kib(&args);
             assert_eq!(code, 0);
             kib
         };
-        assert_bounded(sub, rss(&ds), rss(&dl));
+        assert_bounded(&sub.join(" "), rss(&ds), rss(&dl));
     }
     // And the function tracer's recording, replayed.
     let (fs, fl) = (dir.join("fsmall"), dir.join("flarge"));

@@ -181,9 +181,9 @@ pub fn naps_fixture() -> PathBuf {
 
 /// Path of `gaps BURST AFTER` (C; sites by attribute only): a gap in its thread's ring at
 /// a known place. Run by `ftprobe trace`/`record` (its parent) with a small ring: it stops
-/// the CLI (SIGSTOP) once it has written its first output, calls `gap_burst(BURST)` (which
+/// the CLI (SIGSTOP), calls `gap_burst(BURST)` (which
 /// calls `gap_leaf` BURST times: the ring fills, the rest is dropped), resumes the CLI and
-/// waits until it wrote again (it read the ring), then calls `gap_after` AFTER times.
+/// waits until it read the ring to its end, then calls `gap_after` AFTER times.
 /// Prints `calls=C` (its traced calls) and `burst=B after=A`.
 pub fn gaps_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("gaps")

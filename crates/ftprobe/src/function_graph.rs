@@ -97,20 +97,31 @@ unsafe fn graph_entry(
         crate::probe_state::ThreadRing::Unclaimed
     );
     let mut recorded = false;
+    let mut start = 0;
     trace::with_ring_guarded_of(ent.thread(), |w| {
-        // The shadow stack's calltime is the record's time: one clock read per event.
+        // The shadow stack's calltime is the record's time: one clock read per event. On the
+        // thread's first record, the time once its ring is claimed, which the return reports
+        // too (`data[2]`): the entry and the return then agree on when the call began.
         let cpu = trace::cpu();
-        recorded = w.write_n_aux(
-            rtype::FGRAPH_ENT,
-            crate::record::fgraph_ent_aux(cpu, depth as u32),
-            [ent.calltime, ent.func],
-        );
+        let aux = crate::record::fgraph_ent_aux(cpu, depth as u32);
+        if setup {
+            // The time once the record's first word was stored: the ring's first page
+            // faulted in, not charged to the call.
+            recorded = w.write_with(rtype::FGRAPH_ENT, aux, 2, |b| {
+                start = crate::ring::read_tsc();
+                b[0].store(start, std::sync::atomic::Ordering::Relaxed);
+                b[1].store(ent.func, std::sync::atomic::Ordering::Relaxed);
+            });
+        } else {
+            start = ent.calltime;
+            recorded = w.write_n_aux(rtype::FGRAPH_ENT, aux, [start, ent.func]);
+        }
     });
     // A call whose entry was not recorded (ring full, a write in progress) is still hooked,
     // so that its callees see their depth, but records no exit either.
     data[0] = if recorded { RECORDED } else { 0 };
     if setup {
-        data[2] = crate::ring::read_tsc();
+        data[2] = start;
     }
     true
 }
