@@ -118,20 +118,6 @@ fn main() {
     std::process::exit(code);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn usage_errors_exit_with_2_and_others_with_1() {
-        let e = usage!("bad {}", 1);
-        assert_eq!((exit_status_of(&e), e.to_string()), (2, "bad 1".to_owned()));
-        // A context on top keeps it a usage error.
-        assert_eq!(exit_status_of(&e.context("reading the options")), 2);
-        assert_eq!(exit_status_of(&anyhow::anyhow!("no such file")), 1);
-    }
-}
-
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Trace(args) => trace::run(*args),
@@ -145,5 +131,19 @@ fn run(cli: Cli) -> Result<i32> {
             output::list_functions(&bin)?;
             Ok(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_exit_with_2_and_others_with_1() {
+        let e = usage!("bad {}", 1);
+        assert_eq!((exit_status_of(&e), e.to_string()), (2, "bad 1".to_owned()));
+        // A context on top keeps it a usage error.
+        assert_eq!(exit_status_of(&e.context("reading the options")), 2);
+        assert_eq!(exit_status_of(&anyhow::anyhow!("no such file")), 1);
     }
 }
