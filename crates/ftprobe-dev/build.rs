@@ -53,6 +53,7 @@ fn main() {
         "c/report_tree.c",
         "c/naps.c",
         "c/pingpong.c",
+        "c/gaps.c",
         "c/procs_tree.c",
         "c/sigstack.c",
         "c/mallocs.c",
@@ -319,6 +320,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("naps", &[], &[]),
         // pingpong: two threads whose events alternate (the live trace's merge).
         ("pingpong", &[], &["-pthread"]),
+        // gaps: a gap in its ring at a known place (LOST marks).
+        ("gaps", &[], &[]),
         // procs_tree: a known call tree in two processes of two threads (dump's pids).
         ("procs_tree", &[], &["-pthread"]),
         // churn: waves of short-lived threads (rings freed and claimed again, thread churn).

@@ -38,6 +38,8 @@ use ftprobe::{ftrace, function_graph, function_tracer, kprobes};
 
 /// TEXT record kind: the armed-probes listing (`kprobes/list`).
 pub const TEXT_KPROBES_LIST: u32 = 1;
+/// TEXT record kind: a note for the trace's header (one line).
+pub const TEXT_NOTE: u32 = 5;
 
 #[used]
 #[link_section = ".init_array"]
@@ -412,6 +414,25 @@ pub(crate) fn arm(
     }
     if !config.events.is_empty() {
         trace::write_text(TEXT_KPROBES_LIST, &kprobes::list());
+    }
+    // A `:mod:OBJ` filter whose object is not loaded (yet) selects nothing until it is
+    // (dlopen): said in the trace's header rather than tracing nothing silently.
+    if config.function || config.graph {
+        for (opt, pats) in [("-F", &config.filter), ("-N", &config.notrace)] {
+            for p in pats.iter() {
+                if let Ok(e) = ftrace::glob::FilterEntry::parse(p) {
+                    if !e.negate && !ftrace::filter_module_loaded(&e) {
+                        trace::write_text(
+                            TEXT_NOTE,
+                            &format!(
+                                "{opt} {p}: no object it names is loaded (yet): it selects \
+                                 nothing until one is (dlopen)"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
     }
     if config.function {
         let unmatched = function_tracer::start(None, &config.filter, &config.notrace)?;

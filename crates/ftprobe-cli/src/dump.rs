@@ -161,7 +161,10 @@ fn chrome_events(rec: &mut Recording, out: &mut JsonArray<'_>) -> Result<()> {
                     "pid": pid,
                     "tid": tid,
                 });
-                if c.cut {
+                if c.lost_return {
+                    // Its return is in a gap: the slice runs to the gap's mark.
+                    e["args"] = json!({ "cut": true, "lost_return": true });
+                } else if c.cut {
                     e["args"] = json!({ "cut": true });
                 }
                 out.push(e);
@@ -169,6 +172,17 @@ fn chrome_events(rec: &mut Recording, out: &mut JsonArray<'_>) -> Result<()> {
         }
         rec.for_each(i, &mut |rt, aux, w| {
             match Record::decode(rt, aux, w) {
+                // A gap in the thread's records: an instant where it was marked.
+                Some(Record::Lost { ts, count, .. }) if count > 0 => {
+                    out.push(json!({
+                        "name": format!("LOST {count} EVENTS"),
+                        "cat": "lost",
+                        "ph": "i", "s": "t",
+                        "ts": us(mono.tsc_to_mono_ns(ts)),
+                        "pid": pid, "tid": tid,
+                        "args": { "lost": count },
+                    }));
+                }
                 Some(Record::Func {
                     ts, ip, parent_ip, ..
                 }) if !graph => {
@@ -252,7 +266,8 @@ fn folded(rec: &mut Recording) -> Result<Vec<(String, u64)>> {
     for i in ids {
         rec.select_stream(&mut syms, i);
         rec.calls(i, |c, callers| {
-            if c.self_ns == 0 {
+            // A call whose return was lost in a gap has no known time.
+            if c.self_ns == 0 || c.lost_return {
                 return;
             }
             let mut s = String::new();
@@ -272,7 +287,9 @@ fn folded(rec: &mut Recording) -> Result<Vec<(String, u64)>> {
 /// Write what was asked; returns the exit code.
 pub fn run(args: DumpArgs) -> Result<i32> {
     if args.chrome.is_none() && args.perfetto.is_none() && args.flame_graph.is_none() {
-        bail!("nothing to dump: --chrome FILE, --perfetto FILE and/or --flame-graph FILE");
+        return Err(crate::usage!(
+            "nothing to dump: --chrome FILE, --perfetto FILE and/or --flame-graph FILE"
+        ));
     }
     let stdout = [&args.chrome, &args.perfetto, &args.flame_graph]
         .iter()
@@ -280,11 +297,9 @@ pub fn run(args: DumpArgs) -> Result<i32> {
         .count();
     if stdout > 1 {
         // A usage error, as clap's own (exit status 2).
-        eprintln!(
-            "ftprobe: only one of --chrome, --perfetto and --flame-graph may write to standard \
-             output (-)"
-        );
-        return Ok(2);
+        return Err(crate::usage!(
+            "only one of --chrome, --perfetto and --flame-graph may write to standard output (-)"
+        ));
     }
     let mut rec = Recording::open_filtered(&args.data.dir, args.selection.filters())?;
     if let Some(path) = &args.chrome {

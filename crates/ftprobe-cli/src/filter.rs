@@ -52,7 +52,12 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
     let v: f64 = num
         .parse()
         .map_err(|_| format!("{s:?} is not a number with a unit (e.g. 10us)"))?;
-    Ok((v * mult).round() as u64)
+    let ns = (v * mult).round();
+    // Checked: `as u64` would silently saturate a huge value at u64::MAX.
+    if !(0.0..u64::MAX as f64).contains(&ns) {
+        return Err(format!("{s:?} is too large (at most about 584 years)"));
+    }
+    Ok(ns as u64)
 }
 
 fn parse_point(s: &str) -> Result<Option<TimePoint>, String> {
@@ -76,7 +81,11 @@ fn parse_point(s: &str) -> Result<Option<TimePoint>, String> {
                 .parse()
                 .map_err(|_| format!("{s:?}"))?
         };
-        return Ok(Some(TimePoint::Abs(sec * 1_000_000_000 + frac_ns)));
+        let ns = sec
+            .checked_mul(1_000_000_000)
+            .and_then(|n| n.checked_add(frac_ns))
+            .ok_or_else(|| format!("{s:?} is too large a timestamp"))?;
+        return Ok(Some(TimePoint::Abs(ns)));
     }
     parse_duration(s).map(|ns| Some(TimePoint::Rel(ns)))
 }
@@ -95,6 +104,12 @@ impl FromStr for TimeRange {
             return Err("an empty range: give START, END or both".to_owned());
         }
         match (r.from, r.to) {
+            (Some(TimePoint::Abs(_)), Some(TimePoint::Rel(_)))
+            | (Some(TimePoint::Rel(_)), Some(TimePoint::Abs(_))) => Err(
+                "START and END mix a timestamp (SECONDS.MICROS, as printed) and a time after \
+                 the first record (with a unit, e.g. 10ms): give both in one form"
+                    .to_owned(),
+            ),
             (Some(TimePoint::Abs(a)), Some(TimePoint::Abs(b)))
             | (Some(TimePoint::Rel(a)), Some(TimePoint::Rel(b)))
                 if a > b =>
@@ -158,7 +173,7 @@ impl Filters {
                 r.from.map_or(0, ns),
                 // `B` as printed covers its whole microsecond.
                 r.to.map_or(u64::MAX, |p| match p {
-                    TimePoint::Abs(n) => n + 999,
+                    TimePoint::Abs(n) => n.saturating_add(999),
                     TimePoint::Rel(n) => start_ns.saturating_add(n),
                 }),
             ),
@@ -579,6 +594,16 @@ mod tests {
         assert_eq!(parse_duration("10us"), Ok(10_000));
         assert_eq!(parse_duration("250"), Ok(250));
         assert!(parse_duration("us").is_err());
+        // Mixed forms are refused, not read as one of them.
+        let mixed = "11439.845101~10ms".parse::<TimeRange>().unwrap_err();
+        assert!(mixed.contains("mix a timestamp"), "{mixed}");
+        assert!("10ms~11439.9".parse::<TimeRange>().is_err());
+        // Huge values are errors, never a silent overflow or saturation.
+        assert!("99999999999999999999.5~".parse::<TimeRange>().is_err());
+        assert!("18446744073.709551616~".parse::<TimeRange>().is_err());
+        assert!(parse_duration("99999999999999999999s").is_err());
+        assert!(parse_duration("18446744073709551616").is_err());
+        assert_eq!(parse_duration("1.5ms"), Ok(1_500_000));
         assert_eq!(parse_tids("12,34"), Ok(vec![12, 34]));
         assert!(parse_tids("12,x").is_err());
     }

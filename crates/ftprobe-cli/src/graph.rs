@@ -25,7 +25,11 @@
 //!
 //! ftprobe's own addition: a call that never returned, because its frame was unwound by an
 //! exception, left by `longjmp`, or found gone, is closed where that was seen, marked
-//! `} /* func: unwound */`, `/* func: longjmp */` or `/* func: lost */`.
+//! `} /* func: unwound */`, `/* func: longjmp */` or `/* func: lost */`. After a gap in a
+//! thread's records (`COMM-TID [LOST N EVENTS]`, printed by the caller), the calls that the
+//! thread's next record shows gone (open at its depth or deeper) returned in the gap: they
+//! are closed before that record's line as `} /* func: return lost */`, with no duration
+//! (it is unknown).
 
 use std::collections::HashMap;
 
@@ -143,6 +147,8 @@ struct Thread {
     open: Vec<u64>,
     /// Where comments (kprobe events) indent, as the kernel's per-CPU `depth`.
     depth: i64,
+    /// A gap (lost events) came since the thread's last line.
+    gap: bool,
 }
 
 /// The printer's state across polls.
@@ -377,6 +383,36 @@ impl Graph {
         self.threads.entry(pid).or_default()
     }
 
+    /// Thread `pid`'s records have a gap here (its `[LOST N EVENTS]` line is out): its
+    /// next line closes the calls that returned in it.
+    pub fn gap(&mut self, pid: u32) {
+        self.thread(pid).gap = true;
+    }
+
+    /// After a gap, before the thread's next line at `depth`: close the calls open at depth
+    /// `from` and deeper (they returned in the gap), deepest first, without a duration.
+    fn close_gap(&mut self, out: &mut Vec<u8>, ctx: Ctx<'_>, from: u32, syms: &mut Symbols) {
+        let t = self.thread(ctx.pid);
+        if !std::mem::take(&mut t.gap) {
+            return;
+        }
+        let from = from as usize;
+        let closed: Vec<(u32, u64)> = t
+            .open
+            .iter_mut()
+            .enumerate()
+            .skip(from)
+            .filter(|(_, f)| **f != 0)
+            .map(|(d, f)| (d as u32, std::mem::replace(f, 0)))
+            .collect();
+        for &(d, func) in closed.iter().rev() {
+            self.line_start(out, ctx, None, d);
+            out.extend_from_slice(b"} /* ");
+            syms.push_name(func, out);
+            out.extend_from_slice(b": return lost */\n");
+        }
+    }
+
     /// A call and its return, on one line (`print_graph_entry_leaf()`).
     #[allow(clippy::too_many_arguments)]
     pub fn leaf(
@@ -389,6 +425,7 @@ impl Graph {
         retval: u64,
         syms: &mut Symbols,
     ) {
+        self.close_gap(out, ctx, depth, syms);
         let t = self.thread(ctx.pid);
         t.depth = i64::from(depth) - 1;
         if let Some(f) = t.open.get_mut(depth as usize) {
@@ -414,6 +451,7 @@ impl Graph {
         depth: u32,
         syms: &mut Symbols,
     ) {
+        self.close_gap(out, ctx, depth, syms);
         let t = self.thread(ctx.pid);
         t.depth = i64::from(depth);
         let d = depth as usize;
@@ -439,6 +477,7 @@ impl Graph {
         exit: Exit,
         syms: &mut Symbols,
     ) {
+        self.close_gap(out, ctx, depth + 1, syms);
         let t = self.thread(ctx.pid);
         t.depth = i64::from(depth) - 1;
         let matched = match t.open.get_mut(depth as usize) {
@@ -550,6 +589,48 @@ mod tests {
         assert_eq!(lines[1], " 1)   0.120 us    |    0x00002000();");
         assert_eq!(lines[2], " 1) + 12.400 us   |  }");
         assert_eq!(lines[4], " 1)   2.000 us    |  } /* 0x00003000: unwound */");
+    }
+
+    /// After a gap, the calls the next record shows gone (at its depth or deeper) are
+    /// closed before it, without a duration; a call open above that depth stays open.
+    #[test]
+    fn a_gap_closes_the_calls_that_returned_in_it() {
+        let mut g = Graph::new(Options::default(), 2);
+        let mut syms = Symbols::with_images(&[], &[]);
+        let ctx = Ctx {
+            cpu: 1,
+            ts_ns: 0,
+            pid: 7,
+            comm: b"prog",
+        };
+        let mut out = Vec::new();
+        g.nested(&mut out, ctx, 0x1000, 0, &mut syms);
+        g.nested(&mut out, ctx, 0x2000, 1, &mut syms);
+        g.nested(&mut out, ctx, 0x3000, 2, &mut syms);
+        g.gap(7);
+        out.clear();
+        g.leaf(&mut out, ctx, 0x4000, 1, 500, 0, &mut syms);
+        g.ret(
+            &mut out,
+            ctx,
+            0x1000,
+            0,
+            9_000,
+            0,
+            Exit::Returned,
+            &mut syms,
+        );
+        let text = String::from_utf8_lossy(&out);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                " 1)               |      } /* 0x00003000: return lost */",
+                " 1)               |    } /* 0x00002000: return lost */",
+                " 1)   0.500 us    |    0x00004000();",
+                " 1)   9.000 us    |  }",
+            ]
+        );
     }
 
     #[test]

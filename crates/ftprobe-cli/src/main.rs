@@ -22,6 +22,40 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+/// A bad option value, or options that do not go together, found after clap's own checks
+/// (which exit with status 2): `ftprobe` exits with 2 for it too. Failures at run time (a
+/// program that cannot be run, a recording that cannot be read, a probe the target cannot
+/// arm) exit with 1. Probe definitions and filter globs the kernel's grammar refuses exit
+/// with 1 as well: the kernel's write to `kprobe_events` or `set_ftrace_filter` fails
+/// (EINVAL), with its `error_log` text.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// `return Err(usage!(...))`: a [`UsageError`] with a formatted message.
+#[macro_export]
+macro_rules! usage {
+    ($($t:tt)*) => {
+        anyhow::Error::new($crate::UsageError(format!($($t)*)))
+    };
+}
+
+/// The exit status for the error `e`: 2 for a usage error, else 1.
+fn exit_status_of(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<UsageError>().is_some() {
+        2
+    } else {
+        1
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "ftprobe",
@@ -90,7 +124,7 @@ fn main() {
         }
         Err(e) => {
             eprintln!("ftprobe: {e:#}");
-            1
+            exit_status_of(&e)
         }
     };
     std::process::exit(code);
@@ -118,5 +152,19 @@ fn run(cli: Cli) -> Result<i32> {
             output::list_functions(&bin)?;
             Ok(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_exit_with_2_and_others_with_1() {
+        let e = usage!("bad {}", 1);
+        assert_eq!((exit_status_of(&e), e.to_string()), (2, "bad 1".to_owned()));
+        // A context on top keeps it a usage error.
+        assert_eq!(exit_status_of(&e.context("reading the options")), 2);
+        assert_eq!(exit_status_of(&anyhow::anyhow!("no such file")), 1);
     }
 }

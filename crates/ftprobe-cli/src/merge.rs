@@ -54,7 +54,9 @@ impl Queue {
     }
 
     pub fn push(&mut self, rt: u16, aux: u32, w: &[u64]) {
-        let ts = record::timestamp(rt, w);
+        // A LOST mark's own time is taken after the record it precedes took its: it sorts
+        // with the ring's record before it, never after that next record's time.
+        let ts = record::timestamp(rt, w).filter(|_| rt != record::rtype::LOST);
         if let Some(ts) = ts {
             self.last_ts = self.last_ts.max(ts);
         }

@@ -15,6 +15,10 @@
 //!   ended at its cut, and its end has the debug annotation `cut: true`, which the slice
 //!   gets; a call whose return is in the recording but not its entry begins at its entry's
 //!   time, from the return's record);
+//! - a gap in a thread's records (its ring was full: `[LOST N EVENTS]`), a `TYPE_INSTANT`
+//!   `LOST N EVENTS` (category `lost`, annotation `lost: N`) on its track; the calls that
+//!   returned in the gap (open at the depth of the thread's next graph record or deeper) end
+//!   at the gap's mark with the annotations `cut: true` and `lost_return: true`;
 //! - per function-tracer entry and per kprobe event, a `TYPE_INSTANT` on its thread's track
 //!   (categories `function` and `kprobe`); a kprobe event's fetch args are its debug
 //!   annotations (a number as an int or uint, the rest as `trace` prints it), a function
@@ -79,7 +83,8 @@ const THREAD_UUID: u64 = 2 << 48;
 /// Interned categories: their iids, and their names by iid - 1.
 const CAT_FUNCTION: u64 = 1;
 const CAT_KPROBE: u64 = 2;
-const CATEGORIES: [&str; 2] = ["function", "kprobe"];
+const CAT_LOST: u64 = 3;
+const CATEGORIES: [&str; 3] = ["function", "kprobe", "lost"];
 
 /// `trace_packet.proto`'s `TracePacket` (the fields used).
 #[derive(Clone, PartialEq, Message)]
@@ -242,8 +247,9 @@ fn annotation(name: String, text: String) -> DebugAnnotation {
 enum Kind {
     /// A call begins: its function.
     Begin(u64),
-    /// The innermost open call of the thread ends; `cut`: it did not return.
-    End { cut: bool },
+    /// The innermost open call of the thread ends; `cut`: it did not return; `lost_return`:
+    /// its return was in a gap (its end is the gap's mark).
+    End { cut: bool, lost_return: bool },
     /// An instant: its name, category iid, annotations.
     Instant(String, u64, Vec<DebugAnnotation>),
 }
@@ -265,6 +271,8 @@ struct Thread {
     open: Vec<u64>,
     /// The last timestamp written (CLOCK_MONOTONIC ns: a track's time never goes back).
     last_ns: u64,
+    /// A gap (LOST record) since the thread's last graph record: its time.
+    gap_ns: Option<u64>,
 }
 
 fn first_pass(rec: &mut Recording, i: u32) -> Result<Thread> {
@@ -369,7 +377,7 @@ impl Events<'_> {
                 te.r#type = Some(TYPE_SLICE_BEGIN);
                 te.category_iids = vec![CAT_FUNCTION];
             }
-            Kind::End { cut } => {
+            Kind::End { cut, lost_return } => {
                 te.r#type = Some(TYPE_SLICE_END);
                 if cut {
                     te.debug_annotations = vec![DebugAnnotation {
@@ -377,6 +385,13 @@ impl Events<'_> {
                         bool_value: Some(true),
                         ..Default::default()
                     }];
+                }
+                if lost_return {
+                    te.debug_annotations.push(DebugAnnotation {
+                        name: Some("lost_return".into()),
+                        bool_value: Some(true),
+                        ..Default::default()
+                    });
                 }
             }
             Kind::Instant(name, cat, args) => {
@@ -534,6 +549,18 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
         // at the time range's end if the thread went on past it: after every other event).
         for i in m.retire() {
             if let Some(t) = threads.remove(&i) {
+                // A gap with no graph record after it: the calls still open may have
+                // returned in it.
+                if let Some(g) = t.gap_ns {
+                    for _ in 0..t.open.len() {
+                        let lost = Kind::End {
+                            cut: true,
+                            lost_return: true,
+                        };
+                        w.write(&mut syms, g, i, lost)?;
+                    }
+                    continue;
+                }
                 let end = rec.end_ns(i, t.last_ns);
                 if end > t.last_ns {
                     at_range_end.push((i, t.open.len()));
@@ -541,7 +568,15 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
                 }
                 rec.select_stream(&mut syms, i);
                 for _ in 0..t.open.len() {
-                    w.write(&mut syms, end, i, Kind::End { cut: true })?;
+                    w.write(
+                        &mut syms,
+                        end,
+                        i,
+                        Kind::End {
+                            cut: true,
+                            lost_return: false,
+                        },
+                    )?;
                 }
             }
         }
@@ -555,7 +590,42 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
             t.last_ns = t.last_ns.max(mono.tsc_to_mono_ns(ts));
             t.last_ns
         };
+        // After a gap: the calls open at the next graph record's depth or deeper (deeper
+        // than a return's) returned in it; they end at its mark.
+        let gone_from = match Record::decode(h.rtype, h.aux, h.words) {
+            Some(Record::GraphEntry { depth, .. }) if graph => Some(depth as usize),
+            Some(Record::GraphReturn { depth, .. }) if graph => Some(depth as usize + 1),
+            _ => None,
+        };
+        if let (Some(from), Some(g)) = (gone_from, t.gap_ns) {
+            t.gap_ns = None;
+            while t.open.len() > from {
+                t.open.pop();
+                events_out.push((
+                    g,
+                    Kind::End {
+                        cut: true,
+                        lost_return: true,
+                    },
+                ));
+            }
+        }
         match Record::decode(h.rtype, h.aux, h.words) {
+            Some(Record::Lost { ts, count, .. }) if count > 0 => {
+                let ns = at(t, ts);
+                if graph {
+                    t.gap_ns = Some(ns);
+                }
+                let args = vec![DebugAnnotation {
+                    name: Some("lost".into()),
+                    uint_value: Some(count),
+                    ..Default::default()
+                }];
+                events_out.push((
+                    ns,
+                    Kind::Instant(format!("LOST {count} EVENTS"), CAT_LOST, args),
+                ));
+            }
             Some(Record::GraphEntry { ts, func, .. }) if graph => {
                 t.open.push(func);
                 events_out.push((at(t, ts), Kind::Begin(func)));
@@ -566,13 +636,20 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
                 if let Some(p) = t.open.iter().rposition(|&f| f == func) {
                     let ns = at(t, ts);
                     for _ in p + 1..t.open.len() {
-                        events_out.push((ns, Kind::End { cut: true }));
+                        events_out.push((
+                            ns,
+                            Kind::End {
+                                cut: true,
+                                lost_return: false,
+                            },
+                        ));
                     }
                     t.open.truncate(p);
                     events_out.push((
                         ns,
                         Kind::End {
                             cut: exit != FgraphExit::Returned,
+                            lost_return: false,
                         },
                     ));
                 }
@@ -626,7 +703,15 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
         let end = rec.end_ns(i, 0);
         rec.select_stream(&mut syms, i);
         for _ in 0..open {
-            w.write(&mut syms, end, i, Kind::End { cut: true })?;
+            w.write(
+                &mut syms,
+                end,
+                i,
+                Kind::End {
+                    cut: true,
+                    lost_return: false,
+                },
+            )?;
         }
     }
     if let Some(e) = rec.take_error() {

@@ -13,7 +13,9 @@
 //!   new stream): its records in the order drained, copied from the ring as they are there
 //!   (checked, padding left out, whole spans at once): a little-endian header word
 //!   `len | rtype << 16 | aux << 32` (`len` in words, the header included), then the payload
-//!   words: 8 + 8 x payload bytes per record (32 for a function-tracer event). Format 1
+//!   words: 8 + 8 x payload bytes per record (32 for a function-tracer event), LOST records
+//!   where the thread's events were dropped (format 4; formats 2 and 3 have the same words without
+//!   them, which older builds would have ignored silently). Format 1
 //!   recordings (`rtype | payload words << 16 | aux << 32`) are read too;
 //! - `info.json` ([`Info`]): the command, tracer, options and event definitions, the clock's
 //!   conversion, per ring its thread and lost count, the header's counters, how the run ended,
@@ -36,9 +38,10 @@ use serde::{Deserialize, Serialize};
 use crate::session::{self, End, SessionArgs, Sink, Source};
 
 /// The `format` of the `info.json` this code writes (2: ring files hold records as the
-/// rings do; 3: and the streams of short-lived threads share [`SMALL_FILE`]; 1 and 2 are
-/// read too).
-pub const FORMAT: u32 = 3;
+/// rings do; 3: and the streams of short-lived threads share [`SMALL_FILE`]; 4: and the
+/// records may include LOST records, the marks of the gaps a full ring left, which older
+/// builds would have ignored silently; 1 to 3 are read too).
+pub const FORMAT: u32 = 4;
 
 /// The file the streams of short-lived threads share: a stream's records are kept in memory
 /// until it ended (then appended here, one after another) or holds [`SPILL`] bytes (then it

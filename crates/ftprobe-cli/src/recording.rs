@@ -62,7 +62,7 @@ pub struct Stream {
 /// A stream's file, read one record at a time through a buffer.
 pub struct RingFile {
     r: BufReader<File>,
-    /// The recording's format (1 or 2: how a header word is laid out).
+    /// The recording's format (1: another header word; 2 and 3: as the rings hold it).
     format: u32,
     /// The current record's payload, and its bytes as read.
     words: Vec<u64>,
@@ -560,6 +560,10 @@ pub struct Call {
     pub self_ns: u64,
     /// It did not return: cut off (unwound, longjmp, lost) or still open at the end.
     pub cut: bool,
+    /// Its return is in a gap (`[LOST N EVENTS]`: the thread's ring was full): when it
+    /// returned is unknown. `dur_ns` then runs to the gap's mark (an upper bound) and
+    /// `self_ns` is 0; time statistics leave such a call out.
+    pub lost_return: bool,
 }
 
 /// A frame of [`Recording::calls`]'s stack.
@@ -567,6 +571,8 @@ struct Frame {
     func: u64,
     start_ns: u64,
     child_ns: u64,
+    /// Its entry's depth.
+    depth: u32,
 }
 
 impl Recording {
@@ -656,6 +662,32 @@ impl Recording {
         let mut stack: Vec<Frame> = Vec::new();
         let mut funcs: Vec<u64> = Vec::new();
         let mut last_ns = 0;
+        // After a LOST record (its time): the frames the thread's next graph record shows
+        // gone returned in the gap.
+        let mut gap: Option<u64> = None;
+        // Close the frames whose entry depth is `from` or deeper: their return is in the gap
+        // marked at `gap_ns`.
+        fn close_lost(
+            stack: &mut Vec<Frame>,
+            funcs: &mut Vec<u64>,
+            from: u32,
+            gap_ns: u64,
+            f: &mut impl FnMut(&Call, &[u64]),
+        ) {
+            while stack.last().is_some_and(|fr| fr.depth >= from) {
+                let fr = stack.pop().expect("checked");
+                funcs.pop();
+                let call = Call {
+                    func: fr.func,
+                    start_ns: fr.start_ns,
+                    dur_ns: gap_ns.saturating_sub(fr.start_ns),
+                    self_ns: 0,
+                    cut: true,
+                    lost_return: true,
+                };
+                f(&call, funcs);
+            }
+        }
         // Close the frames above `depth` at `end_ns` (cut), then hand out `call` if any.
         fn close(
             stack: &mut Vec<Frame>,
@@ -674,6 +706,7 @@ impl Recording {
                     dur_ns,
                     self_ns: dur_ns.saturating_sub(fr.child_ns),
                     cut: true,
+                    lost_return: false,
                 };
                 if let Some(p) = stack.last_mut() {
                     p.child_ns += dur_ns;
@@ -683,13 +716,25 @@ impl Recording {
         }
         self.for_each(i, &mut |rt, aux, w| {
             match Record::decode(rt, aux, w) {
-                Some(Record::GraphEntry { ts, func, .. }) => {
+                Some(Record::Lost { ts, count, .. }) if count > 0 => {
+                    let ns = clock.tsc_to_mono_ns(ts);
+                    last_ns = last_ns.max(ns);
+                    gap = Some(ns);
+                }
+                Some(Record::GraphEntry {
+                    ts, func, depth, ..
+                }) => {
+                    // After a gap: the calls open at this depth or deeper returned in it.
+                    if let Some(g) = gap.take() {
+                        close_lost(&mut stack, &mut funcs, depth, g, &mut f);
+                    }
                     let ns = clock.tsc_to_mono_ns(ts);
                     last_ns = last_ns.max(ns);
                     stack.push(Frame {
                         func,
                         start_ns: ns,
                         child_ns: 0,
+                        depth,
                     });
                     funcs.push(func);
                 }
@@ -698,8 +743,13 @@ impl Recording {
                     func,
                     calltime,
                     exit,
+                    depth,
                     ..
                 }) => {
+                    // After a gap: the calls open deeper than this return's returned in it.
+                    if let Some(g) = gap.take() {
+                        close_lost(&mut stack, &mut funcs, depth + 1, g, &mut f);
+                    }
                     let end_ns = clock.tsc_to_mono_ns(ts);
                     last_ns = last_ns.max(end_ns);
                     let start_ns = clock.tsc_to_mono_ns(calltime);
@@ -720,6 +770,7 @@ impl Recording {
                         dur_ns,
                         self_ns: dur_ns.saturating_sub(child_ns),
                         cut: exit != FgraphExit::Returned,
+                        lost_return: false,
                     };
                     if let Some(p) = stack.last_mut() {
                         p.child_ns += dur_ns;
@@ -727,7 +778,7 @@ impl Recording {
                     f(&call, &funcs);
                 }
                 // FUNC, KPROBE: their time (even of one too short to decode).
-                _ if matches!(rt, rtype::FUNC | rtype::KPROBE) => {
+                _ if matches!(rt, rtype::FUNC | rtype::KPROBE | rtype::LOST) => {
                     if let Some(ts) = record::timestamp(rt, w) {
                         last_ns = last_ns.max(clock.tsc_to_mono_ns(ts));
                     }
@@ -735,6 +786,11 @@ impl Recording {
                 _ => {}
             }
         })?;
+        // A gap with no graph record after it: every call still open may have returned in
+        // it.
+        if let Some(g) = gap {
+            close_lost(&mut stack, &mut funcs, 0, g, &mut f);
+        }
         let end_ns = self.end_ns(i, last_ns);
         close(&mut stack, &mut funcs, 0, end_ns, &mut f);
         Ok(())

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use ftprobe::ftrace::glob::FilterEntry;
 
@@ -82,17 +82,19 @@ pub fn run(args: ReplayArgs) -> Result<i32> {
         ..args.selection.filters()
     };
     let mut rec = Recording::open_filtered(&args.data.dir, filters)?;
-    let tracer = session::tracer_name(&rec.info.tracer)?;
+    // A recording's own tracer that this build does not know: the recording is bad (1).
+    let tracer = session::tracer_name(&rec.info.tracer)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.data.dir.display()))?;
     if tracer != "function_graph" && (args.max_depth > 0 || args.min_duration.is_some()) {
-        bail!(
+        return Err(crate::usage!(
             "--max-depth and --min-duration are for function_graph recordings (this one is {tracer})"
-        );
+        ));
     }
     let events = rec.events()?;
     let mut graph_opts = crate::graph::Options::default();
     for o in rec.info.options.iter().chain(&args.options) {
         if let Err(e) = graph_opts.set(o) {
-            bail!("{e}");
+            return Err(crate::usage!("{e}"));
         }
     }
     let ncpus = rec.info.ncpus;

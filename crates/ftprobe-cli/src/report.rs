@@ -59,6 +59,9 @@ struct Stat {
     max: u64,
     /// Calls that did not return (counted with their time to the cut).
     cut: u64,
+    /// Calls whose return was lost in a gap (`[LOST N EVENTS]`): their time is unknown,
+    /// they are in no column.
+    lost_return: u64,
 }
 
 impl Stat {
@@ -120,7 +123,8 @@ fn graph_table(o: &mut dyn Write, stats: Vec<(String, Stat)>, key: SortKey) -> R
         "  ==========  ==========  ==========  ==========  ==========  ==========  ===================="
     )?;
     let lines = sorted(stats, key);
-    for (name, s) in &lines {
+    // A function whose every call lost its return has no line, only its note below.
+    for (name, s) in lines.iter().filter(|(_, s)| s.calls > 0) {
         writeln!(
             o,
             "  {}  {}  {:>10}  {}  {}  {}  {name}",
@@ -133,6 +137,13 @@ fn graph_table(o: &mut dyn Write, stats: Vec<(String, Stat)>, key: SortKey) -> R
         )?;
     }
     for (name, s) in &lines {
+        if s.lost_return > 0 {
+            writeln!(
+                o,
+                "# {name}: {} calls whose return was lost in a gap (not in the times above)",
+                s.lost_return
+            )?;
+        }
         if s.cut > 0 {
             writeln!(
                 o,
@@ -302,6 +313,11 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         };
         if tracer == "function_graph" {
             rec.calls(i, |c, open| {
+                if c.lost_return {
+                    // Its time is unknown: left out of the times, said below the table.
+                    stats.entry(key(&mut syms, c.func)).or_default().lost_return += 1;
+                    return;
+                }
                 let nested = open.contains(&c.func);
                 stats
                     .entry(key(&mut syms, c.func))

@@ -343,13 +343,25 @@ pub fn prepare(args: SessionArgs) -> Result<Plan> {
             || !args.graph_notrace.is_empty()
             || args.max_depth != 0)
     {
-        bail!("-G, --graph-notrace and --max-depth are options of the function_graph tracer (-t function_graph)");
+        return Err(crate::usage!("-G, --graph-notrace and --max-depth are options of the function_graph tracer (-t function_graph)"));
     }
     let mut graph_opts = crate::graph::Options::default();
     for o in &args.options {
         if let Err(e) = graph_opts.set(o) {
-            bail!("{e}");
+            return Err(crate::usage!("{e}"));
         }
+    }
+    if args.buffer_size_kb < 4 {
+        return Err(crate::usage!("--buffer-size-kb must be at least 4"));
+    }
+    if args
+        .rings
+        .is_some_and(|n| !(1..=ftprobe::ring::MAX_RINGS).contains(&n))
+    {
+        return Err(crate::usage!(
+            "--rings must be 1 to {}",
+            ftprobe::ring::MAX_RINGS
+        ));
     }
     Ok(Plan {
         args,
@@ -366,7 +378,11 @@ pub fn tracer_name(t: &str) -> Result<&'static str> {
         "function" => "function",
         "function_graph" => "function_graph",
         "nop" => "nop",
-        t => bail!("no tracer {t:?} (available: function function_graph nop)"),
+        t => {
+            return Err(crate::usage!(
+                "no tracer {t:?} (available: function function_graph nop)"
+            ))
+        }
     })
 }
 
@@ -736,10 +752,9 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     if let Some((data, prog)) = &prog_data {
         check_not_static(prog, data)?;
     }
-    let agent = agent_path(args.agent.clone())?;
-    if args.buffer_size_kb < 4 {
-        bail!("--buffer-size-kb must be at least 4");
-    }
+    let agent = agent_path(args.agent.clone())?
+        .canonicalize()
+        .context("agent library")?;
     let (rings, fd) = SharedRings::create_uncalibrated(RingConfig::with_budget(
         args.nr_rings(),
         u64::from(args.buffer_size_kb) * 1024,

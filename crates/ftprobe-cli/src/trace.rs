@@ -45,6 +45,9 @@ pub fn parse_image(text: &str) -> Option<crate::symbols::Image> {
     })
 }
 
+/// A note of the agent's for the header (`# note: ...`).
+const TEXT_NOTE: u32 = 5;
+
 /// Why events of threads without a ring were lost (the trailer's lines): every ring owned
 /// by a live thread; some held by threads that ended, not read to the end yet; events of a
 /// thread after its ring was released.
@@ -439,6 +442,7 @@ impl Printer {
                         }
                     }
                 }
+                TEXT_NOTE => self.write(|o| writeln!(o, "# note: {text}")),
                 TEXT_EXEC | TEXT_EXEC_FAILED => {
                     let (pid, rest) = text.split_once('\t').unwrap_or((&text, ""));
                     let pid: u32 = pid.parse().unwrap_or(0);
@@ -615,6 +619,10 @@ impl Printer {
                 self.merge.pop_record(r);
                 return;
             }
+            rtype::LOST => {
+                self.print_lost(r);
+                return;
+            }
             NOTE => {
                 let bytes: Vec<u8> = head
                     .words
@@ -675,6 +683,30 @@ impl Printer {
                 }
             }
             _ => lines.push(b'\n'),
+        }
+        self.merge.pop_record(r);
+    }
+
+    /// The first record of ring `r`, a gap in its thread's records (its ring was full):
+    /// the kernel's `[LOST N EVENTS]` line, named after the thread (`COMM-TID`) where the
+    /// kernel names the CPU (the rings are per thread). In the function_graph layout the
+    /// thread's calls that returned in the gap are closed with its next line.
+    fn print_lost(&mut self, r: u32) {
+        let head = self.merge.queues[&r].head().expect("taken from the heap");
+        if let Some(Record::Lost { count, .. }) = Record::decode(head.rtype, head.aux, head.words) {
+            // A mark of 0 events: an earlier one counted its drops.
+            if count > 0 {
+                let (comm, tid) = self
+                    .owners
+                    .get(&r)
+                    .map_or((&b"<...>"[..], 0), |o| (&o.comm[..], o.tid));
+                self.lines.extend_from_slice(comm);
+                self.lines
+                    .extend_from_slice(format!("-{tid} [LOST {count} EVENTS]\n").as_bytes());
+                if let Some(g) = self.graph.as_mut() {
+                    g.gap(tid);
+                }
+            }
         }
         self.merge.pop_record(r);
     }

@@ -247,7 +247,10 @@ fn record_keeps_the_lost_counts_and_stores_32_bytes_per_function_event() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("ring"))
         .map(|e| e.metadata().unwrap().len())
         .sum();
-    assert_eq!(size, 32 * printed);
+    // And a LOST record (header, timestamp, count: 24 bytes) per gap, marked where the
+    // events were lost (`COMM-TID [LOST N EVENTS]` lines).
+    let marks = text.lines().filter(|l| l.contains(" [LOST ")).count() as u64;
+    assert_eq!(size, 32 * printed + 24 * marks);
     // `report` says so before its table: its count plus the lost ones are all the calls.
     let out = ftprobe().args(["report", "-d"]).arg(&dir).output().unwrap();
     assert!(out.status.success(), "{out:?}");

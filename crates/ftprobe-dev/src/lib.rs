@@ -179,6 +179,16 @@ pub fn naps_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("naps")
 }
 
+/// Path of `gaps BURST AFTER` (C; sites by attribute only): a gap in its thread's ring at
+/// a known place. Run by `ftprobe trace`/`record` (its parent) with a small ring: it stops
+/// the CLI (SIGSTOP), calls `gap_burst(BURST)` (which
+/// calls `gap_leaf` BURST times: the ring fills, the rest is dropped), resumes the CLI and
+/// waits until it read the ring to its end, then calls `gap_after` AFTER times.
+/// Prints `calls=C` (its traced calls) and `burst=B after=A`.
+pub fn gaps_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("gaps")
+}
+
 /// Path of `pingpong ROUNDS BURST` (C; sites by attribute only, `-pthread`): the threads
 /// `ping` (main) and `pong` take turns ROUNDS times each (default 20000) through pipes,
 /// calling `ping` and `pong` BURST times (default 1) on their turns, so their events

@@ -20,10 +20,14 @@
 //! FGRAPH_RET   0..12 CPU, 12..16 exit (FgraphExit),    tsc (at the return, or when the
 //!              16..32 depth                            call was found cut off), func,
 //!                                                      calltime (tsc at entry), retval (rax)
+//! LOST         0..12 CPU                               tsc, events dropped since the
+//!                                                      previous LOST record (written by
+//!                                                      the ring before the first record
+//!                                                      that fits after drops: a gap)
 //! ```
 //!
 //! `tsc` is the raw TSC (the buffer's clock converts it). A record shorter than its type's
-//! fixed words (FUNC 3, KPROBE [`RECORD_HEAD_WORDS`], PROFILE 2, FGRAPH_ENT 2, FGRAPH_RET 4:
+//! fixed words (FUNC 3, KPROBE [`RECORD_HEAD_WORDS`], PROFILE 2, FGRAPH_ENT 2, FGRAPH_RET 4, LOST 2:
 //! not one the tracers write) decodes to `None`; TEXT has any length. The writers build their `aux` with
 //! the `const fn`s here ([`func_aux`], [`kprobe_aux`], [`fgraph_ent_aux`],
 //! [`fgraph_ret_aux`]).
@@ -59,7 +63,7 @@ pub const fn fgraph_ret_aux(cpu: u32, exit: FgraphExit, depth: u32) -> u32 {
     cpu | ((exit as u32) << 12) | (depth << 16)
 }
 
-/// The CPU in a timed record's `aux` (FUNC, KPROBE, FGRAPH_ENT, FGRAPH_RET).
+/// The CPU in a timed record's `aux` (FUNC, KPROBE, FGRAPH_ENT, FGRAPH_RET, LOST).
 #[inline]
 pub const fn cpu_of(aux: u32) -> u32 {
     aux & CPU_MASK
@@ -88,7 +92,7 @@ pub const fn event_of(aux: u32) -> u32 {
 pub const fn is_timed(rtype: u16) -> bool {
     matches!(
         rtype,
-        rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET
+        rtype::FUNC | rtype::KPROBE | rtype::FGRAPH_ENT | rtype::FGRAPH_RET | rtype::LOST
     )
 }
 
@@ -156,6 +160,10 @@ pub enum Record<'a> {
         depth: u32,
         exit: FgraphExit,
     },
+    /// [`rtype::LOST`]: `count` events of this thread were dropped (its ring was full)
+    /// between the record before and the record after this one: a gap. `count` may be 0
+    /// (a mark whose drops an earlier one counted): nothing was lost there.
+    Lost { ts: u64, count: u64, cpu: u32 },
 }
 
 impl<'a> Record<'a> {
@@ -201,6 +209,7 @@ impl<'a> Record<'a> {
                 depth: depth_of(aux),
                 exit: exit_of(aux),
             },
+            (rtype::LOST, &[ts, count, ..]) => Record::Lost { ts, count, cpu },
             _ => return None,
         })
     }
@@ -211,7 +220,8 @@ impl<'a> Record<'a> {
             Record::Func { ts, .. }
             | Record::Kprobe { ts, .. }
             | Record::GraphEntry { ts, .. }
-            | Record::GraphReturn { ts, .. } => Some(ts),
+            | Record::GraphReturn { ts, .. }
+            | Record::Lost { ts, .. } => Some(ts),
             Record::Text { .. } | Record::Profile { .. } => None,
         }
     }
@@ -275,6 +285,17 @@ mod tests {
         assert!(w.write_aux(rtype::TEXT, 2, &[u64::from_le_bytes(*b"hi\0\0\0\0\0\0")]));
         assert!(w.write_aux(rtype::PROFILE, 9, &[11, 12]));
         let recs = drain(&sr);
+        // LOST, as the ring writes it before the first record after drops.
+        let lost = Record::decode(rtype::LOST, 3, &[500, 17]);
+        assert_eq!(
+            lost,
+            Some(Record::Lost {
+                ts: 500,
+                count: 17,
+                cpu: 3
+            })
+        );
+        assert_eq!(lost.and_then(|r| r.ts()), Some(500));
         let got: Vec<Record<'_>> = recs
             .iter()
             .map(|(rt, aux, w)| Record::decode(*rt, *aux, w).unwrap())
@@ -332,6 +353,31 @@ mod tests {
         );
     }
 
+    /// The ring's own LOST record, written before the first record after a drop, decodes
+    /// with the count of that drop.
+    #[test]
+    fn the_rings_lost_record_decodes() {
+        let sr = rings();
+        let w = sr.claim(1, COMM).unwrap();
+        assert!(
+            !w.write(rtype::FUNC, &[0; 9000]),
+            "larger than the ring: dropped"
+        );
+        assert!(w.write3_aux(rtype::FUNC, func_aux(2), 100, 0x1000, 0x2000));
+        let recs = drain(&sr);
+        assert_eq!(recs.len(), 2, "{recs:?}");
+        let (rt, aux, words) = &recs[0];
+        match Record::decode(*rt, *aux, words) {
+            Some(Record::Lost { count: 1, ts, .. }) => assert!(ts > 0),
+            other => panic!("{other:?}"),
+        }
+        let (rt, aux, words) = &recs[1];
+        assert!(matches!(
+            Record::decode(*rt, *aux, words),
+            Some(Record::Func { ts: 100, .. })
+        ));
+    }
+
     #[test]
     fn every_exit_round_trips_through_aux() {
         for exit in [
@@ -359,6 +405,7 @@ mod tests {
             (rtype::PROFILE, 2),
             (rtype::FGRAPH_ENT, 2),
             (rtype::FGRAPH_RET, 4),
+            (rtype::LOST, 2),
         ] {
             for n in 0..=w.len() {
                 assert_eq!(
@@ -383,7 +430,7 @@ mod tests {
         assert_eq!(timestamp(rtype::PROFILE, &w), None);
         // Other types (padding, the CLI's own markers) are not records of a tracer.
         assert_eq!(Record::decode(0, 0, &w), None);
-        assert_eq!(Record::decode(7, 0, &w), None);
+        assert_eq!(Record::decode(8, 0, &w), None);
         assert_eq!(Record::decode(u16::MAX, 0, &w), None);
     }
 }

@@ -39,6 +39,9 @@ pub mod rtype {
     pub const FGRAPH_ENT: u16 = 5;
     /// function_graph return.
     pub const FGRAPH_RET: u16 = 6;
+    /// Events lost before the next record (written by the ring itself:
+    /// [`crate::ring::RTYPE_LOST`]).
+    pub const LOST: u16 = crate::ring::RTYPE_LOST;
 }
 
 static RINGS: OnceLock<SharedRings> = OnceLock::new();

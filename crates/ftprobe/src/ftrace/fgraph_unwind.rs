@@ -690,6 +690,8 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
             None,
         )));
         p.data.store(unwinding as u64, Ordering::Relaxed);
+        // The engine's own: not in the user's kprobes/list.
+        p.mark_internal();
         match register_kprobe(p) {
             Ok(()) => {
                 armed += 1;
@@ -712,6 +714,7 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
                 Some(set_ip_pre_handler),
                 None,
             )));
+            p.mark_internal();
             match register_kprobe(p) {
                 Ok(()) => {
                     armed += 1;
@@ -730,6 +733,7 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
             Some(backtrace_done_handler),
             None,
         )));
+        p.mark_internal();
         match register_kprobe(p) {
             Ok(()) => {
                 armed += 1;

@@ -151,6 +151,20 @@ pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> 
     Ok(svma + o.bias)
 }
 
+/// Whether the `:mod:` part of filter pattern `e` names a loaded object (true for a pattern
+/// without one): a `:mod:` filter of an object not loaded selects nothing until it is.
+pub fn filter_module_loaded(e: &crate::ftrace::glob::FilterEntry) -> bool {
+    if !e.names_a_module() {
+        return true;
+    }
+    let g = lock();
+    g.as_ref().is_some_and(|st| {
+        st.objects
+            .iter()
+            .any(|o| !o.gone && e.matches_module(&o.module))
+    })
+}
+
 /// Whether an object that `module` names is loaded (see [`module_matches`]).
 pub fn has_module(module: &str) -> bool {
     let g = lock();

@@ -132,6 +132,9 @@ pub fn register_kretprobe(rp: &'static Kretprobe) -> Result<(), KprobeError> {
         .data
         .store(rp as *const Kretprobe as u64, Ordering::Relaxed);
     fgraph::register_fgraph_user(&rp.gops).map_err(KprobeError::Ftrace)?;
+    rp.kp
+        .flags
+        .fetch_or(super::KPROBE_FLAG_KRETPROBE, Ordering::Relaxed);
     if let Err(e) = register_kprobe(&rp.kp) {
         let _ = fgraph::unregister_ftrace_graph(&rp.gops);
         return Err(e);

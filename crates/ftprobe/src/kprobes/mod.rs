@@ -42,6 +42,13 @@ pub const KPROBE_FLAG_DISABLED: u32 = 2;
 pub const KPROBE_FLAG_OPTIMIZED: u32 = 4;
 /// Served by ftrace: the address is a site (`KPROBE_FLAG_FTRACE`).
 pub const KPROBE_FLAG_FTRACE: u32 = 8;
+/// ftprobe's own: a probe the engine places for itself (the unwinder probes of the return
+/// hooks), not one the user asked for: left out of [`list`]. Set with
+/// [`Kprobe::mark_internal`] before registering.
+pub const KPROBE_FLAG_INTERNAL: u32 = 16;
+/// ftprobe's own: the entry probe of a kretprobe (the kernel tells it by its pre_handler,
+/// `pre_handler_kretprobe`): listed with type `r`.
+pub const KPROBE_FLAG_KRETPROBE: u32 = 32;
 
 /// Where a probe goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +110,11 @@ impl Kprobe {
     /// `KPROBE_FLAG_*`.
     pub fn flags(&self) -> u32 {
         self.flags.load(Ordering::Relaxed)
+    }
+
+    /// Mark this probe as the engine's own ([`KPROBE_FLAG_INTERNAL`]): not listed.
+    pub fn mark_internal(&self) {
+        self.flags.fetch_or(KPROBE_FLAG_INTERNAL, Ordering::Relaxed);
     }
 
     /// Hits not handled because a probe was already running on the thread.
@@ -540,19 +552,28 @@ pub fn is_registered(p: &'static Kprobe) -> bool {
 
 /// The armed probes as the kernel's `debug/kprobes/list` shows them:
 /// `ADDR  k  sym+0xoff  OBJ [DISABLED][FTRACE]`, one line per probe (each child of an
-/// aggregate on its own line).
+/// aggregate on its own line); a kretprobe's type is `r` (the kernel's `report_probe()`).
+/// The engine's own probes ([`KPROBE_FLAG_INTERNAL`]) are not listed.
 pub fn list() -> String {
     let t = lock();
     let mut out = String::new();
     for (addr, probes) in &t.probes {
         for p in probes {
+            let f = p.flags();
+            if f & KPROBE_FLAG_INTERNAL != 0 {
+                continue;
+            }
+            let kind = if f & KPROBE_FLAG_KRETPROBE != 0 {
+                'r'
+            } else {
+                'k'
+            };
             let (sym, off, module) = match ft::symbol_at_or_gone(*addr) {
                 Some((s, off)) => (crate::elf::display_name(&s.name), off, s.module),
                 None => (format!("{addr:#x}"), 0, String::new()),
             };
-            let f = p.flags();
             out.push_str(&format!(
-                "{addr:016x}  k  {sym}+{off:#x}  {module} {}{}{}\n",
+                "{addr:016x}  {kind}  {sym}+{off:#x}  {module} {}{}{}\n",
                 if f & KPROBE_FLAG_GONE != 0 {
                     "[GONE]"
                 } else {
