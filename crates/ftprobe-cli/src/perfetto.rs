@@ -346,6 +346,24 @@ impl Events<'_> {
         iid
     }
 
+    /// End `n` calls of ring `ring` at `ts`, cut (they never returned in the recording).
+    fn end_cut(
+        &mut self,
+        syms: &mut crate::symbols::Symbols,
+        ts: u64,
+        ring: u32,
+        n: usize,
+    ) -> Result<()> {
+        for _ in 0..n {
+            let kind = Kind::End {
+                cut: true,
+                lost_return: false,
+            };
+            self.write(syms, ts, ring, kind)?;
+        }
+        Ok(())
+    }
+
     /// Write one event of ring `ring` at `ts` (CLOCK_MONOTONIC ns).
     fn write(
         &mut self,
@@ -567,17 +585,7 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
                     continue;
                 }
                 rec.select_stream(&mut syms, i);
-                for _ in 0..t.open.len() {
-                    w.write(
-                        &mut syms,
-                        end,
-                        i,
-                        Kind::End {
-                            cut: true,
-                            lost_return: false,
-                        },
-                    )?;
-                }
+                w.end_cut(&mut syms, end, i, t.open.len())?;
             }
         }
         let Some(r) = m.take() else { break };
@@ -702,17 +710,7 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
     for (i, open) in at_range_end {
         let end = rec.end_ns(i, 0);
         rec.select_stream(&mut syms, i);
-        for _ in 0..open {
-            w.write(
-                &mut syms,
-                end,
-                i,
-                Kind::End {
-                    cut: true,
-                    lost_return: false,
-                },
-            )?;
-        }
+        w.end_cut(&mut syms, end, i, open)?;
     }
     if let Some(e) = rec.take_error() {
         return Err(e);
