@@ -59,7 +59,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < 5; i++)
         ea_two(i);
     if (!strcmp(mode, "vfork") && argc > 2) {
-        /* The child execs PROG ARGS; this process goes on, traced, after it. */
+        /* The child execs PROG ARGS; this process goes on, traced, after it. The pause:
+         * as before an exec below (the live naming window, a known limit). */
+        usleep(250000);
         pid_t p = vfork();
         if (p == 0) {
             execv(argv[2], argv + 2);
