@@ -39,7 +39,8 @@ use ftprobe::trace;
 pub const TEXT_IMAGE: u32 = 4;
 
 /// The session's variables (all of the agent's but `FTPROBE_EXEC_PID`, which is per exec).
-pub const SESSION_VARS: [&str; 13] = [
+pub const SESSION_VARS: [&str; 14] = [
+    "FTPROBE_CONTROL_FD",
     "FTPROBE_PRELOADED",
     "FTPROBE_RING_FD",
     "FTPROBE_CLI_PID",
@@ -103,7 +104,12 @@ pub fn save() {
     }
     let vars = SESSION_VARS
         .iter()
-        .filter(|v| !matches!(**v, "FTPROBE_EXEC_PID" | "FTPROBE_PRELOADED"))
+        .filter(|v| {
+            !matches!(
+                **v,
+                "FTPROBE_EXEC_PID" | "FTPROBE_PRELOADED" | "FTPROBE_CONTROL_FD"
+            )
+        })
         .filter_map(|v| {
             let value = std::env::var_os(v)?;
             let mut entry = v.as_bytes().to_vec();

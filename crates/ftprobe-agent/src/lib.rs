@@ -23,6 +23,8 @@
 
 mod alloc;
 mod attach;
+mod control;
+mod control_thread;
 mod environ;
 mod returns;
 mod sigtrap;
@@ -128,8 +130,14 @@ fn init() {
         unsafe { libc::getpid() },
         std::sync::atomic::Ordering::Relaxed,
     );
-    match config.and_then(|c| start(&c, &Mode::Preloaded)) {
-        Ok(()) => {}
+    match config.and_then(|c| start(&c, &Mode::Preloaded).map(|()| c)) {
+        Ok(c) => {
+            if let Some(fd) = c.control {
+                if let Err(e) = control::start(fd, c.function, c.graph) {
+                    say!("ftprobe-agent: no control channel: {e}");
+                }
+            }
+        }
         Err(e) if follow::enabled() => {
             // --follow-exec: this image may exec one that can be traced (a shell script).
             if let StartError::Probe(text) = &e {
@@ -203,6 +211,9 @@ fn config_from_env(fd: &str, cli_pid: i32) -> Result<AgentConfig, StartError> {
         graph_function: lines("FTPROBE_GRAPH_FUNCTION"),
         graph_notrace: lines("FTPROBE_GRAPH_NOTRACE"),
         max_depth: 0,
+        control: std::env::var("FTPROBE_CONTROL_FD")
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok()),
     };
     // SAFETY (set_var/remove_var): we run from .init_array before main; no other thread
     // reads the environment concurrently (ftrace::init checks that we are alone).
@@ -505,7 +516,18 @@ fn say_early_status() {
 /// (ftprobe::ftrace::fgraph_unwind). libgcc_s is loaded in every process: it is a
 /// `DT_NEEDED` of this library (build.rs), so a C program that loads it itself only at its
 /// first `pthread_exit` or `backtrace` has it, probed, before main.
+/// [`start_return_hooks`] once (a return event added by the control channel).
+pub(crate) fn start_return_hooks_once() {
+    if !RETURN_HOOKS.load(std::sync::atomic::Ordering::Relaxed) {
+        start_return_hooks();
+    }
+}
+
+/// [`start_return_hooks`] ran.
+static RETURN_HOOKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn start_return_hooks() {
+    RETURN_HOOKS.store(true, std::sync::atomic::Ordering::Relaxed);
     returns::start();
     let (_, errors) = ftprobe::ftrace::fgraph_unwind::arm_unwinder_probes();
     if !ftprobe::ftrace::has_module("libgcc_s.so.1") {

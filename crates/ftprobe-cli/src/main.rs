@@ -2,6 +2,7 @@
 //! replay the recording), or list the functions a binary has ftrace sites in.
 
 mod attach;
+mod control;
 mod dump;
 mod filter;
 mod graph;
@@ -91,6 +92,15 @@ enum Cmd {
         #[arg(long = "agent", value_name = "PATH")]
         agent: Option<PathBuf>,
     },
+    /// Send commands to a live session (`ftprobe trace --control`) of process PID: each
+    /// CMD (or each line of standard input) in the kernel's tracefs language, e.g.
+    /// `echo 1 > events/kprobes/ev/enable`, `cat kprobe_profile`; `help` lists them.
+    Ctl {
+        /// The traced program's pid.
+        pid: u32,
+        /// The commands (none: read them from standard input).
+        cmds: Vec<String>,
+    },
     /// List things in a binary.
     List {
         #[command(subcommand)]
@@ -146,6 +156,7 @@ fn run(cli: Cli) -> Result<i32> {
             );
             Ok(0)
         }
+        Cmd::Ctl { pid, cmds } => control::ctl(pid, &cmds),
         Cmd::List {
             what: ListWhat::Functions { bin },
         } => {

@@ -688,6 +688,12 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     if args.session.pid.is_some() {
         anyhow::bail!("record -p (attach) is not supported yet: use `ftprobe trace -p PID`");
     }
+    if args.session.control || args.session.interactive {
+        return Err(crate::usage!(
+            "--control and --interactive are options of `trace` (a recording's events are \
+             fixed when it starts)"
+        ));
+    }
     let plan = session::prepare(args.session)?;
     let staging = make_staging(&args.dir)?;
     let a = &plan.args;

@@ -91,6 +91,18 @@ pub struct SessionArgs {
     /// exit, then puts every patched byte back and leaves the agent idle.
     #[arg(short = 'p', long = "pid", value_name = "PID", conflicts_with = "cmd")]
     pub pid: Option<i32>,
+    /// Let the session be changed while the program runs, through `ftprobe ctl PID CMD`
+    /// (PID: the program's), in the kernel's tracefs language: `echo 'p:ev func' >>
+    /// kprobe_events`, `echo 1 > events/kprobes/ev/enable`, `echo 'fib*' >
+    /// set_ftrace_filter`, `echo nop > current_tracer`, `echo 0 > tracing_on`, `cat
+    /// kprobe_profile`, ... (`trace` only; the agent then runs a thread of its own in the
+    /// program).
+    #[arg(long = "control")]
+    pub control: bool,
+    /// As --control, and read such commands from standard input (replies on standard
+    /// error).
+    #[arg(long = "interactive")]
+    pub interactive: bool,
     /// With -p: stop tracing after this many seconds.
     #[arg(long = "duration", value_name = "S", requires = "pid")]
     pub duration: Option<f64>,
@@ -236,10 +248,6 @@ fn parse_events(defs: &[String]) -> Result<Vec<(Vec<String>, ProbeDef)>> {
     if defs.len() > MAX_EVENTS {
         bail!("at most {MAX_EVENTS} kprobe events (-e) at once");
     }
-    let refuse = |d: &str, kind: ProbeErrorKind, pos: usize| -> anyhow::Error {
-        eprint!("ftprobe: {}", error_log(d, &ProbeError::new(kind, pos)));
-        anyhow::anyhow!("invalid probe definition ({})", kind.name())
-    };
     for d in defs {
         let removal = match parse_probe_command(d) {
             Ok(ProbeCommand::Remove { group, event }) => Some((group, event)),
@@ -255,54 +263,81 @@ fn parse_events(defs: &[String]) -> Result<Vec<(Vec<String>, ProbeDef)>> {
             }
             continue;
         }
-        match trace_kprobe::check(d) {
-            Ok(def) => {
-                let Some((defs, first)) = events
-                    .iter_mut()
-                    .find(|(_, e)| e.group == def.group && e.event == def.event)
-                else {
-                    events.push((vec![d.clone()], def));
-                    continue;
-                };
-                if first.kind != def.kind {
-                    return Err(refuse(d, ProbeErrorKind::DiffProbeType, 0));
-                }
-                // The first argument whose name or type differs, or the first one past the
-                // shorter list (after the end when the new one is shorter).
-                let differs = (0..def.args.len().max(first.args.len())).find(|&i| {
-                    match (def.args.get(i), first.args.get(i)) {
-                        (Some(a), Some(b)) => a.name != b.name || a.ty != b.ty,
-                        _ => true,
-                    }
-                });
-                if let Some(i) = differs {
-                    let pos = def.args.get(i).map_or(d.trim_end().len() + 1, |a| a.pos);
-                    return Err(refuse(d, ProbeErrorKind::DiffArgType, pos));
-                }
-                let same_args = |a: &ProbeDef| {
-                    a.args
-                        .iter()
-                        .zip(&def.args)
-                        .all(|(x, y)| x.fetch == y.fetch)
-                };
-                if defs.iter().any(|other| {
-                    trace_kprobe::check(other)
-                        .is_ok_and(|o| o.target == def.target && same_args(&o))
-                }) {
-                    return Err(refuse(d, ProbeErrorKind::SameProbe, 0));
-                }
-                defs.push(d.clone());
-            }
-            Err(e) => {
-                eprint!("ftprobe: {}", error_log(d, &e.err));
-                if let Some(detail) = &e.detail {
-                    eprintln!("  ({detail})");
-                }
-                bail!("invalid probe definition ({})", e.err.kind.name());
+        match place_def(events.iter().map(|(d, e)| (d.as_slice(), e)), d) {
+            Ok((def, None)) => events.push((vec![d.clone()], def)),
+            Ok((_, Some(i))) => events[i].0.push(d.clone()),
+            Err(r) => {
+                eprint!("ftprobe: {}", r.text);
+                bail!("invalid probe definition ({})", r.kind);
             }
         }
     }
     Ok(events)
+}
+
+/// A probe definition refused: the kernel's `error_log` text, and its error's name.
+pub struct DefRefused {
+    pub text: String,
+    pub kind: &'static str,
+}
+
+/// Where probe definition `d` goes among the events `events` (each: its definitions and
+/// the first one parsed), as a write to `kprobe_events` places it: a new event (`None`), or
+/// one more probe of event `i` (`Some(i)`, the same group/event name, kind and arguments).
+pub fn place_def<'a>(
+    events: impl Iterator<Item = (&'a [String], &'a ProbeDef)>,
+    d: &str,
+) -> std::result::Result<(ProbeDef, Option<usize>), DefRefused> {
+    let refuse = |kind: ProbeErrorKind, pos: usize| DefRefused {
+        text: error_log(d, &ProbeError::new(kind, pos)),
+        kind: kind.name(),
+    };
+    let def = match trace_kprobe::check(d) {
+        Ok(def) => def,
+        Err(e) => {
+            let mut text = error_log(d, &e.err);
+            if let Some(detail) = &e.detail {
+                text.push_str(&format!("  ({detail})\n"));
+            }
+            return Err(DefRefused {
+                text,
+                kind: e.err.kind.name(),
+            });
+        }
+    };
+    let Some((i, (defs, first))) = events
+        .enumerate()
+        .find(|(_, (_, e))| e.group == def.group && e.event == def.event)
+    else {
+        return Ok((def, None));
+    };
+    if first.kind != def.kind {
+        return Err(refuse(ProbeErrorKind::DiffProbeType, 0));
+    }
+    // The first argument whose name or type differs, or the first one past the shorter
+    // list (after the end when the new one is shorter).
+    let differs = (0..def.args.len().max(first.args.len())).find(|&i| {
+        match (def.args.get(i), first.args.get(i)) {
+            (Some(a), Some(b)) => a.name != b.name || a.ty != b.ty,
+            _ => true,
+        }
+    });
+    if let Some(i) = differs {
+        let pos = def.args.get(i).map_or(d.trim_end().len() + 1, |a| a.pos);
+        return Err(refuse(ProbeErrorKind::DiffArgType, pos));
+    }
+    let same_args = |a: &ProbeDef| {
+        a.args
+            .iter()
+            .zip(&def.args)
+            .all(|(x, y)| x.fetch == y.fetch)
+    };
+    if defs.iter().any(|other| {
+        trace_kprobe::check(other).is_ok_and(|o| o.target == def.target && same_args(&o))
+    }) {
+        return Err(refuse(ProbeErrorKind::SameProbe, 0));
+    }
+    Ok((def, Some(i)))
 }
 
 /// What a session runs, worked out from [`SessionArgs`] before anything runs.
@@ -353,6 +388,19 @@ pub fn prepare(args: SessionArgs) -> Result<Plan> {
     }
     if args.buffer_size_kb < 4 {
         return Err(crate::usage!("--buffer-size-kb must be at least 4"));
+    }
+    if args.control || args.interactive {
+        if args.pid.is_some() {
+            return Err(crate::usage!(
+                "--control and --interactive are not available with -p yet"
+            ));
+        }
+        if args.follow_exec {
+            return Err(crate::usage!(
+                "--control and --interactive do not go with --follow-exec (the control \
+                 channel is the first program's)"
+            ));
+        }
     }
     if args
         .rings
@@ -731,6 +779,8 @@ pub trait Sink {
     fn finish<S: Source>(&mut self, src: &mut S, end: &End) -> Result<()>;
     /// The output could not be written (the run then fails).
     fn failed(&self) -> bool;
+    /// The session has a control channel: events it adds, and the profile it reads.
+    fn set_live(&mut self, _live: std::sync::Arc<crate::control::LiveEvents>) {}
 }
 
 /// Run the plan's command (or attach to its process), feeding `sink`; returns the exit code
@@ -775,12 +825,25 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
         }
     }
     let preload = preload.join(":");
+    // The control channel's area (`--control`): inherited by the program, as the rings'.
+    let control = if args.control || args.interactive {
+        let (area, cfd) = ftprobe::control::ControlArea::create()?;
+        // SAFETY: F_SETFD on our own descriptor: the program inherits it.
+        unsafe { libc::fcntl(cfd.as_raw_fd(), libc::F_SETFD, 0) };
+        Some((area, cfd))
+    } else {
+        None
+    };
     signals::catch_termination();
     // Orphaned descendants of the target become our children, so that the wait at the end
     // finds the forked ones still tracing (Linux 3.4+; without it, the wait finds none).
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let child = Command::new(&args.cmd[0])
+    let mut command = Command::new(&args.cmd[0]);
+    if let Some((_, cfd)) = &control {
+        command.env("FTPROBE_CONTROL_FD", cfd.as_raw_fd().to_string());
+    }
+    let child = command
         .args(&args.cmd[1..])
         .env("LD_PRELOAD", preload)
         .env("FTPROBE_PRELOADED", runtimes.join(":"))
@@ -821,6 +884,37 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
         }
     };
     drop(fd);
+    let controller = control.map(|(area, cfd)| {
+        drop(cfd);
+        let ctl = std::sync::Arc::new(crate::control::Controller::new(
+            area,
+            &events,
+            tracer,
+            &args.filter,
+            &args.notrace,
+        ));
+        sink.set_live(ctl.live());
+        ctl
+    });
+    let _server = match &controller {
+        Some(ctl) => {
+            let server = crate::control::Server::start(ctl.clone(), child.id())?;
+            if args.interactive {
+                crate::control::serve_stdin(ctl.clone());
+            }
+            eprintln!(
+                "ftprobe: control: ftprobe ctl {} 'CMD' (`help` lists them){}",
+                child.id(),
+                if args.interactive {
+                    ", or commands on standard input"
+                } else {
+                    ""
+                }
+            );
+            Some(server)
+        }
+        None => None,
+    };
     // While the target starts: fault in the first pages of ring 0 (its first thread's, as a
     // rule), then finish calibrating the clock (only the text output needs it).
     let mut live = Live::new(&rings);
@@ -877,6 +971,9 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     }
     // What the last of them wrote between the poll above and its exit.
     live.poll(sink, true);
+    if let Some(ctl) = &controller {
+        ctl.close();
+    }
     // ftprobe's handler never saw the trap that killed it (it notes the ones it passes to
     // the program's default action): SIGTRAP was blocked where the agent could not see.
     let sigtrap_untaken = status.signal() == Some(libc::SIGTRAP)
@@ -951,6 +1048,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
             .enumerate()
             .flat_map(|(id, (defs, _))| defs.iter().map(move |d| (id as u32, d.clone())))
             .collect(),
+        control: None,
     };
     // Before the attach: a pidfd says when the process ends (it is not our child: no wait).
     let exit = ExitWatch::new(pid as u32);

@@ -180,6 +180,8 @@ pub struct Printer {
     recorded: bool,
     /// Times the merge reached [`MAX_HELD`] and printed before every ring was seen.
     forced: u64,
+    /// The control channel's events and profile, in a session with one.
+    live: Option<std::sync::Arc<crate::control::LiveEvents>>,
 }
 
 impl Printer {
@@ -216,7 +218,14 @@ impl Printer {
             final_poll: false,
             recorded: false,
             forced: 0,
+            live: None,
         }
+    }
+
+    /// Take the events a control channel adds while the session runs, and publish the
+    /// `kprobe_profile` counts to it.
+    pub fn set_live(&mut self, live: std::sync::Arc<crate::control::LiveEvents>) {
+        self.live = Some(live);
     }
 
     /// Processes exec'd into `images` (a recording's): their records are named from them.
@@ -992,7 +1001,29 @@ impl Printer {
 impl Sink for Printer {
     fn poll<S: Source>(&mut self, src: &mut S, final_poll: bool) {
         self.final_poll = final_poll;
+        if let Some(live) = self.live.clone() {
+            // Events the control channel added: known before the agent writes any record.
+            for (id, def) in live.take_added() {
+                let id = id as usize;
+                if self.events.len() <= id {
+                    self.events.resize(id + 1, def.clone());
+                    self.decoders.resize_with(id + 1, || None);
+                }
+                self.decoders[id] = RecordDecoder::new(&def);
+                self.events[id] = def;
+            }
+        }
         self.poll_source(src);
+        if let Some(live) = &self.live {
+            live.publish_profile(
+                (0..self.events.len())
+                    .map(|id| {
+                        let (dropped, missed) = src.event_counters(id as u32);
+                        (self.seen.get(id).copied().unwrap_or(0), dropped, missed)
+                    })
+                    .collect(),
+            );
+        }
     }
 
     fn flush(&mut self) {
@@ -1002,6 +1033,10 @@ impl Sink for Printer {
     fn finish<S: Source>(&mut self, src: &mut S, end: &End) -> Result<()> {
         self.finish_source(src, end);
         Ok(())
+    }
+
+    fn set_live(&mut self, live: std::sync::Arc<crate::control::LiveEvents>) {
+        Printer::set_live(self, live);
     }
 
     fn failed(&self) -> bool {

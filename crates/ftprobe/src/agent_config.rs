@@ -38,6 +38,10 @@ pub struct AgentConfig {
     pub max_depth: u32,
     /// kprobe probe definitions, each with its event's id (the probes of one event share it).
     pub events: Vec<(u32, String)>,
+    /// The control channel's memfd (`ftprobe::control`): the agent starts its control
+    /// thread on it once the session runs.
+    #[serde(default)]
+    pub control: Option<i32>,
 }
 
 /// A message to an attached agent.
@@ -109,6 +113,7 @@ mod tests {
                 graph_function: vec![],
                 graph_notrace: vec!["a\tb".into()],
                 max_depth: 3,
+                control: Some(9),
                 events: vec![(0, "p:e work a=$arg1".into()), (0, "p:e caller".into())],
             }),
             stopped_ips: vec![0x401000, u64::MAX],

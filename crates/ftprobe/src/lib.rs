@@ -6,6 +6,7 @@
 
 pub mod agent_config;
 pub mod arch;
+pub mod control;
 pub mod demangle;
 pub mod elf;
 pub mod events;

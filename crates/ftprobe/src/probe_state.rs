@@ -106,22 +106,50 @@ pub(crate) struct ThreadState {
 
 thread_local! {
     /// Const-initialized, no destructor: no allocation on first touch.
-    static STATE: ThreadState = const {
-        ThreadState {
-            ring: Cell::new(ThreadRing::Unclaimed),
-            writing: Cell::new(0),
-            level_prev: [const { Cell::new(0) }; MAX_NEST as usize],
-            level_reserved: [const { Cell::new(0) }; MAX_NEST as usize],
-            in_ftrace: Cell::new(0),
-            kprobe: Cell::new(std::ptr::null()),
-            kprobe_sp: Cell::new(0),
-            xol: Cell::new(Xol::NONE),
-            program_trap_sp: Cell::new(0),
-            program_trap_pending: Cell::new(false),
-            fgraph: Cell::new(std::ptr::null_mut()),
-            alt_stack: Cell::new((false, 0, 0)),
-        }
+    static STATE: ThreadState = const { ThreadState::INIT };
+}
+
+impl ThreadState {
+    /// A thread's state before its first event.
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INIT: ThreadState = ThreadState {
+        ring: Cell::new(ThreadRing::Unclaimed),
+        writing: Cell::new(0),
+        level_prev: [const { Cell::new(0) }; MAX_NEST as usize],
+        level_reserved: [const { Cell::new(0) }; MAX_NEST as usize],
+        in_ftrace: Cell::new(0),
+        kprobe: Cell::new(std::ptr::null()),
+        kprobe_sp: Cell::new(0),
+        xol: Cell::new(Xol::NONE),
+        program_trap_sp: Cell::new(0),
+        program_trap_pending: Cell::new(false),
+        fgraph: Cell::new(std::ptr::null_mut()),
+        alt_stack: Cell::new((false, 0, 0)),
     };
+}
+
+/// Put this thread's state back to [`ThreadState::INIT`].
+///
+/// # Safety
+/// No probe-path code runs on this thread (no reference from [`this_thread`] is live):
+/// a thread whose TLS is a copy of another thread's, before it runs anything else.
+pub(crate) unsafe fn reset_this_thread() {
+    let t = this_thread();
+    let init = ThreadState::INIT;
+    t.ring.set(init.ring.get());
+    t.writing.set(0);
+    for (a, b) in t.level_prev.iter().zip(&t.level_reserved) {
+        a.set(0);
+        b.set(0);
+    }
+    t.in_ftrace.set(0);
+    t.kprobe.set(std::ptr::null());
+    t.kprobe_sp.set(0);
+    t.xol.set(Xol::NONE);
+    t.program_trap_sp.set(0);
+    t.program_trap_pending.set(false);
+    t.fgraph.set(std::ptr::null_mut());
+    t.alt_stack.set((false, 0, 0));
 }
 
 /// [`STATE`]'s offset from the thread pointer, once [`fix_thread_state_offset`] ran

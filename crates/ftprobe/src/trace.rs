@@ -118,10 +118,40 @@ pub fn this_thread_ring() -> Option<RingWriter<'static>> {
 
 #[inline(always)]
 fn ring_of(t: &ThreadState) -> Option<RingWriter<'static>> {
+    // `tracing_on` 0: nothing is written, nothing counted as lost (the kernel's
+    // `tracer_tracing_off()`: the ring buffer refuses writes).
+    if TRACING_OFF.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
     match t.ring.get() {
         ThreadRing::Claimed(w) => Some(w),
         _ => no_ring(t),
     }
+}
+
+/// `tracing_on` is 0 ([`set_tracing_on`]).
+static TRACING_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The kernel's `tracing_on`: with `false`, events are no longer written into the rings
+/// (callbacks and probes still run; nothing is counted as lost); `true` writes again.
+pub fn set_tracing_on(on: bool) {
+    TRACING_OFF.store(!on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether events are written (`tracing_on`).
+pub fn tracing_on() -> bool {
+    !TRACING_OFF.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A thread made with a copy of another thread's TLS (the agent's control thread) starts
+/// with a fresh probe-path state (no ring, no guard set), not the copy of the other's.
+///
+/// # Safety
+/// The caller is a thread whose static TLS block was copied from another live thread's and
+/// that has not run any probe-path code yet.
+pub unsafe fn reset_copied_thread_state() {
+    // SAFETY: the caller's contract.
+    unsafe { probe_state::reset_this_thread() };
 }
 
 /// Probe path, a thread without a ring: claim one (its first event, or a ring was freed since

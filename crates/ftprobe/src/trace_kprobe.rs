@@ -406,6 +406,80 @@ impl std::fmt::Display for EventError {
 /// Parse, compile and register a `p` definition as event `id`. Needs [`ft::init`] done and a
 /// trace buffer set ([`trace::set_buffer`]) for records to be written.
 pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
+    create_with(id, cmd, true)
+}
+
+/// [`create`] an event disabled, as a write to the kernel's `kprobe_events` does: its probe
+/// is registered (its address checked, an int3 probe's instruction decoded) but not armed
+/// until [`enable`].
+pub fn create_disabled(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
+    create_with(id, cmd, false)
+}
+
+/// The event [`create`] made with this id, if it was not removed.
+pub fn find(id: u32) -> Option<&'static TraceKprobe> {
+    EVENTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .copied()
+        .find(|tk| tk.id == id)
+}
+
+/// Enable or disable event `id` (`events/GRP/EVENT/enable`): its probe is armed or
+/// disarmed through the batch `text_poke` protocol. A pending event (its object not loaded)
+/// keeps the state for when it is armed.
+pub fn enable(id: u32, on: bool) -> Result<(), KprobeError> {
+    let tk = find(id).ok_or(KprobeError::NotRegistered)?;
+    if tk.is_pending() {
+        if on {
+            tk.kp
+                .flags
+                .fetch_and(!kprobes::KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+        } else {
+            tk.kp
+                .flags
+                .fetch_or(kprobes::KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+        }
+        return Ok(());
+    }
+    if on {
+        kprobes::enable_kprobe(tk.kp)
+    } else {
+        kprobes::disable_kprobe(tk.kp)
+    }
+}
+
+/// Whether event `id` is enabled.
+pub fn is_enabled(id: u32) -> Option<bool> {
+    find(id).map(|tk| tk.kp.flags() & kprobes::KPROBE_FLAG_DISABLED == 0)
+}
+
+/// Remove event `id` (`-:EVENT` in `kprobe_events`): its probe is unregistered (its bytes
+/// back). The event's memory is kept (a thread may still run its handler).
+pub fn remove(id: u32) -> Result<(), KprobeError> {
+    let tk = {
+        let mut events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
+        let i = events
+            .iter()
+            .position(|tk| tk.id == id)
+            .ok_or(KprobeError::NotRegistered)?;
+        events.remove(i)
+    };
+    if tk.is_pending() {
+        return Ok(());
+    }
+    let r = match tk.rp {
+        None => kprobes::unregister_kprobe(tk.kp),
+        Some(rp) => kprobes::unregister_kretprobe(rp),
+    };
+    if r.is_err() {
+        EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(tk);
+    }
+    r
+}
+
+fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe, EventError> {
     let plain = |err| EventError { err, detail: None };
     let def = match parse_probe_command(cmd).map_err(plain)? {
         ProbeCommand::Add(d) => d,
@@ -531,6 +605,10 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
         Some(rp) => rp
             .data
             .store(tk as *const TraceKprobe as u64, Ordering::Relaxed),
+    }
+    if !enabled {
+        kp.flags
+            .fetch_or(kprobes::KPROBE_FLAG_DISABLED, Ordering::Relaxed);
     }
     if !pending {
         arm(tk).map_err(|e| match e {

@@ -925,6 +925,86 @@ fn set_filter(
     Ok(())
 }
 
+/// Change the filter (with `notrace`, the notrace list) of `ops`, registered or not, as a
+/// write to the kernel's `set_ftrace_filter` does while a tracer runs: `reset` replaces the
+/// list (`>`), else `patterns` are appended (`>>`; a `!PAT` entry takes functions out). A
+/// registered ops' sites are re-patched at once, in one batch (`ftrace_hash_move_and_update_ops`);
+/// on error nothing changes. A pattern matching no function is left out and returned as a
+/// warning; if every pattern of a non-empty `patterns` is, the write fails (EINVAL) and
+/// nothing changes. The old hash is retired, never freed (a thread may still read it).
+pub fn ftrace_update_filter(
+    ops: &'static FtraceOps,
+    patterns: &[String],
+    reset: bool,
+    notrace: bool,
+) -> Result<Vec<FtraceError>, FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    let mut entries = Vec::new();
+    let mut warnings = Vec::new();
+    for p in patterns {
+        let e = FilterEntry::parse(p)?;
+        if e.negate || st.entry_selects(&e) {
+            entries.push(e);
+        } else {
+            warnings.push(FtraceError::NoMatch(p.clone()));
+        }
+    }
+    if !patterns.is_empty() && entries.is_empty() {
+        return Err(warnings
+            .pop()
+            .unwrap_or(FtraceError::NoMatch(String::new())));
+    }
+    let old = {
+        let mut f = ops.lock_filters();
+        let old = (f.filter.clone(), f.notrace.clone());
+        let list = if notrace {
+            &mut f.notrace
+        } else {
+            &mut f.filter
+        };
+        if reset {
+            list.clear();
+        }
+        list.extend(entries);
+        old
+    };
+    if !ops.is_registered() {
+        return Ok(warnings);
+    }
+    let hash = st.hash_of(ops);
+    let result = st.check_ipmodify(ops, &hash).and_then(|()| {
+        // Release pairs with the Acquire load in `FtraceOps::wants`.
+        let prev = ops
+            .hash
+            .swap(Box::into_raw(Box::new(hash)), Ordering::AcqRel);
+        // SAFETY: prev came from Box::into_raw; `retired` keeps it for concurrent readers.
+        st.retired.push(unsafe { Box::from_raw(prev) });
+        st.update_sites()
+    });
+    if let Err(e) = result {
+        {
+            let mut f = ops.lock_filters();
+            (f.filter, f.notrace) = old;
+        }
+        let hash = st.hash_of(ops);
+        let prev = ops
+            .hash
+            .swap(Box::into_raw(Box::new(hash)), Ordering::AcqRel);
+        // SAFETY: as above.
+        st.retired.push(unsafe { Box::from_raw(prev) });
+        return Err(e);
+    }
+    Ok(warnings)
+}
+
+/// The ops' glob filter (with `notrace`, its notrace list), as `set_ftrace_filter` reads.
+pub fn ftrace_filter_text(ops: &FtraceOps, notrace: bool) -> Vec<String> {
+    let f = ops.lock_filters();
+    let list = if notrace { &f.notrace } else { &f.filter };
+    list.iter().map(|e| e.text.clone()).collect()
+}
+
 /// Add (or with `remove`, remove) the site at `ip` to the ops' filter; with `reset`, clear the
 /// address list first (`ftrace_set_filter_ip()`). Unlike glob filters this works on a
 /// registered ops: its sites are re-patched at once, and on error nothing changes.
@@ -1097,6 +1177,21 @@ impl State {
             source: m.source,
             flags: r.flags,
         }
+    }
+
+    /// Whether a (non-negated) filter entry selects a function now, or names a module that
+    /// is not loaded (kept for when it is, as `set_filter` does).
+    fn entry_selects(&self, e: &FilterEntry) -> bool {
+        let pending = e.names_a_module()
+            && !self
+                .objects
+                .iter()
+                .any(|o| !o.gone && e.matches_module(&o.module));
+        pending
+            || self.meta.iter().zip(&self.display).any(|(m, d)| {
+                let o = &self.objects[m.obj];
+                e.matches_function(&o.image.funcs[m.func].name, d, &o.module)
+            })
     }
 
     /// Sorted ips the ops selects: its filter (empty: all) minus its notrace.

@@ -77,7 +77,7 @@ pub struct Kprobe {
     /// For the handlers' own use.
     pub data: AtomicU64,
     addr: AtomicU64,
-    flags: AtomicU32,
+    pub(crate) flags: AtomicU32,
     nmissed: AtomicU64,
     /// Where `nmissed` is counted instead, when set ([`Kprobe::count_nmissed_in`]).
     nmissed_at: AtomicPtr<AtomicU64>,
