@@ -172,8 +172,7 @@ fn set_tracer(name: &str) -> Reply {
         }
         _ => {
             return fail(format!(
-                "current_tracer {name}: this session's trace is laid out for {} (start it \
-                 with -t {name})",
+                "{name}: this session's trace is laid out for {} (start it with -t {name})",
                 ["nop", "function", "function_graph"][usize::from(session)]
             ))
         }

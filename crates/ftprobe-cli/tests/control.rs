@@ -512,3 +512,156 @@ fn ctl_and_interactive_commands() {
     // The socket is gone with the session.
     assert!(!ftprobe::control::client::socket_path(pid).unwrap().exists());
 }
+
+/// A program with its own `malloc` family that counts the calls made by threads it did not
+/// create (the agent's control thread would be one), and a worker calling `work` and
+/// `malloc` until told to stop.
+const GUEST_FIXTURE: &str = r#"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <sys/prctl.h>
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void __libc_free(void *);
+static _Atomic long own_tids[4];
+static _Atomic long foreign;
+static _Atomic long mallocs;
+static char foreign_comm[17];
+static _Atomic int counting;
+static void note(void) {
+    if (!atomic_load(&counting)) return; /* the C library's start-up, before main */
+    long tid = syscall(SYS_gettid);
+    atomic_fetch_add(&mallocs, 1);
+    for (int i = 0; i < 4; i++) if (atomic_load(&own_tids[i]) == tid) return;
+    if (atomic_fetch_add(&foreign, 1) == 0) prctl(PR_GET_NAME, foreign_comm);
+}
+void *malloc(size_t n) { note(); return __libc_malloc(n); }
+void *calloc(size_t a, size_t b) { note(); return __libc_calloc(a, b); }
+void *realloc(void *p, size_t n) { note(); return __libc_realloc(p, n); }
+void free(void *p) { if (p) note(); __libc_free(p); }
+
+struct shared { _Atomic long stop; _Atomic long ready; _Atomic long count; };
+static struct shared *sh;
+volatile long sink;
+char *volatile keep;
+__attribute__((noinline)) long work(long i) { sink += i; return sink; }
+__attribute__((noinline)) long helper(long i) { return i * 2; }
+
+static void *worker(void *arg) {
+    atomic_store(&own_tids[1], syscall(SYS_gettid));
+    atomic_store(&sh->ready, 1);
+    long i = 0;
+    while (!atomic_load(&sh->stop)) {
+        char *p = malloc(32);
+        memset(p, 1, 32);
+        keep = p;
+        work(i);
+        helper(i);
+        free(p);
+        atomic_store(&sh->count, ++i);
+        usleep(100);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    atomic_store(&own_tids[0], syscall(SYS_gettid));
+    atomic_store(&counting, 1);
+    free(malloc(1));
+    int fd = open(argv[1], O_RDWR);
+    sh = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    pthread_t th;
+    pthread_create(&th, 0, worker, 0);
+    pthread_join(th, 0);
+    printf("foreign %ld of %ld%s%s\n", atomic_load(&foreign), atomic_load(&mallocs),
+           foreign_comm[0] ? " first by " : "", foreign_comm);
+    return 0;
+}
+"#;
+
+/// The agent's control thread is a guest: through additions, removals, enables, filter
+/// changes and tracer switches, it never calls the program's allocator.
+#[test]
+fn the_control_thread_never_calls_the_programs_malloc() {
+    let Some(exe) = common::build_at_test_time(
+        "cc",
+        "ctl_guest.c",
+        GUEST_FIXTURE,
+        &["-O1", "-pg", "-mfentry", "-pthread"],
+    ) else {
+        panic!("cc could not build the fixture");
+    };
+    let dir = common::tmp_dir("control-guest");
+    let shm = dir.join("shared");
+    std::fs::write(&shm, vec![0u8; 4096]).unwrap();
+    let shared = Shared::open(&shm);
+    let out = dir.join("trace.txt");
+    let cli = common::ftprobe()
+        .args(["trace", "--control", "-F", "work", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .arg(&shm)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while shared.ready() == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = pgrep_child(cli.id());
+    let mut s = Session::connect(pid).unwrap();
+    let count = || shared.word(2).load(std::sync::atomic::Ordering::Acquire);
+    for round in 0..20 {
+        for cmd in [
+            "echo 'p:h helper i=%di:s64' >> kprobe_events".to_owned(),
+            "echo 'p:m libc:malloc n=%di:u64' >> kprobe_events".to_owned(),
+            "echo 'r:wr work ret=$retval:s64' >> kprobe_events".to_owned(),
+            "echo 1 > events/kprobes/enable".to_owned(),
+            "cat kprobes/list".to_owned(),
+            format!("echo 'helper work' > set_ftrace_filter{}", ""),
+            "echo nop > current_tracer".to_owned(),
+            "echo function > current_tracer".to_owned(),
+            "cat kprobe_profile".to_owned(),
+            "echo 0 > events/kprobes/enable".to_owned(),
+            "echo > kprobe_events".to_owned(),
+            "echo work > set_ftrace_filter".to_owned(),
+        ] {
+            let r = s.send(&cmd).unwrap();
+            assert!(r.ok, "round {round}: {cmd}: {}", r.text);
+        }
+        let c = count();
+        while count() < c + 3 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    shared.stop();
+    let o = cli.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    // The program's own verdict (its stdout went through ftprobe's child stdout: the trace
+    // went to a file, so the program's line is on ftprobe's stdout).
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.starts_with("foreign 0 of "), "{stdout}");
+    // The events ran: malloc's probe saw the worker's 32-byte blocks, work returned.
+    assert!(
+        common::events(&text).any(|l| l.contains(" m: ") && l.contains("n=32")),
+        "{}",
+        tail(&text)
+    );
+    assert!(
+        common::events(&text).any(|l| l.contains(" wr: ")),
+        "{}",
+        tail(&text)
+    );
+}
