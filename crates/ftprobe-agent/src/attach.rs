@@ -117,6 +117,13 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             };
             r.map_err(|e| e.to_string())?;
             TRACING.store(true, Ordering::Release);
+            if let Some(fd) = config.control {
+                // The control channel (`trace -p PID --control`): a thread of the agent's,
+                // running once the CLI lets the program go; it ends with the session.
+                if let Err(e) = crate::control::start(fd, config.function, config.graph) {
+                    crate::say(format_args!("ftprobe-agent: no control channel: {e}\n"));
+                }
+            }
             Ok(())
         }
         AgentMessage::Detach => {
@@ -164,6 +171,8 @@ fn detach() -> Result<(), String> {
             .map(|e| e.to_string()),
     );
     crate::dlopen::unhook();
+    // A session's `tracing_on 0` (control channel) does not outlive it.
+    ftprobe::trace::set_tracing_on(true);
     if errors.is_empty() {
         Ok(())
     } else {

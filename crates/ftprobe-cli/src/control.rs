@@ -124,8 +124,10 @@ impl Controller {
         self.live.clone()
     }
 
-    /// The session ends: the agent's thread stops waiting.
+    /// The session ends: the agent's thread stops waiting (after the command in flight,
+    /// if any).
     pub fn close(&self) {
+        let _st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.area.close();
     }
 

@@ -390,11 +390,6 @@ pub fn prepare(args: SessionArgs) -> Result<Plan> {
         return Err(crate::usage!("--buffer-size-kb must be at least 4"));
     }
     if args.control || args.interactive {
-        if args.pid.is_some() {
-            return Err(crate::usage!(
-                "--control and --interactive are not available with -p yet"
-            ));
-        }
         if args.follow_exec {
             return Err(crate::usage!(
                 "--control and --interactive do not go with --follow-exec (the control \
@@ -884,36 +879,13 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
         }
     };
     drop(fd);
-    let controller = control.map(|(area, cfd)| {
-        drop(cfd);
-        let ctl = std::sync::Arc::new(crate::control::Controller::new(
-            area,
-            &events,
-            tracer,
-            &args.filter,
-            &args.notrace,
-        ));
-        sink.set_live(ctl.live());
-        ctl
-    });
-    let _server = match &controller {
-        Some(ctl) => {
-            let server = crate::control::Server::start(ctl.clone(), child.id())?;
-            if args.interactive {
-                crate::control::serve_stdin(ctl.clone());
-            }
-            eprintln!(
-                "ftprobe: control: ftprobe ctl {} 'CMD' (`help` lists them){}",
-                child.id(),
-                if args.interactive {
-                    ", or commands on standard input"
-                } else {
-                    ""
-                }
-            );
-            Some(server)
+    let (controller, _server) = match control {
+        Some((area, cfd)) => {
+            drop(cfd);
+            let (c, s) = start_control(&args, area, &events, tracer, child.id(), sink)?;
+            (Some(c), Some(s))
         }
-        None => None,
+        None => (None, None),
     };
     // While the target starts: fault in the first pages of ring 0 (its first thread's, as a
     // rule), then finish calibrating the clock (only the text output needs it).
@@ -1004,6 +976,42 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     Ok(if sink.failed() && code == 0 { 1 } else { code })
 }
 
+/// The control channel's CLI side for the program `pid`: its controller (which `sink`
+/// learns live events from), its socket, and `--interactive`'s reader.
+fn start_control<K: Sink>(
+    args: &SessionArgs,
+    area: ftprobe::control::ControlArea,
+    events: &[(Vec<String>, ProbeDef)],
+    tracer: &'static str,
+    pid: u32,
+    sink: &mut K,
+) -> Result<(
+    std::sync::Arc<crate::control::Controller>,
+    crate::control::Server,
+)> {
+    let ctl = std::sync::Arc::new(crate::control::Controller::new(
+        area,
+        events,
+        tracer,
+        &args.filter,
+        &args.notrace,
+    ));
+    sink.set_live(ctl.live());
+    let server = crate::control::Server::start(ctl.clone(), pid)?;
+    if args.interactive {
+        crate::control::serve_stdin(ctl.clone());
+    }
+    eprintln!(
+        "ftprobe: control: ftprobe ctl {pid} 'CMD' (`help` lists them){}",
+        if args.interactive {
+            ", or commands on standard input"
+        } else {
+            ""
+        }
+    );
+    Ok((ctl, server))
+}
+
 /// `trace -p PID`: load the agent into the running process `pid` and start it there
 /// ([`crate::attach`]), drain its rings into `sink` until Ctrl-C, `--duration` or its exit,
 /// then stop the agent (every patched byte back) and leave. Returns the exit code: 0.
@@ -1054,6 +1062,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
     let exit = ExitWatch::new(pid as u32);
     signals::catch_termination();
     let mut made = None;
+    let mut made_control = None;
     control(pid, &agent, |a| {
         // The rings live in a memfd the target makes (it then needs no access to our
         // process): we open it through /proc/PID/fd/N and lay it out; the agent maps it
@@ -1068,6 +1077,18 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         rings.set_clock(Clock::finish_calibration(clock_start));
         made = Some(rings);
         config.rings = RingsFrom::Fd(m);
+        if args.control || args.interactive {
+            let c = a.memfd_create("ftprobe-control", libc::MFD_CLOEXEC)?;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/{pid}/fd/{c}"))
+                .with_context(|| format!("opening process {pid}'s control area"))?;
+            made_control = Some(ftprobe::control::ControlArea::create_on(
+                std::os::fd::AsFd::as_fd(&file),
+            )?);
+            config.control = Some(c);
+        }
         Ok(AgentMessage::Attach {
             config: Box::new(config),
             stopped_ips: a.thread_ips()?,
@@ -1076,6 +1097,13 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
     })
     .with_context(|| format!("starting the agent in process {pid}"))?;
     let rings = made.context("no ring buffer")?;
+    let (controller, server) = match made_control {
+        Some(area) => {
+            let (c, s) = start_control(&args, area, &events, tracer, pid as u32, sink)?;
+            (Some(c), Some(s))
+        }
+        None => (None, None),
+    };
     eprintln!("ftprobe: tracing process {pid} (Ctrl-C to stop)");
     let mut live = Live::new(&rings);
     let deadline = args
@@ -1100,6 +1128,11 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
             0 if !live.churning() => exit.wait(Duration::from_millis(10)),
             _ => exit.wait(Duration::from_millis(1)),
         }
+    }
+    // No command after this: the agent's control thread ends.
+    drop(server);
+    if let Some(ctl) = &controller {
+        ctl.close();
     }
     if !exited {
         // Every site back to its NOP, every probe's byte back: the program runs as before.

@@ -482,9 +482,9 @@ fn ctl_and_interactive_commands() {
     }
     let before = shared.counts();
     std::thread::sleep(Duration::from_millis(200));
+    let after = shared.counts();
     let (_, o, _) = ctl(&["echo 0 > tracing_on", "cat tracing_on"]);
     assert_eq!(o, "0\n");
-    let after = shared.counts();
     shared.stop();
     let status = cli.wait().unwrap();
     let mut err = String::new();
@@ -554,7 +554,7 @@ static struct shared *sh;
 volatile long sink;
 char *volatile keep;
 __attribute__((noinline)) long work(long i) { sink += i; return sink; }
-__attribute__((noinline)) long helper(long i) { return i * 2; }
+__attribute__((noinline)) long helper(long i) { sink ^= i; return i * 2; }
 
 static void *worker(void *arg) {
     atomic_store(&own_tids[1], syscall(SYS_gettid));
@@ -664,4 +664,131 @@ fn the_control_thread_never_calls_the_programs_malloc() {
         "{}",
         tail(&text)
     );
+}
+
+/// `trace -p PID --control`: the channel of an attached session, its thread gone with the
+/// session, and a second session with its own.
+#[test]
+fn an_attached_session_is_controlled_too() {
+    let Some(exe) = common::build_at_test_time(
+        "cc",
+        "ctl_attach.c",
+        GUEST_FIXTURE,
+        &["-O1", "-pg", "-mfentry", "-pthread"],
+    ) else {
+        panic!("cc could not build the fixture");
+    };
+    let dir = common::tmp_dir("control-attach");
+    let shm = dir.join("shared");
+    std::fs::write(&shm, vec![0u8; 4096]).unwrap();
+    let shared = Shared::open(&shm);
+    let prog = std::process::Command::new(&exe)
+        .arg(&shm)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while shared.ready() == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = prog.id();
+    // The program is stopped if an assertion fails.
+    struct Kill(u32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) of our child (or of nothing, once it was reaped).
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+    let _kill = Kill(pid);
+    let tasks = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(tasks(), 2);
+    let count = || shared.word(2).load(std::sync::atomic::Ordering::Acquire);
+    for session in 0..2 {
+        let out = dir.join(format!("trace-{session}.txt"));
+        let cli = common::ftprobe()
+            .args([
+                "trace",
+                "-p",
+                &pid.to_string(),
+                "--control",
+                "-e",
+                "p:w work i=%di:s64",
+                "-o",
+            ])
+            .arg(&out)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let mut s = loop {
+            if let Ok(s) = Session::connect(pid) {
+                break s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no control socket"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut send = |cmd: &str| {
+            let r = s.send(cmd).unwrap();
+            assert!(r.ok, "{cmd}: {}", r.text);
+            r.text
+        };
+        send("echo 'p:h helper i=%di:s64' >> kprobe_events");
+        let sent_on = count();
+        send("echo 1 > events/kprobes/h/enable");
+        let (on, c0) = (count(), Instant::now());
+        while count() < on + 20 {
+            assert!(c0.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let off = count();
+        send("echo 0 > events/kprobes/enable");
+        let off_done = count();
+        assert_eq!(
+            tasks(),
+            3,
+            "the agent's control thread runs while the session does"
+        );
+        // SAFETY: kill(2) with a live child's pid.
+        unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
+        let o = cli.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = std::fs::read_to_string(&out).unwrap();
+        let h: Vec<i64> = common::events(&text)
+            .filter_map(|l| l.split(" h: ").nth(1))
+            .map(|a| a.rsplit("i=").next().unwrap().trim().parse().unwrap())
+            .collect();
+        // helper(a) runs while the count is a. Every call surely made while h was enabled
+        // is there, none made after it was disabled.
+        for a in (on + 1)..off {
+            assert!(h.contains(&a), "session {session}: helper({a}) missing");
+        }
+        assert!(
+            h.iter().all(|&a| a >= sent_on && a <= off_done),
+            "session {session}: a call outside the window [{sent_on}, {off_done}]: {:?}",
+            h.iter()
+                .filter(|&&a| a < sent_on || a > off_done)
+                .collect::<Vec<_>>()
+        );
+        // The session's thread is gone with it.
+        let start = Instant::now();
+        while tasks() != 2 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the control thread stayed"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    shared.stop();
+    let o = prog.wait_with_output().unwrap();
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("foreign 0 of "));
+    let _ = std::fs::remove_dir_all(&dir);
 }

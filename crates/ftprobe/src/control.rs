@@ -129,6 +129,18 @@ impl ControlArea {
         Ok((area, fd))
     }
 
+    /// Lay out a new area in `fd`, a memfd another process made (an attached program's).
+    pub fn create_on(fd: BorrowedFd<'_>) -> Result<ControlArea, ControlError> {
+        // SAFETY: ftruncate of a descriptor we hold.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), SIZE as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let area = Self::map(fd)?;
+        // SAFETY: the mapping is SIZE bytes, writable; the agent reads it only once told.
+        unsafe { std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), area.base, 8) };
+        Ok(area)
+    }
+
     /// Map the area in `fd` (the agent's side); checks the magic.
     pub fn attach(fd: BorrowedFd<'_>) -> Result<ControlArea, ControlError> {
         let area = Self::map(fd)?;
