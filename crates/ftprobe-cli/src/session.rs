@@ -389,13 +389,11 @@ pub fn prepare(args: SessionArgs) -> Result<Plan> {
     if args.buffer_size_kb < 4 {
         return Err(crate::usage!("--buffer-size-kb must be at least 4"));
     }
-    if args.control || args.interactive {
-        if args.follow_exec {
-            return Err(crate::usage!(
-                "--control and --interactive do not go with --follow-exec (the control \
-                 channel is the first program's)"
-            ));
-        }
+    if (args.control || args.interactive) && args.follow_exec {
+        return Err(crate::usage!(
+            "--control and --interactive do not go with --follow-exec (the control \
+             channel is the first program's)"
+        ));
     }
     if args
         .rings
