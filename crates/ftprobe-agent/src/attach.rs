@@ -12,7 +12,7 @@
 //! (unwinders are: they are int3 probes).
 
 use std::ffi::{c_char, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use ftprobe::agent_config::{self, AgentMessage};
 
@@ -24,6 +24,29 @@ use crate::{start, Mode, StartError, CAPTURE, PID};
 static ATTACHED: AtomicBool = AtomicBool::new(false);
 /// A session is on (between its attach and its detach).
 static TRACING: AtomicBool = AtomicBool::new(false);
+/// The CLI that owns the session: its pid, and its start time (`/proc/PID/stat`'s 22nd
+/// field, clock ticks since boot; 0: not readable from here, e.g. another pid namespace).
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+static OWNER_START: AtomicU64 = AtomicU64::new(0);
+
+/// The start time of process `pid` (`/proc/PID/stat` field 22), if it exists.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ...`: the fields after the last ')' start at the 3rd.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// Whether the session's CLI still lives: its pid names the same process as when it
+/// attached. A start time that could not be read then leaves it alive (never taken over).
+fn owner_alive() -> bool {
+    let start = OWNER_START.load(Ordering::Relaxed);
+    start == 0 || start_time(OWNER_PID.load(Ordering::Relaxed)) == Some(start)
+}
 
 /// A later session (the agent was attached before and detached): ftrace is initialized
 /// and its sites are NOP; the new session's rings replace the old ones (every thread's
@@ -103,7 +126,22 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                 );
             }
             if TRACING.load(Ordering::Acquire) {
-                return Err("another ftprobe is attached to this process".into());
+                let owner = OWNER_PID.load(Ordering::Relaxed);
+                if owner_alive() {
+                    return Err(format!(
+                        "another ftprobe (process {owner}) is attached to this process"
+                    ));
+                }
+                // Its CLI is gone (killed): its session is ended first, every byte back,
+                // as its own detach would have.
+                TRACING.store(false, Ordering::Release);
+                detach().map_err(|e| {
+                    format!("ending the session of ftprobe process {owner}, which is gone: {e}")
+                })?;
+                crate::say(format_args!(
+                    "ftprobe-agent: the session of ftprobe process {owner}, which is gone, was \
+                     ended first\n"
+                ));
             }
             // SAFETY: getpid has no preconditions.
             PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
@@ -115,7 +153,21 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             } else {
                 start(&config, &Mode::Attached { stopped_ips })
             };
-            r.map_err(|e| e.to_string())?;
+            if let Err(e) = r {
+                // Refused (a probe that cannot be armed, ...): whatever this attach armed
+                // is undone before the CLI lets the threads go.
+                let mut text = e.to_string();
+                if ftprobe::ftrace::functions().is_ok() {
+                    // Nothing was loaded since ftrace was started (no thread runs).
+                    crate::dlopen::remember(&crate::loaded_objects().1);
+                    if let Err(u) = detach() {
+                        text.push_str(&format!("\n(undoing the attach: {u})"));
+                    }
+                }
+                return Err(text);
+            }
+            OWNER_PID.store(config.cli_pid, Ordering::Relaxed);
+            OWNER_START.store(start_time(config.cli_pid).unwrap_or(0), Ordering::Relaxed);
             TRACING.store(true, Ordering::Release);
             Ok(())
         }
