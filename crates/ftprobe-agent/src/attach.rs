@@ -66,9 +66,55 @@ fn again(
         // live thread's %fs base, and the offset was fixed by the first attach.
         unsafe { ftprobe::trace::forget_thread_ring(tp) };
     }
+    free_old_rings(stopped_ips, thread_pointers);
     // Objects loaded or unloaded since the last session (the loader hook was off).
     crate::dlopen::sync_objects();
     crate::arm(config, &objects, own, stopped_ips)
+}
+
+/// Unmap the rings of the sessions before this one (their pages and their address space)
+/// when that is provably safe: no thread claims one any more (`again` dropped every
+/// claim), and no thread is stopped inside ftprobe's code (its instruction pointer in the
+/// agent's text or in an anonymous executable mapping: trampolines, slots, return
+/// trampolines) or inside the probe path (a writer section open, a callback or kprobe
+/// running). Else they stay, and the next attach tries again.
+fn free_old_rings(stopped_ips: &[u64], thread_pointers: &[u64]) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let code: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let ours = f.len() == 5
+                || f.get(5)
+                    .is_some_and(|p| p.ends_with("/libftprobe_agent.so"));
+            if f.len() < 5 || !f[1].contains('x') || !ours {
+                return None;
+            }
+            let (a, b) = f[0].split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect();
+    if code.is_empty() {
+        return;
+    }
+    let in_code = |ip: u64| code.iter().any(|&(a, b)| ip >= a && ip < b);
+    if stopped_ips.iter().any(|&ip| in_code(ip)) {
+        return;
+    }
+    let in_probe_path = |tp: u64| {
+        // SAFETY: as in `again`: every other thread is stopped, `tp` a live thread's.
+        unsafe { ftprobe::trace::thread_in_probe_path(tp) }
+    };
+    if thread_pointers.iter().any(|&tp| in_probe_path(tp)) {
+        return;
+    }
+    // SAFETY: every claim was dropped (`again`), no thread is in ftprobe's code or the
+    // probe path (checked above), and all of them but this one are stopped by the CLI
+    // until this call returns.
+    unsafe { ftprobe::trace::free_retired_buffers() };
 }
 
 /// The CLI's call: `msg` is a NUL-terminated encoded [`AgentMessage`]; the agent's messages

@@ -13,8 +13,8 @@
 //!   are saved; its arguments are copied below its stack's red zone, and below them a
 //!   signal frame ([`sigframe`]) holding that saved state as the thread resumes; `rip` is
 //!   the function, `orig_rax` -1 (no system call to restart), and every signal but
-//!   SIGSEGV is blocked (nothing of the program's runs on this thread meanwhile, and a
-//!   signal that arrives stays pending for later). The function returns into
+//!   those a fault or trap raises is blocked (nothing of the program's runs on this
+//!   thread meanwhile, and a signal that arrives stays pending for later). The function returns into
 //!   `rt_sigreturn` with that frame: through a return stub (`mov %rax,-8(%rsp)`, then
 //!   glibc's `__restore_rt` sequence) on a page of its own that the first attach maps
 //!   (calling `mmap` through the C library's `__restore_rt` itself), so that **whether or
@@ -498,10 +498,12 @@ impl Attached {
         regs.eflags &= !0x400;
         ptrace::trace_sysgood(tid)?;
         ptrace::set_regs(tid, &regs)?;
-        // Nothing of the program's runs on this thread meanwhile (a signal stays pending);
-        // SIGSEGV stays open: a crash in the call is seen, not forced.
+        // Nothing of the program's runs on this thread meanwhile (a signal stays pending).
+        // The synchronous signals stay open: a fault or trap in the call is delivered, not
+        // forced (the kernel resets the action of a forced blocked signal to its default,
+        // process-wide: the agent's SIGTRAP handler would be lost).
         kill_point();
-        ptrace::set_sigmask(tid, !(1u64 << (libc::SIGSEGV - 1)))?;
+        ptrace::set_sigmask(tid, !SYNCHRONOUS_SIGNALS)?;
         kill_point();
         ptrace::syscall(tid, 0)?;
         let end = Ending {
@@ -620,10 +622,13 @@ impl Attached {
                         // the call was doing is left half done.
                         let _ = ptrace::interrupt(tid);
                         let _ = wait_stop(tid, STOP_TIMEOUT);
+                        let at = ptrace::get_regs(tid).map_or(String::new(), |r| {
+                            format!(" (at {:#x}, system call {})", r.rip, r.orig_rax as i64)
+                        });
                         bail!(
                             "the call into process {} (function at {func:#x}, thread {tid}) \
-                             did not return within {} s: another thread, stopped by ftprobe, \
-                             may hold a lock it needs",
+                             did not return within {} s{at}: another thread, stopped by \
+                             ftprobe, may hold a lock it needs",
                             self.pid,
                             CALL_TIMEOUT.as_secs()
                         );
@@ -654,8 +659,9 @@ impl Attached {
                     );
                 }
                 // SIGSTOP cannot be blocked: delivered now (the process stops; this thread
-                // goes on with the call after its group-stop).
-                Stop::Signal(libc::SIGSTOP) => ptrace::syscall(tid, libc::SIGSTOP)?,
+                // goes on with the call after its group-stop). A SIGTRAP is a probe of the
+                // agent's, hit by the call itself (the agent's handler takes it).
+                Stop::Signal(sig @ (libc::SIGSTOP | libc::SIGTRAP)) => ptrace::syscall(tid, sig)?,
                 Stop::Signal(sig) => {
                     let regs = ptrace::get_regs(tid)?;
                     bail!(
@@ -830,6 +836,13 @@ fn die_at() -> Option<u64> {
             .and_then(|v| v.parse().ok())
     })
 }
+
+/// The signals a fault or a trap raises (bit `n - 1` for signal `n`), open during a call.
+const SYNCHRONOUS_SIGNALS: u64 = 1 << (libc::SIGTRAP - 1)
+    | 1 << (libc::SIGSEGV - 1)
+    | 1 << (libc::SIGBUS - 1)
+    | 1 << (libc::SIGILL - 1)
+    | 1 << (libc::SIGFPE - 1);
 
 /// Where a call ends: the `rt_sigreturn` system call's `rip` (after the `syscall`
 /// instruction) and `rsp` (the frame's `ucontext`).
@@ -1088,6 +1101,26 @@ fn target_symbol(tid: i32, name: &str) -> Result<u64> {
             .collect::<Vec<_>>()
             .join(", ")
     )
+}
+
+/// How process `pid` (not our child) ended, while it is a zombie its parent has not reaped
+/// yet (`/proc/PID/stat`'s exit code): (exit status, killing signal); neither once it is
+/// gone.
+pub fn exit_status(pid: i32) -> (Option<i32>, Option<i32>) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    // The 3rd field is the state, the 52nd the exit code (as waitpid's status).
+    if fields.first() != Some(&"Z") {
+        return (None, None);
+    }
+    match fields.get(49).and_then(|c| c.parse::<i32>().ok()) {
+        Some(w) if w & 0x7f == 0 => (Some((w >> 8) & 0xff), None),
+        Some(w) => (None, Some(w & 0x7f)),
+        None => (None, None),
+    }
 }
 
 /// The agent objects mapped in `pid` (paths of mappings named `libftprobe_agent.so`).
