@@ -111,10 +111,42 @@ fn free_old_rings(stopped_ips: &[u64], thread_pointers: &[u64]) {
     if thread_pointers.iter().any(|&tp| in_probe_path(tp)) {
         return;
     }
+    // Every other thread is still in its ptrace stop now, after the claims were dropped and
+    // the checks made: so they held still throughout (a thread its tracer let go never
+    // stops again until another attaches). Were ftprobe killed meanwhile, they run: then
+    // nothing is freed.
+    if !others_stopped() {
+        return;
+    }
     // SAFETY: every claim was dropped (`again`), no thread is in ftprobe's code or the
     // probe path (checked above), and all of them but this one are stopped by the CLI
     // until this call returns.
     unsafe { ftprobe::trace::free_retired_buffers() };
+}
+
+/// Whether every thread of the process but this one is in a ptrace stop (`t`) or ended.
+fn others_stopped() -> bool {
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    dir.flatten().all(|e| {
+        let tid: i32 = e
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        if tid == me {
+            return true;
+        }
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .unwrap_or("");
+        matches!(state, "t" | "Z" | "X")
+    })
 }
 
 /// The CLI's call: `msg` is a NUL-terminated encoded [`AgentMessage`]; the agent's messages
