@@ -1107,10 +1107,11 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
             }
             break;
         }
-        // An exec replaces the image, the agent with it: nothing is traced any more.
+        // An exec replaces the image, the agent and the rings' mapping with it: nothing is
+        // traced any more.
         if std::time::Instant::now() >= next_exec_check {
             next_exec_check = std::time::Instant::now() + Duration::from_millis(100);
-            if !attach::agent_mapped(pid).contains(&agent) && !exit.exited() {
+            if !attach::rings_mapped(pid) && !exit.exited() {
                 let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
                     .map(|p| p.display().to_string())
                     .unwrap_or_else(|_| "?".into());

@@ -1123,6 +1123,12 @@ pub fn exit_status(pid: i32) -> (Option<i32>, Option<i32>) {
     }
 }
 
+/// Whether `pid` maps ftprobe's rings (an attached session's memfd): not after an exec.
+pub fn rings_mapped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .is_ok_and(|m| m.lines().any(|l| l.contains("/memfd:ftprobe-rings")))
+}
+
 /// The agent objects mapped in `pid` (paths of mappings named `libftprobe_agent.so`).
 pub fn agent_mapped(pid: i32) -> Vec<PathBuf> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();

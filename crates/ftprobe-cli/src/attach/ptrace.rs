@@ -220,27 +220,52 @@ pub enum Stop {
 }
 
 /// `waitpid(tid, __WALL)`; `None` when `nohang` and nothing happened yet.
+///
+/// A signal-delivery-stop is only looked at (`waitid` with `WNOWAIT`), not reaped: reaping
+/// it clears the signal the thread holds, which the kernel then drops if ftprobe dies
+/// before it continues the thread with it. The caller must continue (or detach) the thread
+/// before waiting for it again.
 pub fn wait(tid: i32, nohang: bool) -> Result<Option<Stop>> {
+    let fail = |call| PtraceError {
+        call,
+        tid,
+        source: io::Error::last_os_error(),
+    };
+    // SAFETY: siginfo_t is plain data; all-zero is valid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::__WALL
+        | libc::WEXITED
+        | libc::WSTOPPED
+        | libc::WNOWAIT
+        | if nohang { libc::WNOHANG } else { 0 };
+    loop {
+        // SAFETY: waitid writes the siginfo we own.
+        let r = unsafe { libc::waitid(libc::P_PID, tid as libc::id_t, &mut info, flags) };
+        if r == 0 {
+            break;
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Err(fail("waitid"));
+        }
+    }
+    // SAFETY: waitid filled a SIGCHLD siginfo (or left it zeroed: no child changed state).
+    let (pid, code, st) = unsafe { (info.si_pid(), info.si_code, info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    if code == libc::CLD_TRAPPED && st >> 8 == 0 && st != libc::SIGTRAP | 0x80 {
+        return Ok(Some(Stop::Signal(st & 0xff)));
+    }
     let mut status = 0;
-    let flags = libc::__WALL | if nohang { libc::WNOHANG } else { 0 };
     loop {
         // SAFETY: waitpid writes the status word we own.
-        let r = unsafe { libc::waitpid(tid, &mut status, flags) };
-        if r == -1 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(PtraceError {
-                call: "waitpid",
-                tid,
-                source: e,
-            });
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if r != -1 {
+            break;
         }
-        if r == 0 {
-            return Ok(None);
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Err(fail("waitpid"));
         }
-        break;
     }
     Ok(Some(if libc::WIFEXITED(status) {
         Stop::Exited(libc::WEXITSTATUS(status))
