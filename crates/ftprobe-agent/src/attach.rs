@@ -24,8 +24,9 @@ use crate::{start, Mode, StartError, CAPTURE, PID};
 static ATTACHED: AtomicBool = AtomicBool::new(false);
 /// A session is on (between its attach and its detach).
 static TRACING: AtomicBool = AtomicBool::new(false);
-/// The CLI that owns the session: its pid, and its start time (`/proc/PID/stat`'s 22nd
-/// field, clock ticks since boot; 0: not readable from here, e.g. another pid namespace).
+/// The CLI that owns the session: its pid (as this process's pid namespace numbers it)
+/// and its start time (`/proc/PID/stat`'s 22nd field, clock ticks since boot); pid 0: none
+/// known (the CLI was gone, or is in a pid namespace this process does not see).
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 static OWNER_START: AtomicU64 = AtomicU64::new(0);
 
@@ -41,11 +42,26 @@ fn start_time(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// The CLI making this call: this thread's tracer (`TracerPid`, 0 when it is gone or not
+/// in this pid namespace), with its start time, read while it is.
+fn calling_cli() -> (u32, u64) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let pid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    match (pid, start_time(pid)) {
+        (0, _) | (_, None) => (0, 0),
+        (pid, Some(start)) => (pid, start),
+    }
+}
+
 /// Whether the session's CLI still lives: its pid names the same process as when it
-/// attached. A start time that could not be read then leaves it alive (never taken over).
+/// attached (none known: gone).
 fn owner_alive() -> bool {
-    let start = OWNER_START.load(Ordering::Relaxed);
-    start == 0 || start_time(OWNER_PID.load(Ordering::Relaxed)) == Some(start)
+    let pid = OWNER_PID.load(Ordering::Relaxed);
+    pid != 0 && start_time(pid) == Some(OWNER_START.load(Ordering::Relaxed))
 }
 
 /// A later session (the agent was attached before and detached): ftrace is initialized
@@ -203,6 +219,8 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                     "this process is traced already: it was started under `ftprobe trace`".into(),
                 );
             }
+            // First, while the CLI surely lives (it is making this call).
+            let owner = calling_cli();
             if TRACING.load(Ordering::Acquire) {
                 let owner = OWNER_PID.load(Ordering::Relaxed);
                 if owner_alive() {
@@ -244,8 +262,8 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                 }
                 return Err(text);
             }
-            OWNER_PID.store(config.cli_pid, Ordering::Relaxed);
-            OWNER_START.store(start_time(config.cli_pid).unwrap_or(0), Ordering::Relaxed);
+            OWNER_PID.store(owner.0, Ordering::Relaxed);
+            OWNER_START.store(owner.1, Ordering::Relaxed);
             TRACING.store(true, Ordering::Release);
             Ok(())
         }
