@@ -305,12 +305,22 @@ impl Session {
     fn end(mut self, sig: i32) -> (std::process::ExitStatus, String, String) {
         // SAFETY: kill has no memory effects; the pid is our live child.
         unsafe { libc::kill(self.cli.id() as i32, sig) };
-        let mut rest = String::new();
-        self.err.read_to_string(&mut rest).unwrap();
+        self.finish()
+    }
+
+    /// Waits for its end; returns its status, all it said and the trace.
+    fn finish(&mut self) -> (std::process::ExitStatus, String, String) {
+        let mut said = std::mem::take(&mut self.said);
+        self.err.read_to_string(&mut said).unwrap();
         let status = self.cli.wait().unwrap();
         let text = std::fs::read_to_string(&self.out_file).unwrap_or_default();
+        (status, said, text)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.out_file);
-        (status, self.said + &rest, text)
     }
 }
 
@@ -523,13 +533,8 @@ fn the_attached_process_exit_is_said() {
     assert_eq!(rest, CLEAN_END);
     // Not reaped before ftprobe ended (a zombie holds its exit status): ftprobe ends by
     // itself.
-    let mut said = s.said;
-    let mut err = s.err;
-    err.read_to_string(&mut said).unwrap();
-    let mut cli = s.cli;
-    let status = cli.wait().unwrap();
-    let text = std::fs::read_to_string(&s.out_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&s.out_file);
+    let mut s = s;
+    let (status, said, text) = s.finish();
     assert!(status.success(), "{said}");
     assert!(
         said.contains(&format!("ftprobe: process {pid} exited with status 0")),
@@ -565,13 +570,8 @@ fn the_attached_process_exec_is_said() {
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
     stdin.flush().unwrap();
-    let mut said = s.said;
-    let mut err = s.err;
-    err.read_to_string(&mut said).unwrap();
-    let mut cli = s.cli;
-    let status = cli.wait().unwrap();
-    let text = std::fs::read_to_string(&s.out_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&s.out_file);
+    let mut s = s;
+    let (status, said, text) = s.finish();
     assert!(status.success(), "{said}");
     assert!(
         said.contains(&format!("ftprobe: process {pid} exec'd ")),
