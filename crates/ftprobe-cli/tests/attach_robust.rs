@@ -584,3 +584,41 @@ fn the_attached_process_exec_is_said() {
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
     assert_eq!(comm, "sleep\n");
 }
+
+/// The calling thread in a `clock_nanosleep` (main's `nap`: resumed through the kernel's
+/// restart block after a stop, which `rt_sigreturn` cancels): ftprobe killed at points of
+/// its attach, the sleep is issued again, never failed with EINTR (the fixture counts one),
+/// and ends.
+#[test]
+fn sigkill_while_the_calling_thread_sleeps_never_fails_its_sleep() {
+    let args = ["-F", "attach_window", "--duration", "0"];
+    let t = Target::start();
+    let (k, _) = kill_points(t.pid(), &args);
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+    for n in (0..16).map(|i| 1 + i * k / 16) {
+        let mut t = Target::start();
+        let pid = t.pid();
+        t.send("nap 300\n");
+        // Main is in clock_nanosleep (its first field in /proc/PID/syscall: 230).
+        loop {
+            let sc = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")).unwrap();
+            if sc.starts_with("230 ") {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        let o = trace_p(pid, &args, Some(n));
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGKILL),
+            "point {n} of {k}: {}",
+            stderr(&o)
+        );
+        assert_eq!(t.line(), "nap done\n", "point {n}");
+        assert_eq!(
+            t.quit(),
+            (CLEAN_END.to_owned(), Some(0)),
+            "point {n} of {k}"
+        );
+    }
+}
