@@ -12,7 +12,7 @@
 //! (unwinders are: they are int3 probes).
 
 use std::ffi::{c_char, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use ftprobe::agent_config::{self, AgentMessage};
 
@@ -24,6 +24,45 @@ use crate::{start, Mode, StartError, CAPTURE, PID};
 static ATTACHED: AtomicBool = AtomicBool::new(false);
 /// A session is on (between its attach and its detach).
 static TRACING: AtomicBool = AtomicBool::new(false);
+/// The CLI that owns the session: its pid (as this process's pid namespace numbers it)
+/// and its start time (`/proc/PID/stat`'s 22nd field, clock ticks since boot); pid 0: none
+/// known (the CLI was gone, or is in a pid namespace this process does not see).
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+static OWNER_START: AtomicU64 = AtomicU64::new(0);
+
+/// The start time of process `pid` (`/proc/PID/stat` field 22), if it exists.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ...`: the fields after the last ')' start at the 3rd.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// The CLI making this call: this thread's tracer (`TracerPid`, 0 when it is gone or not
+/// in this pid namespace), with its start time, read while it is.
+fn calling_cli() -> (u32, u64) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let pid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    match (pid, start_time(pid)) {
+        (0, _) | (_, None) => (0, 0),
+        (pid, Some(start)) => (pid, start),
+    }
+}
+
+/// Whether the session's CLI still lives: its pid names the same process as when it
+/// attached (none known: gone).
+fn owner_alive() -> bool {
+    let pid = OWNER_PID.load(Ordering::Relaxed);
+    pid != 0 && start_time(pid) == Some(OWNER_START.load(Ordering::Relaxed))
+}
 
 /// A later session (the agent was attached before and detached): ftrace is initialized
 /// and its sites are NOP; the new session's rings replace the old ones (every thread's
@@ -43,9 +82,87 @@ fn again(
         // live thread's %fs base, and the offset was fixed by the first attach.
         unsafe { ftprobe::trace::forget_thread_ring(tp) };
     }
+    free_old_rings(stopped_ips, thread_pointers);
     // Objects loaded or unloaded since the last session (the loader hook was off).
     crate::dlopen::sync_objects();
     crate::arm(config, &objects, own, stopped_ips)
+}
+
+/// Unmap the rings of the sessions before this one (their pages and their address space)
+/// when that is provably safe: no thread claims one any more (`again` dropped every
+/// claim), and no thread is stopped inside ftprobe's code (its instruction pointer in the
+/// agent's text or in an anonymous executable mapping: trampolines, slots, return
+/// trampolines) or inside the probe path (a writer section open, a callback or kprobe
+/// running). Else they stay, and the next attach tries again.
+fn free_old_rings(stopped_ips: &[u64], thread_pointers: &[u64]) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let code: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let ours = f.len() == 5
+                || f.get(5)
+                    .is_some_and(|p| p.ends_with("/libftprobe_agent.so"));
+            if f.len() < 5 || !f[1].contains('x') || !ours {
+                return None;
+            }
+            let (a, b) = f[0].split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect();
+    if code.is_empty() {
+        return;
+    }
+    let in_code = |ip: u64| code.iter().any(|&(a, b)| ip >= a && ip < b);
+    if stopped_ips.iter().any(|&ip| in_code(ip)) {
+        return;
+    }
+    let in_probe_path = |tp: u64| {
+        // SAFETY: as in `again`: every other thread is stopped, `tp` a live thread's.
+        unsafe { ftprobe::trace::thread_in_probe_path(tp) }
+    };
+    if thread_pointers.iter().any(|&tp| in_probe_path(tp)) {
+        return;
+    }
+    // Every other thread is still in its ptrace stop now, after the claims were dropped and
+    // the checks made: so they held still throughout (a thread its tracer let go never
+    // stops again until another attaches). Were ftprobe killed meanwhile, they run: then
+    // nothing is freed.
+    if !others_stopped() {
+        return;
+    }
+    // SAFETY: every claim was dropped (`again`), no thread is in ftprobe's code or the
+    // probe path (checked above), and all of them but this one are stopped by the CLI
+    // until this call returns.
+    unsafe { ftprobe::trace::free_retired_buffers() };
+}
+
+/// Whether every thread of the process but this one is in a ptrace stop (`t`) or ended.
+fn others_stopped() -> bool {
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    dir.flatten().all(|e| {
+        let tid: i32 = e
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        if tid == me {
+            return true;
+        }
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .unwrap_or("");
+        matches!(state, "t" | "Z" | "X")
+    })
 }
 
 /// The CLI's call: `msg` is a NUL-terminated encoded [`AgentMessage`]; the agent's messages
@@ -102,8 +219,25 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                     "this process is traced already: it was started under `ftprobe trace`".into(),
                 );
             }
+            // First, while the CLI surely lives (it is making this call).
+            let owner = calling_cli();
             if TRACING.load(Ordering::Acquire) {
-                return Err("another ftprobe is attached to this process".into());
+                let owner = OWNER_PID.load(Ordering::Relaxed);
+                if owner_alive() {
+                    return Err(format!(
+                        "another ftprobe (process {owner}) is attached to this process"
+                    ));
+                }
+                // Its CLI is gone (killed): its session is ended first, every byte back,
+                // as its own detach would have.
+                TRACING.store(false, Ordering::Release);
+                detach().map_err(|e| {
+                    format!("ending the session of ftprobe process {owner}, which is gone: {e}")
+                })?;
+                crate::say(format_args!(
+                    "ftprobe-agent: the session of ftprobe process {owner}, which is gone, was \
+                     ended first\n"
+                ));
             }
             // SAFETY: getpid has no preconditions.
             PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
@@ -115,7 +249,21 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             } else {
                 start(&config, &Mode::Attached { stopped_ips })
             };
-            r.map_err(|e| e.to_string())?;
+            if let Err(e) = r {
+                // Refused (a probe that cannot be armed, ...): whatever this attach armed
+                // is undone before the CLI lets the threads go.
+                let mut text = e.to_string();
+                if ftprobe::ftrace::functions().is_ok() {
+                    // Nothing was loaded since ftrace was started (no thread runs).
+                    crate::dlopen::remember(&crate::loaded_objects().1);
+                    if let Err(u) = detach() {
+                        text.push_str(&format!("\n(undoing the attach: {u})"));
+                    }
+                }
+                return Err(text);
+            }
+            OWNER_PID.store(owner.0, Ordering::Relaxed);
+            OWNER_START.store(owner.1, Ordering::Relaxed);
             TRACING.store(true, Ordering::Release);
             if let Some(fd) = config.control {
                 // The control channel (`trace -p PID --control`): a thread of the agent's,

@@ -142,6 +142,22 @@ pub fn init(
     let mut known = objects.to_vec();
     known.extend(other_namespaces());
     *KNOWN.lock().unwrap_or_else(|e| e.into_inner()) = known;
+    init_hook(stopped_ips)
+}
+
+/// An attach refused after ftrace was started with `objects` but before [`init`] ran:
+/// a later session's [`sync_objects`] starts from them (not from nothing, which would
+/// load them into ftrace a second time).
+pub fn remember(objects: &[LoadedObject]) {
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    if known.is_empty() {
+        *known = objects.to_vec();
+        known.extend(other_namespaces());
+    }
+}
+
+/// [`init`]'s hook in `_dl_debug_state`.
+fn init_hook(stopped_ips: &[u64]) -> Result<(), String> {
     // SAFETY: `_r_debug` is ld.so's, initialized before any object's code runs; r_brk is
     // written once at start-up (read here by value).
     let brk = unsafe { std::ptr::addr_of!(_r_debug.r_brk).read_volatile() } as u64;

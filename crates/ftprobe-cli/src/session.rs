@@ -395,6 +395,12 @@ pub fn prepare(args: SessionArgs) -> Result<Plan> {
              channel is the first program's)"
         ));
     }
+    if args.pid.is_some() && args.follow_exec {
+        return Err(crate::usage!(
+            "--follow-exec does not apply to -p PID: an exec of an attached process is not \
+             followed (the new program has no agent); ftprobe says when it execs and stops"
+        ));
+    }
     if args
         .rings
         .is_some_and(|n| !(1..=ftprobe::ring::MAX_RINGS).contains(&n))
@@ -1108,10 +1114,40 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         .duration
         .map(|s| std::time::Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     let mut exited = false;
+    let mut end = End {
+        pid: pid as u32,
+        ..End::default()
+    };
+    let mut next_exec_check = std::time::Instant::now();
     loop {
         if exit.exited() {
             exited = true;
+            (end.code, end.signal) = attach::exit_status(pid);
+            match (end.code, end.signal) {
+                (Some(c), _) => eprintln!("ftprobe: process {pid} exited with status {c}"),
+                (_, Some(sig)) => eprintln!(
+                    "ftprobe: process {pid} was killed by signal {sig} ({})",
+                    signal_name(sig)
+                ),
+                _ => eprintln!("ftprobe: process {pid} exited"),
+            }
             break;
+        }
+        // An exec replaces the image, the agent and the rings' mapping with it: nothing is
+        // traced any more.
+        if std::time::Instant::now() >= next_exec_check {
+            next_exec_check = std::time::Instant::now() + Duration::from_millis(100);
+            if !attach::rings_mapped(pid) && !exit.exited() {
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| "?".into());
+                eprintln!(
+                    "ftprobe: process {pid} exec'd {exe}: the new program is not traced \
+                     (--follow-exec does not apply to -p); tracing stops"
+                );
+                exited = true;
+                break;
+            }
         }
         if signals::take_pending().is_some()
             || deadline.is_some_and(|d| std::time::Instant::now() >= d)
@@ -1141,12 +1177,17 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         }
     }
     live.poll(sink, true);
-    let end = End {
-        pid: pid as u32,
-        ..End::default()
-    };
     sink.finish(&mut live, &end)?;
     Ok(if sink.failed() { 1 } else { 0 })
+}
+
+/// The name of signal `sig` (`strsignal`).
+fn signal_name(sig: i32) -> String {
+    // SAFETY: strsignal returns a NUL-terminated string (static or per-thread); this thread
+    // copies it at once.
+    unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Attach to `pid`, make sure the agent is loaded, send it the message `msg` builds (with

@@ -62,7 +62,7 @@ pub fn set_buffer(rings: SharedRings) -> bool {
     true
 }
 
-/// The buffer that replaced the first ([`replace_buffer`]), leaked.
+/// The buffer of the current attached session ([`replace_buffer`]).
 static REPLACED: std::sync::atomic::AtomicPtr<SharedRings> =
     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
@@ -72,24 +72,66 @@ pub fn buffer() -> Option<&'static SharedRings> {
     // Acquire: pairs with the Release store in `replace_buffer`.
     let p = REPLACED.load(std::sync::atomic::Ordering::Acquire);
     if !p.is_null() {
-        // SAFETY: a leaked Box, never freed.
+        // SAFETY: a leaked Box, freed only once replaced and no thread can use it any more
+        // (`free_retired_buffers`' contract).
         return Some(unsafe { &*p });
     }
     RINGS.get()
 }
 
-/// A later session's buffer (attach, again): replaces the current one, which stays
-/// mapped (a thread may still be writing into it). Every thread's claim on the old one
-/// must be dropped ([`forget_thread_ring`]) while no thread runs.
+/// A session's buffer (attach): replaces the current one, which stays mapped (a thread may
+/// still be writing into it) until [`free_retired_buffers`]. Every thread's claim on the
+/// old one must be dropped ([`forget_thread_ring`]) while no thread runs.
 pub fn replace_buffer(rings: SharedRings) {
+    static INIT: std::sync::Once = std::sync::Once::new();
     if RINGS.get().is_none() {
-        set_buffer(rings);
-        return;
+        INIT.call_once(|| {
+            init_ring_key();
+            // SAFETY: registers a plain extern "C" callback; no other contract.
+            unsafe { libc::pthread_atfork(None, None, Some(forget_ring_in_child)) };
+        });
     }
-    REPLACED.store(
+    let old = REPLACED.swap(
         Box::into_raw(Box::new(rings)),
-        std::sync::atomic::Ordering::Release,
+        std::sync::atomic::Ordering::AcqRel,
     );
+    if !old.is_null() {
+        RETIRED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(old as usize);
+    }
+}
+
+/// Buffers [`replace_buffer`] replaced, still mapped (leaked `Box`es, as addresses).
+static RETIRED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether the thread whose thread pointer is `tp` is inside the probe path: a writer
+/// section open on its ring, an ftrace callback or a kprobe running.
+///
+/// # Safety
+/// As [`forget_thread_ring`].
+pub unsafe fn thread_in_probe_path(tp: u64) -> bool {
+    // SAFETY: forwarded contract.
+    let t = unsafe { probe_state::thread_state_at(tp) };
+    t.is_some_and(|t| t.writing.get() != 0 || t.in_ftrace.get() != 0 || !t.kprobe.get().is_null())
+}
+
+/// Unmap every buffer a later session's replaced; returns how many.
+///
+/// # Safety
+/// No thread holds a writer of a retired buffer or will use one: every live thread's claim
+/// was dropped ([`forget_thread_ring`]), none is inside the probe path (its instruction
+/// pointer in ftprobe's code, or [`thread_in_probe_path`]), and they are all stopped (but
+/// this one) until this returns.
+pub unsafe fn free_retired_buffers() -> usize {
+    let retired = std::mem::take(&mut *RETIRED.lock().unwrap_or_else(|e| e.into_inner()));
+    for &p in &retired {
+        // SAFETY: `p` came from `Box::into_raw` in `replace_buffer` and is in no other
+        // list; by the contract nothing borrows from it any more. Dropping it unmaps it.
+        drop(unsafe { Box::from_raw(p as *mut SharedRings) });
+    }
+    retired.len()
 }
 
 /// Drop the ring claim of the thread whose thread pointer is `tp`: its next event claims a

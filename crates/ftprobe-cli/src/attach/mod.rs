@@ -10,13 +10,19 @@
 //!   delivered at detach, with its own `siginfo`, as it would have been).
 //! - **A remote call** ([`Attached::call`]): the calling thread's registers
 //!   (`PTRACE_GETREGS`), extended state (`PTRACE_GETREGSET NT_X86_XSTATE`) and signal mask
-//!   are saved; its arguments are copied below its stack's red zone; `rip` is the function,
-//!   the return address 0, `orig_rax` -1 (no system call to restart), and every signal but
-//!   SIGSEGV is blocked (nothing of the program's runs on this thread meanwhile, and a
-//!   signal that arrives stays pending for later). The function returns to 0 and faults:
-//!   the SIGSEGV's signal-delivery-stop ends the call (the signal is never delivered; it is
-//!   not blocked, so the kernel does not reset its action either). Then every register, the
-//!   extended state and the mask are put back exactly.
+//!   are saved; its arguments are copied below its stack's red zone, and below them a
+//!   signal frame ([`sigframe`]) holding that saved state as the thread resumes; `rip` is
+//!   the function, `orig_rax` -1 (no system call to restart), and every signal but
+//!   those a fault or trap raises is blocked (nothing of the program's runs on this
+//!   thread meanwhile, and a signal that arrives stays pending for later). The function returns into
+//!   `rt_sigreturn` with that frame: through a return stub (`mov %rax,-8(%rsp)`, then
+//!   glibc's `__restore_rt` sequence) on a page of its own that the first attach maps
+//!   (calling `mmap` through the C library's `__restore_rt` itself), so that **whether or
+//!   not ftprobe is still alive, the thread resumes exactly where it was**. While ftprobe
+//!   lives, it follows the call from syscall-stop to syscall-stop, reads the result the
+//!   stub left in the frame at the `rt_sigreturn`'s entry, skips that system call and puts
+//!   the thread back by ptrace into an interrupt stop with its registers, extended state
+//!   and mask as they were (a restart block, which `rt_sigreturn` would cancel, is kept).
 //! - **System calls in progress**: a thread interrupted in a blocking call is stopped with
 //!   `rax` = `-ERESTARTSYS` (or another `-ERESTART*`) and `orig_rax` = the call. Restoring
 //!   those registers before it leaves its stop lets the kernel restart the call when the
@@ -28,6 +34,7 @@
 //! Every ptrace request goes through [`ptrace`], the module's system-call choke point.
 
 pub mod ptrace;
+mod sigframe;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -184,8 +191,7 @@ fn list_tasks(pid: i32) -> Result<Vec<i32>> {
 }
 
 /// Refuse, before touching it, a target that cannot be attached: none, ourselves, traced
-/// by someone else, in strict seccomp mode, or ignoring SIGSEGV (a remote call ends with
-/// one).
+/// by someone else, or in strict seccomp mode.
 pub fn check_target(pid: i32) -> Result<Status> {
     if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
         bail!("no process with pid {pid}");
@@ -218,13 +224,6 @@ pub fn check_target(pid: i32) -> Result<Status> {
             );
         }
     }
-    if status.sig_ign & (1 << (libc::SIGSEGV - 1)) != 0 {
-        bail!(
-            "process {pid} ({}) ignores SIGSEGV, which ends ftprobe's calls into it: not \
-             touched",
-            status.name
-        );
-    }
     Ok(status)
 }
 
@@ -240,6 +239,7 @@ enum Taken {
 }
 
 /// What a remote call changes, saved before the first and put back after each.
+#[derive(Clone)]
 struct Saved {
     regs: Regs,
     xstate: Vec<u8>,
@@ -249,9 +249,6 @@ struct Saved {
 struct Tracee {
     tid: i32,
     taken: Taken,
-    /// A signal to give back at detach, with its `siginfo`: the one it was about to take
-    /// when it stopped, once the thread has left that stop.
-    pending: Option<(i32, libc::siginfo_t)>,
     saved: Option<Saved>,
 }
 
@@ -264,6 +261,8 @@ pub struct Attached {
     mem: Mem,
     /// Where the last call's blobs were copied.
     last_blobs: Vec<u64>,
+    /// The return stub's page in the target, once found or made.
+    stub: Option<u64>,
     detached: bool,
 }
 
@@ -314,7 +313,6 @@ impl Attached {
                         threads.push(Tracee {
                             tid,
                             taken,
-                            pending: None,
                             saved: None,
                         })
                     }
@@ -326,6 +324,24 @@ impl Attached {
             bail!("process {pid} has no thread left to attach to");
         }
         let caller = pick_caller(pid, &threads);
+        if let Taken::Signal(sig) = threads[caller].taken {
+            // Every thread was about to take a signal: this one takes it now (its handler
+            // is entered, or its default action taken) and stops again, so that the calls
+            // start from a stop that holds no signal (one ftprobe's death would lose).
+            let tid = threads[caller].tid;
+            ptrace::interrupt(tid)?;
+            ptrace::cont(tid, sig)?;
+            threads[caller].taken = loop {
+                match wait_stop(tid, STOP_TIMEOUT)? {
+                    Some(Taken::Signal(s)) => ptrace::cont(tid, s)?,
+                    Some(t) => break t,
+                    None => bail!("process {pid} ended during the attach"),
+                }
+            };
+            for t in detach_on_error.0.iter_mut().filter(|t| t.0 == tid) {
+                t.1 = 0;
+            }
+        }
         let mem = Mem::open(threads[caller].tid)?;
         detach_on_error.0.clear();
         Ok(Attached {
@@ -334,6 +350,7 @@ impl Attached {
             caller,
             mem,
             last_blobs: Vec::new(),
+            stub: None,
             detached: false,
         })
     }
@@ -369,14 +386,69 @@ impl Attached {
     /// and their addresses replace the arguments `args[i] == BLOB(j)` ([`blob`]). Returns
     /// `rax`.
     pub fn call(&mut self, func: u64, args: &[u64], blobs: &[&[u8]]) -> Result<u64> {
+        let stub = self.stub()?;
+        self.call_through(func, args, blobs, stub, true)
+    }
+
+    /// The return stub's address in the target: found (an earlier attach mapped it) or
+    /// mapped now (`mmap` called through the C library's `__restore_rt`, the result seen in
+    /// `/proc/PID/maps`) and written.
+    fn stub(&mut self) -> Result<u64> {
+        if let Some(s) = self.stub {
+            return Ok(s);
+        }
+        if let Some(s) = find_stub(self.pid, &self.mem) {
+            self.stub = Some(s);
+            return Ok(s);
+        }
+        let tid = self.threads[self.caller].tid;
+        let restorer = find_restorer(tid, &self.mem)?;
+        let addr = free_page(tid)?;
+        let mmap = target_symbol(tid, "mmap")?;
+        // PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, fd -1.
+        self.call_through(
+            mmap,
+            &[addr, STUB_PAGE, 5, 0x02 | 0x20 | 0x10_0000, u64::MAX, 0],
+            &[],
+            restorer,
+            false,
+        )?;
+        let mapped = anon_exec_pages(tid).contains(&addr);
+        if !mapped {
+            bail!(
+                "could not map ftprobe's return page in process {} at {addr:#x} (mmap with \
+                 MAP_FIXED_NOREPLACE refused: a seccomp filter or a security module?)",
+                self.pid
+            );
+        }
+        kill_point();
+        self.mem.write(addr, &stub_bytes())?;
+        kill_point();
+        self.stub = Some(addr);
+        Ok(addr)
+    }
+
+    /// [`Attached::call`] returning to `ret`: the return stub (`stub`: the result is read
+    /// from the frame) or the C library's `__restore_rt` (the result is lost: 0).
+    ///
+    /// The thread's saved state is written as a signal frame ([`sigframe`]) below the
+    /// blobs, and the function returns into `rt_sigreturn` with it: if ftprobe dies at any
+    /// point of the call, the thread resumes exactly where it was. While ftprobe lives,
+    /// the thread is followed from syscall-stop to syscall-stop (`PTRACE_SYSCALL`) to that
+    /// `rt_sigreturn`'s entry, where [`Attached::hand_back`] puts the thread back
+    /// without it.
+    fn call_through(
+        &mut self,
+        func: u64,
+        args: &[u64],
+        blobs: &[&[u8]],
+        ret: u64,
+        stub: bool,
+    ) -> Result<u64> {
         assert!(args.len() <= 6);
         let t = &mut self.threads[self.caller];
         let tid = t.tid;
         if t.saved.is_none() {
-            if let Taken::Signal(sig) = t.taken {
-                // It leaves its signal-delivery-stop now: the signal goes back at detach.
-                t.pending = Some((sig, ptrace::get_siginfo(tid)?));
-            }
             t.saved = Some(Saved {
                 regs: ptrace::get_regs(tid)?,
                 xstate: ptrace::get_xstate(tid)?,
@@ -394,9 +466,15 @@ impl Attached {
             blob_addrs.push(sp);
         }
         self.last_blobs = blob_addrs.clone();
-        // The return address: 0. A function is entered with rsp = 8 mod 16.
-        sp -= 8;
-        self.mem.write(sp, &0u64.to_le_bytes())?;
+        let frame = sigframe::build(
+            &sigframe::resume_regs(&saved.regs),
+            saved.mask,
+            &saved.xstate,
+            sp,
+            ret,
+        );
+        self.mem.write(frame.fp_addr, &frame.fp)?;
+        self.mem.write(frame.addr, &frame.bytes)?;
         let args: Vec<u64> = args
             .iter()
             .map(|&a| match blob_index(a) {
@@ -415,22 +493,105 @@ impl Attached {
         regs.rax = 0;
         regs.orig_rax = u64::MAX;
         regs.rip = func;
-        regs.rsp = sp;
+        regs.rsp = frame.addr;
         // The ABI's direction flag is clear at a call.
         regs.eflags &= !0x400;
+        ptrace::trace_sysgood(tid)?;
         ptrace::set_regs(tid, &regs)?;
-        ptrace::set_sigmask(tid, !(1u64 << (libc::SIGSEGV - 1)))?;
+        // Nothing of the program's runs on this thread meanwhile (a signal stays pending).
+        // The synchronous signals stay open: a fault or trap in the call is delivered, not
+        // forced (the kernel resets the action of a forced blocked signal to its default,
+        // process-wide: the agent's SIGTRAP handler would be lost).
+        kill_point();
+        ptrace::set_sigmask(tid, !SYNCHRONOUS_SIGNALS)?;
+        kill_point();
+        ptrace::syscall(tid, 0)?;
+        let end = Ending {
+            rip: ret + if stub { STUB_SYSCALL_END } else { RESTORER_LEN },
+            rsp: frame.addr + 8,
+        };
+        match self.finish_call(tid, func, end) {
+            Ok(()) => {
+                let rax = if stub {
+                    let mut b = [0u8; 8];
+                    self.mem.read(frame.addr, &mut b)?;
+                    u64::from_le_bytes(b)
+                } else {
+                    0
+                };
+                self.hand_back(tid)?;
+                Ok(rax)
+            }
+            Err(e) => {
+                // Put everything back (the thread is in a ptrace-stop that is not a
+                // syscall-stop).
+                if let Some(saved) = &self.threads[self.caller].saved {
+                    let _ = ptrace::set_regs(tid, &saved.regs)
+                        .and_then(|()| ptrace::set_xstate(tid, &saved.xstate))
+                        .and_then(|()| ptrace::set_sigmask(tid, saved.mask));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The call's thread is at its `rt_sigreturn`'s entry: skip the system call, put the
+    /// state the frame holds back by ptrace (the mask and extended state first: should
+    /// ftprobe die before the registers are written, the `rt_sigreturn` still runs), and
+    /// bring the thread into an interrupt stop with its registers as they were when it
+    /// was taken (an interrupted system call is then restarted by the kernel as after any
+    /// stop, its restart block intact).
+    fn hand_back(&mut self, tid: i32) -> Result<()> {
+        let saved = self.threads[self.caller]
+            .saved
+            .clone()
+            .expect("a call saved them");
+        kill_point();
+        ptrace::set_sigmask(tid, saved.mask)?;
+        kill_point();
+        ptrace::set_xstate(tid, &saved.xstate)?;
+        kill_point();
+        // orig_rax -1: the rt_sigreturn is not made; the thread goes on as it would.
+        ptrace::set_regs(tid, &sigframe::resume_regs(&saved.regs))?;
+        kill_point();
+        ptrace::interrupt(tid)?;
+        kill_point();
         ptrace::cont(tid, 0)?;
-        let result = self.finish_call(tid, func);
-        // Put everything back, whatever happened (the thread is in a ptrace-stop).
-        let t = &self.threads[self.caller];
-        let saved = t.saved.as_ref().expect("saved above");
-        let restored = ptrace::set_regs(tid, &saved.regs)
-            .and_then(|()| ptrace::set_xstate(tid, &saved.xstate))
-            .and_then(|()| ptrace::set_sigmask(tid, saved.mask));
-        let rax = result?;
-        restored?;
-        Ok(rax)
+        loop {
+            match ptrace::wait(tid, false)? {
+                Some(Stop::Event { .. } | Stop::OtherEvent) => {
+                    kill_point();
+                    ptrace::set_regs(tid, &saved.regs)?;
+                    kill_point();
+                    return Ok(());
+                }
+                Some(Stop::Syscall) | None => ptrace::cont(tid, 0)?,
+                Some(Stop::Signal(sig)) => {
+                    // A signal that came during the call (blocked then): delivered now,
+                    // as it would have been; the thread stops at its handler (or its
+                    // group-stop), and that is its state from now on.
+                    ptrace::set_regs(tid, &saved.regs)?;
+                    ptrace::interrupt(tid)?;
+                    ptrace::cont(tid, sig)?;
+                    self.threads[self.caller].saved = None;
+                    loop {
+                        match ptrace::wait(tid, false)? {
+                            Some(Stop::Event { .. } | Stop::OtherEvent) => return Ok(()),
+                            Some(Stop::Signal(s)) => ptrace::cont(tid, s)?,
+                            Some(Stop::Syscall) | None => ptrace::cont(tid, 0)?,
+                            Some(Stop::Exited(_) | Stop::Killed(_)) => {
+                                self.detached = true;
+                                bail!("process {} ended during the attach", self.pid)
+                            }
+                        }
+                    }
+                }
+                Some(Stop::Exited(_) | Stop::Killed(_)) => {
+                    self.detached = true;
+                    bail!("process {} ended during the attach", self.pid)
+                }
+            }
+        }
     }
 
     /// Call `func(msg, out, out_len)` (an agent entry): `msg` is copied in, `out` is a
@@ -448,8 +609,9 @@ impl Attached {
         Ok((rax as i32, text))
     }
 
-    /// Wait for the call to return to address 0; returns its `rax`.
-    fn finish_call(&mut self, tid: i32, func: u64) -> Result<u64> {
+    /// Follow the call to its `rt_sigreturn` (`end`); the thread is then in that
+    /// syscall-entry stop.
+    fn finish_call(&mut self, tid: i32, func: u64, end: Ending) -> Result<()> {
         let start = Instant::now();
         loop {
             let stop = match ptrace::wait(tid, true)? {
@@ -460,10 +622,13 @@ impl Attached {
                         // the call was doing is left half done.
                         let _ = ptrace::interrupt(tid);
                         let _ = wait_stop(tid, STOP_TIMEOUT);
+                        let at = ptrace::get_regs(tid).map_or(String::new(), |r| {
+                            format!(" (at {:#x}, system call {})", r.rip, r.orig_rax as i64)
+                        });
                         bail!(
                             "the call into process {} (function at {func:#x}, thread {tid}) \
-                             did not return within {} s: another thread, stopped by ftprobe, \
-                             may hold a lock it needs",
+                             did not return within {} s{at}: another thread, stopped by \
+                             ftprobe, may hold a lock it needs",
                             self.pid,
                             CALL_TIMEOUT.as_secs()
                         );
@@ -472,12 +637,20 @@ impl Attached {
                     continue;
                 }
             };
+            kill_point();
             match stop {
+                Stop::Syscall => {
+                    let r = ptrace::get_regs(tid)?;
+                    if r.orig_rax == libc::SYS_rt_sigreturn as u64
+                        && r.rip == end.rip
+                        && r.rsp == end.rsp
+                    {
+                        return Ok(());
+                    }
+                    ptrace::syscall(tid, 0)?;
+                }
                 Stop::Signal(libc::SIGSEGV) => {
                     let regs = ptrace::get_regs(tid)?;
-                    if regs.rip == 0 {
-                        return Ok(regs.rax);
-                    }
                     bail!(
                         "process {} crashed (SIGSEGV at {:#x}) in ftprobe's call of the function \
                          at {func:#x}",
@@ -486,8 +659,9 @@ impl Attached {
                     );
                 }
                 // SIGSTOP cannot be blocked: delivered now (the process stops; this thread
-                // goes on with the call after its group-stop).
-                Stop::Signal(libc::SIGSTOP) => ptrace::cont(tid, libc::SIGSTOP)?,
+                // goes on with the call after its group-stop). A SIGTRAP is a probe of the
+                // agent's, hit by the call itself (the agent's handler takes it).
+                Stop::Signal(sig @ (libc::SIGSTOP | libc::SIGTRAP)) => ptrace::syscall(tid, sig)?,
                 Stop::Signal(sig) => {
                     let regs = ptrace::get_regs(tid)?;
                     bail!(
@@ -498,7 +672,7 @@ impl Attached {
                     );
                 }
                 // Our interrupt still pending, or a group-stop: go on with the call.
-                Stop::Event { .. } | Stop::OtherEvent => ptrace::cont(tid, 0)?,
+                Stop::Event { .. } | Stop::OtherEvent => ptrace::syscall(tid, 0)?,
                 Stop::Exited(code) => {
                     self.detached = true;
                     bail!(
@@ -580,16 +754,18 @@ impl Attached {
             return Ok(());
         }
         self.detached = true;
+        if die_at() == Some(0) {
+            eprintln!(
+                "ftprobe: kill points: {}",
+                KILL_POINTS.load(std::sync::atomic::Ordering::Relaxed)
+            );
+        }
         let mut first_err = None;
         for t in &self.threads {
-            let r = match (t.saved.is_some(), t.taken, &t.pending) {
-                // Still in the signal-delivery-stop it was taken in.
-                (false, Taken::Signal(sig), _) => ptrace::detach(t.tid, sig),
-                // In our call's SIGSEGV stop: the signal it was about to take, with its
-                // siginfo, replaces ours.
-                (true, _, Some((sig, si))) => {
-                    ptrace::set_siginfo(t.tid, si).and_then(|()| ptrace::detach(t.tid, *sig))
-                }
+            let r = match t.taken {
+                // Still in the signal-delivery-stop it was taken in (the calling thread
+                // never is: see `attach`).
+                Taken::Signal(sig) => ptrace::detach(t.tid, sig),
                 _ => ptrace::detach(t.tid, 0),
             };
             match r {
@@ -636,6 +812,155 @@ impl Drop for DetachGuard {
     }
 }
 
+/// A point of an attach where ftprobe may be killed (after a ptrace request took effect,
+/// before the next). With `FTPROBE_TEST_DIE_AT=N` (tests), ftprobe kills itself with
+/// SIGKILL at the Nth; with `FTPROBE_TEST_DIE_AT=0`, it says how many it passed when each
+/// attach lets the process go.
+fn kill_point() {
+    let Some(at) = die_at() else {
+        return;
+    };
+    let n = KILL_POINTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if n == at {
+        ptrace::die();
+    }
+}
+
+static KILL_POINTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn die_at() -> Option<u64> {
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| {
+        std::env::var("FTPROBE_TEST_DIE_AT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// The signals a fault or a trap raises (bit `n - 1` for signal `n`), open during a call.
+const SYNCHRONOUS_SIGNALS: u64 = 1 << (libc::SIGTRAP - 1)
+    | 1 << (libc::SIGSEGV - 1)
+    | 1 << (libc::SIGBUS - 1)
+    | 1 << (libc::SIGILL - 1)
+    | 1 << (libc::SIGFPE - 1);
+
+/// Where a call ends: the `rt_sigreturn` system call's `rip` (after the `syscall`
+/// instruction) and `rsp` (the frame's `ucontext`).
+struct Ending {
+    rip: u64,
+    rsp: u64,
+}
+
+/// `mov $15,%rax; syscall` (`rt_sigreturn`): glibc's `__restore_rt`.
+const RESTORER: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+const RESTORER_LEN: u64 = RESTORER.len() as u64;
+/// The return stub's page size, and where its `syscall` ends.
+const STUB_PAGE: u64 = 4096;
+const STUB_SYSCALL_END: u64 = 5 + RESTORER_LEN;
+/// Recognizes the stub page of an earlier attach.
+const STUB_MAGIC: &[u8] = b"\0ftprobe attach return stub 1\0";
+
+/// The return stub: `mov %rax,-8(%rsp)` (the result into the frame's return-address
+/// slot, where ftprobe reads it), then `rt_sigreturn`; then its magic.
+fn stub_bytes() -> Vec<u8> {
+    let mut b = vec![0x48, 0x89, 0x44, 0x24, 0xf8];
+    b.extend_from_slice(&RESTORER);
+    b.extend_from_slice(STUB_MAGIC);
+    b
+}
+
+/// The start of every anonymous, executable, one-page private mapping of `pid`.
+fn anon_exec_pages(pid: i32) -> Vec<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() != 5 || f[1] != "r-xp" {
+                return None;
+            }
+            let (s, e) = f[0].split_once('-')?;
+            let (s, e) = (
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+            );
+            (e - s == STUB_PAGE).then_some(s)
+        })
+        .collect()
+}
+
+/// The return stub an earlier attach left in `pid`.
+fn find_stub(pid: i32, mem: &Mem) -> Option<u64> {
+    let want = stub_bytes();
+    anon_exec_pages(pid).into_iter().find(|&a| {
+        let mut b = vec![0u8; want.len()];
+        mem.read(a, &mut b).is_ok() && b == want
+    })
+}
+
+/// A `__restore_rt` (`mov $15,%rax; syscall`) in the C library's code mapped in `tid`.
+fn find_restorer(tid: i32, mem: &Mem) -> Result<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{tid}/maps"))
+        .with_context(|| format!("reading /proc/{tid}/maps"))?;
+    let libc: Vec<String> = libc_objects(&parse_maps(&maps))
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    for l in maps.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 6 || !f[1].contains('x') || !libc.iter().any(|p| *p == f[5..].join(" ")) {
+            continue;
+        }
+        let Some((s, e)) = f[0].split_once('-') else {
+            continue;
+        };
+        let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) else {
+            continue;
+        };
+        let mut text = vec![0u8; (e - s) as usize];
+        if mem.read(s, &mut text).is_err() {
+            continue;
+        }
+        if let Some(i) = text.windows(RESTORER.len()).position(|w| w == RESTORER) {
+            return Ok(s + i as u64);
+        }
+    }
+    bail!(
+        "no `mov $15,%rax; syscall` (glibc's __restore_rt) in process {tid}'s C library: \
+         ftprobe cannot call into it safely"
+    )
+}
+
+/// A free page of `tid`'s address space for the return stub: the highest one below its
+/// C library with a free page on each side (not in the gap below the main stack, which
+/// is its room to grow).
+fn free_page(tid: i32) -> Result<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{tid}/maps"))
+        .with_context(|| format!("reading /proc/{tid}/maps"))?;
+    let mut ranges: Vec<(u64, u64, bool)> = maps
+        .lines()
+        .filter_map(|l| {
+            let (s, e) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+                l.ends_with("[stack]"),
+            ))
+        })
+        .collect();
+    ranges.sort_unstable();
+    let base = libc_objects(&parse_maps(&maps))
+        .first()
+        .map(|o| o.0)
+        .context("no C library mapped")?;
+    for w in ranges.windows(2).rev() {
+        let ((_, below_end, _), (above, _, stack)) = (w[0], w[1]);
+        if above <= base && !stack && above - below_end >= 4 * STUB_PAGE {
+            return Ok(above - 2 * STUB_PAGE);
+        }
+    }
+    bail!("no free page in process {tid} for ftprobe's return stub")
+}
+
 /// Marks argument `j` of [`Attached::call`] as the address of blob `j`.
 pub fn blob(j: usize) -> u64 {
     BLOB_MARK | j as u64
@@ -662,6 +987,8 @@ fn wait_stop(tid: i32, timeout: Duration) -> Result<Option<Taken>> {
             Some(Stop::Event { .. }) => return Ok(Some(Taken::GroupStop)),
             Some(Stop::Signal(sig)) => return Ok(Some(Taken::Signal(sig))),
             Some(Stop::OtherEvent) => return Ok(Some(Taken::Interrupt)),
+            // Followed by PTRACE_SYSCALL (a call timed out): on to the interrupt.
+            Some(Stop::Syscall) => ptrace::cont(tid, 0)?,
             Some(Stop::Exited(_) | Stop::Killed(_)) => return Ok(None),
         }
     }
@@ -774,6 +1101,32 @@ fn target_symbol(tid: i32, name: &str) -> Result<u64> {
             .collect::<Vec<_>>()
             .join(", ")
     )
+}
+
+/// How process `pid` (not our child) ended, while it is a zombie its parent has not reaped
+/// yet (`/proc/PID/stat`'s exit code): (exit status, killing signal); neither once it is
+/// gone.
+pub fn exit_status(pid: i32) -> (Option<i32>, Option<i32>) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    // The 3rd field is the state, the 52nd the exit code (as waitpid's status).
+    if fields.first() != Some(&"Z") {
+        return (None, None);
+    }
+    match fields.get(49).and_then(|c| c.parse::<i32>().ok()) {
+        Some(w) if w & 0x7f == 0 => (Some((w >> 8) & 0xff), None),
+        Some(w) => (None, Some(w & 0x7f)),
+        None => (None, None),
+    }
+}
+
+/// Whether `pid` maps ftprobe's rings (an attached session's memfd): not after an exec.
+pub fn rings_mapped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .is_ok_and(|m| m.lines().any(|l| l.contains("/memfd:ftprobe-rings")))
 }
 
 /// The agent objects mapped in `pid` (paths of mappings named `libftprobe_agent.so`).

@@ -8,11 +8,13 @@ use std::os::unix::fs::FileExt;
 
 /// Requests (`<sys/ptrace.h>`, `<linux/ptrace.h>`), as the raw system call takes them.
 const PTRACE_CONT: libc::c_long = 7;
+const PTRACE_SYSCALL: libc::c_long = 24;
+const PTRACE_SETOPTIONS: libc::c_long = 0x4200;
+/// `PTRACE_O_TRACESYSGOOD`: syscall-stops report `SIGTRAP | 0x80`.
+const PTRACE_O_TRACESYSGOOD: usize = 1;
 const PTRACE_DETACH: libc::c_long = 17;
 const PTRACE_GETREGS: libc::c_long = 12;
 const PTRACE_SETREGS: libc::c_long = 13;
-const PTRACE_GETSIGINFO: libc::c_long = 0x4202;
-const PTRACE_SETSIGINFO: libc::c_long = 0x4203;
 const PTRACE_GETREGSET: libc::c_long = 0x4204;
 const PTRACE_SETREGSET: libc::c_long = 0x4205;
 const PTRACE_SEIZE: libc::c_long = 0x4206;
@@ -87,6 +89,31 @@ pub fn interrupt(tid: i32) -> Result<()> {
 /// `PTRACE_CONT`, delivering `sig` (0: none) from a signal-delivery-stop.
 pub fn cont(tid: i32, sig: i32) -> Result<()> {
     raw("PTRACE_CONT", PTRACE_CONT, tid, 0, sig as usize)
+}
+
+/// `PTRACE_SYSCALL`: as [`cont`], and the thread stops again at its next system call's
+/// entry or exit ([`Stop::Syscall`]).
+pub fn syscall(tid: i32, sig: i32) -> Result<()> {
+    raw("PTRACE_SYSCALL", PTRACE_SYSCALL, tid, 0, sig as usize)
+}
+
+/// `PTRACE_SETOPTIONS PTRACE_O_TRACESYSGOOD`: syscall-stops are told from a real SIGTRAP.
+pub fn trace_sysgood(tid: i32) -> Result<()> {
+    raw(
+        "PTRACE_SETOPTIONS",
+        PTRACE_SETOPTIONS,
+        tid,
+        0,
+        PTRACE_O_TRACESYSGOOD,
+    )
+}
+
+/// Kill ftprobe itself with SIGKILL (the tests' stand-in for a user's `kill -9` at a
+/// chosen point of an attach: [`super::kill_point`]).
+pub fn die() -> ! {
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL returned")
 }
 
 /// `PTRACE_DETACH`, delivering `sig` (0: none) from a signal-delivery-stop.
@@ -174,30 +201,6 @@ pub fn set_sigmask(tid: i32, mask: u64) -> Result<()> {
     )
 }
 
-/// The `siginfo` of the signal a thread in a signal-delivery-stop is about to take.
-pub fn get_siginfo(tid: i32) -> Result<libc::siginfo_t> {
-    // SAFETY: siginfo_t is plain data; all-zero is valid.
-    let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    raw(
-        "PTRACE_GETSIGINFO",
-        PTRACE_GETSIGINFO,
-        tid,
-        0,
-        &mut si as *mut libc::siginfo_t as usize,
-    )?;
-    Ok(si)
-}
-
-pub fn set_siginfo(tid: i32, si: &libc::siginfo_t) -> Result<()> {
-    raw(
-        "PTRACE_SETSIGINFO",
-        PTRACE_SETSIGINFO,
-        tid,
-        0,
-        si as *const libc::siginfo_t as usize,
-    )
-}
-
 /// What `waitpid` reported for a tracee.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -206,6 +209,8 @@ pub enum Stop {
     Event { sig: i32 },
     /// Another `PTRACE_EVENT_*` (none is asked for).
     OtherEvent,
+    /// A syscall-stop (entry or exit), once [`trace_sysgood`] was set.
+    Syscall,
     /// A signal-delivery-stop: the thread is about to take `sig`.
     Signal(i32),
     /// The thread (the process) exited with this status.
@@ -215,27 +220,52 @@ pub enum Stop {
 }
 
 /// `waitpid(tid, __WALL)`; `None` when `nohang` and nothing happened yet.
+///
+/// A signal-delivery-stop is only looked at (`waitid` with `WNOWAIT`), not reaped: reaping
+/// it clears the signal the thread holds, which the kernel then drops if ftprobe dies
+/// before it continues the thread with it. The caller must continue (or detach) the thread
+/// before waiting for it again.
 pub fn wait(tid: i32, nohang: bool) -> Result<Option<Stop>> {
+    let fail = |call| PtraceError {
+        call,
+        tid,
+        source: io::Error::last_os_error(),
+    };
+    // SAFETY: siginfo_t is plain data; all-zero is valid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::__WALL
+        | libc::WEXITED
+        | libc::WSTOPPED
+        | libc::WNOWAIT
+        | if nohang { libc::WNOHANG } else { 0 };
+    loop {
+        // SAFETY: waitid writes the siginfo we own.
+        let r = unsafe { libc::waitid(libc::P_PID, tid as libc::id_t, &mut info, flags) };
+        if r == 0 {
+            break;
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Err(fail("waitid"));
+        }
+    }
+    // SAFETY: waitid filled a SIGCHLD siginfo (or left it zeroed: no child changed state).
+    let (pid, code, st) = unsafe { (info.si_pid(), info.si_code, info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    if code == libc::CLD_TRAPPED && st >> 8 == 0 && st != libc::SIGTRAP | 0x80 {
+        return Ok(Some(Stop::Signal(st & 0xff)));
+    }
     let mut status = 0;
-    let flags = libc::__WALL | if nohang { libc::WNOHANG } else { 0 };
     loop {
         // SAFETY: waitpid writes the status word we own.
-        let r = unsafe { libc::waitpid(tid, &mut status, flags) };
-        if r == -1 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(PtraceError {
-                call: "waitpid",
-                tid,
-                source: e,
-            });
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if r != -1 {
+            break;
         }
-        if r == 0 {
-            return Ok(None);
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Err(fail("waitpid"));
         }
-        break;
     }
     Ok(Some(if libc::WIFEXITED(status) {
         Stop::Exited(libc::WEXITSTATUS(status))
@@ -244,6 +274,7 @@ pub fn wait(tid: i32, nohang: bool) -> Result<Option<Stop>> {
     } else {
         let sig = libc::WSTOPSIG(status);
         match status >> 16 {
+            0 if sig == libc::SIGTRAP | 0x80 => Stop::Syscall,
             0 => Stop::Signal(sig),
             PTRACE_EVENT_STOP => Stop::Event { sig },
             _ => Stop::OtherEvent,
@@ -277,6 +308,17 @@ impl Mem {
             .write_all_at(data, addr)
             .map_err(|source| PtraceError {
                 call: "write /proc/PID/mem",
+                tid: self.pid,
+                source,
+            })
+    }
+
+    /// `buf.len()` bytes at `addr` (all of them, or an error).
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        self.file
+            .read_exact_at(buf, addr)
+            .map_err(|source| PtraceError {
+                call: "read /proc/PID/mem",
                 tid: self.pid,
                 source,
             })

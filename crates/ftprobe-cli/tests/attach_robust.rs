@@ -1,0 +1,624 @@
+//! `ftprobe trace -p PID` against what can go wrong around it (README, "Attach to a running
+//! process"): ftprobe killed with SIGKILL while it attaches or while it traces, an attach
+//! the agent refuses, many sessions one after another, options that do not apply. The
+//! target is `attach_target` (ftprobe-dev), a multithreaded program blocked in system calls
+//! that checks every result (an `EINTR` is counted) and prints the same lines for the same
+//! commands whatever happens around it: its own output and exit status are the truth.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ChildStdin, ChildStdout, Command, Output, Stdio};
+
+mod common;
+use common::ftprobe;
+
+use ftprobe_dev::{attach_target_fixture, KillOnDrop};
+
+/// The fixture, started and past its `ready` line.
+struct Target {
+    child: KillOnDrop,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Target {
+    fn start() -> Target {
+        let mut child = KillOnDrop::spawn(
+            Command::new(attach_target_fixture())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped()),
+        )
+        .expect("start attach_target");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut t = Target {
+            child,
+            stdin,
+            stdout,
+        };
+        assert_eq!(t.line(), "ready\n");
+        t
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        l
+    }
+
+    fn send(&mut self, line: &str) {
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// `window N`: returns its line.
+    fn window(&mut self, n: u32) -> String {
+        self.send(&format!("window {n}\n"));
+        self.line()
+    }
+
+    /// `quit`: the rest of its output and its exit code.
+    fn quit(mut self) -> (String, Option<i32>) {
+        self.send("quit\n");
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        (rest, status.code())
+    }
+}
+
+/// The fixture's last line when nothing went wrong (no EINTR, no failed call, every signal
+/// it sent itself delivered, its reader woken once, its busy thread ran).
+const CLEAN_END: &str = "eintr=0 bad=0 selfsig=ok reader=1 busy=yes\n";
+
+/// `TracerPid` of every thread of `pid`.
+fn tracer_pids(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let s = std::fs::read_to_string(e.unwrap().path().join("status")).unwrap_or_default();
+        if let Some(v) = s.lines().find_map(|l| l.strip_prefix("TracerPid:")) {
+            out.push(v.trim().parse().unwrap());
+        }
+    }
+    out
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `ftprobe trace -p PID ARGS -o /dev/null` with `FTPROBE_TEST_DIE_AT=die_at` (none:
+/// unset), to its end.
+fn trace_p(pid: i32, args: &[&str], die_at: Option<u64>) -> Output {
+    let mut cmd = ftprobe();
+    cmd.args(["trace", "-p", &pid.to_string()])
+        .args(args)
+        .args(["-o", "/dev/null"]);
+    if let Some(n) = die_at {
+        cmd.env("FTPROBE_TEST_DIE_AT", n.to_string());
+    }
+    cmd.output().expect("run ftprobe")
+}
+
+/// The kill points (`FTPROBE_TEST_DIE_AT=0`) of a `trace -p` run: how many its attach
+/// passed, and how many in all (its detach's too).
+fn kill_points(pid: i32, args: &[&str]) -> (u64, u64) {
+    let o = trace_p(pid, args, Some(0));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let counts: Vec<u64> = stderr(&o)
+        .lines()
+        .filter_map(|l| l.strip_prefix("ftprobe: kill points: "))
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(counts.len(), 2, "{}", stderr(&o));
+    (counts[0], counts[1])
+}
+
+/// Which of `1..=k` to kill at: every one of the first 40 (finding the C library's
+/// `__restore_rt`, mapping the return page, `dlopen`'s first calls) and of the last 40 (the
+/// agent's start ending, the thread handed back), and 40 spread between.
+fn sample(k: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (1..=k.min(40)).collect();
+    v.extend((0..40).map(|i| 1 + i * k / 40));
+    v.extend(k.saturating_sub(39).max(1)..=k);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// SIGKILL of ftprobe at every point of an attach where it can be (each ptrace stop of
+/// the calling thread in `mmap`, `dlopen`, `dlsym`, `memfd_create` and the agent's start,
+/// each step of handing the thread back), and at points of its detach: the program is
+/// never hurt. Nobody traces it afterwards, it answers, and it ends with its clean line
+/// and status 0 (no EINTR, no failed call, no signal lost), in every run. After every
+/// third kill, the next `trace -p` works (it ends a session the dead ftprobe left, if any)
+/// and, once it detached, every code byte is as before the first attach.
+#[test]
+fn sigkill_of_ftprobe_anywhere_in_the_attach_never_hurts_the_program() {
+    let args = ["-F", "attach_window", "--duration", "0"];
+    let t = Target::start();
+    let (k, total) = kill_points(t.pid(), &args);
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+    assert!(k > 20 && total > k, "{k}/{total} kill points only");
+    let mut points = sample(k);
+    points.extend((0..12).map(|i| k + 1 + i * (total - k) / 12));
+    for (i, n) in points.into_iter().enumerate() {
+        let mut t = Target::start();
+        let pid = t.pid();
+        let before = code_bytes(pid);
+        let o = trace_p(pid, &args, Some(n));
+        if n >= k && o.status.success() {
+            // The count varies a little from run to run: this run passed fewer points.
+            continue;
+        }
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGKILL),
+            "point {n} of {k}/{total}: {}",
+            stderr(&o)
+        );
+        assert!(tracer_pids(pid).iter().all(|&p| p == 0), "point {n}");
+        assert_eq!(t.window(50), "window 50 done\n", "point {n}");
+        if i % 3 == 0 {
+            let s = Session::start(pid, &["-F", "attach_window"], &format!("after{n}"));
+            assert!(s.tracing(), "point {n}: {}", s.said);
+            assert_eq!(t.window(20), "window 20 done\n", "point {n}");
+            let (status, said, text) = s.end(libc::SIGINT);
+            assert!(status.success(), "point {n}: {said}");
+            assert_eq!(
+                count(&text, "attach_window <-main"),
+                20,
+                "point {n}: {said}"
+            );
+            same_code(&before, &code_bytes(pid)).unwrap_or_else(|e| panic!("point {n}: {e}"));
+        }
+        assert_eq!(
+            t.quit(),
+            (CLEAN_END.to_owned(), Some(0)),
+            "point {n} of {k}/{total}"
+        );
+    }
+}
+
+/// The same with the kill coming from outside at any time (a sweep of delays from the
+/// start of ftprobe): whatever it interrupted, the program is not hurt.
+#[test]
+fn sigkill_of_ftprobe_from_outside_never_hurts_the_program() {
+    for step in 0..30u64 {
+        let mut t = Target::start();
+        let pid = t.pid();
+        let mut cli = KillOnDrop::spawn(
+            ftprobe()
+                .args(["trace", "-p", &pid.to_string(), "-F", "attach_window"])
+                .args(["-o", "/dev/null"])
+                .stderr(Stdio::null()),
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(step * step * 60));
+        // SAFETY: kill has no memory effects; the pid is our live child.
+        unsafe { libc::kill(cli.id() as i32, libc::SIGKILL) };
+        cli.wait().unwrap();
+        assert!(tracer_pids(pid).iter().all(|&p| p == 0), "step {step}");
+        assert_eq!(t.window(50), "window 50 done\n", "step {step}");
+        assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)), "step {step}");
+    }
+}
+
+/// The bytes of every executable file mapping of `pid` (but the agent's), by range and
+/// path.
+fn code_bytes(pid: i32) -> Vec<(String, Vec<u8>)> {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut out = Vec::new();
+    for l in maps.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
+            continue;
+        }
+        if f[5].ends_with("/libftprobe_agent.so") {
+            continue;
+        }
+        let (s, e) = f[0].split_once('-').unwrap();
+        let (s, e) = (
+            u64::from_str_radix(s, 16).unwrap(),
+            u64::from_str_radix(e, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (e - s) as usize];
+        mem.read_exact_at(&mut buf, s).unwrap();
+        out.push((format!("{} {}", f[0], f[5]), buf));
+    }
+    out
+}
+
+/// Every code mapping in `before` is in `after`, byte for byte (the agent may have brought
+/// libgcc_s).
+fn same_code(before: &[(String, Vec<u8>)], after: &[(String, Vec<u8>)]) -> Result<(), String> {
+    for (m, b) in before {
+        let Some((_, a)) = after.iter().find(|(n, _)| n == m) else {
+            return Err(format!("{m} is gone"));
+        };
+        if let Some(i) = (0..b.len()).find(|&i| b[i] != a[i]) {
+            return Err(format!(
+                "{m}: byte {i:#x} differs: {:02x?} -> {:02x?}",
+                &b[i..(i + 8).min(b.len())],
+                &a[i..(i + 8).min(b.len())]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `ftprobe trace -p PID ARGS -o FILE` started: its stderr read until it says it is
+/// tracing (returned), or until it ends.
+struct Session {
+    cli: KillOnDrop,
+    err: BufReader<std::process::ChildStderr>,
+    out_file: std::path::PathBuf,
+    said: String,
+}
+
+impl Session {
+    fn start(pid: i32, args: &[&str], tag: &str) -> Session {
+        let out_file = std::env::temp_dir().join(format!(
+            "ftprobe-attach-robust-{}-{pid}-{tag}.txt",
+            std::process::id()
+        ));
+        let mut cli = KillOnDrop::spawn(
+            ftprobe()
+                .args(["trace", "-p", &pid.to_string()])
+                .args(args)
+                .arg("-o")
+                .arg(&out_file)
+                .stderr(Stdio::piped()),
+        )
+        .unwrap();
+        let mut err = BufReader::new(cli.stderr.take().unwrap());
+        let mut said = String::new();
+        loop {
+            let mut l = String::new();
+            if err.read_line(&mut l).unwrap() == 0 {
+                break;
+            }
+            said.push_str(&l);
+            if l.starts_with("ftprobe: tracing process") {
+                break;
+            }
+        }
+        Session {
+            cli,
+            err,
+            out_file,
+            said,
+        }
+    }
+
+    fn tracing(&self) -> bool {
+        self.said.contains("ftprobe: tracing process")
+    }
+
+    /// Ends it with `sig`; returns its status, all it said and the trace.
+    fn end(mut self, sig: i32) -> (std::process::ExitStatus, String, String) {
+        // SAFETY: kill has no memory effects; the pid is our live child.
+        unsafe { libc::kill(self.cli.id() as i32, sig) };
+        self.finish()
+    }
+
+    /// Waits for its end; returns its status, all it said and the trace.
+    fn finish(&mut self) -> (std::process::ExitStatus, String, String) {
+        let mut said = std::mem::take(&mut self.said);
+        self.err.read_to_string(&mut said).unwrap();
+        let status = self.cli.wait().unwrap();
+        let text = std::fs::read_to_string(&self.out_file).unwrap_or_default();
+        (status, said, text)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.out_file);
+    }
+}
+
+fn count(text: &str, what: &str) -> usize {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(what))
+        .count()
+}
+
+/// ftprobe killed (SIGKILL) while it traces leaves its session on in the process (sites
+/// and probes patched, nobody reading); the next `trace -p` sees its CLI is gone, ends that
+/// session first (said), and traces: its counts are exact, and after its detach every
+/// code byte is as before the first attach.
+#[test]
+fn after_sigkill_of_a_tracing_ftprobe_the_next_attach_ends_its_session_first() {
+    let mut t = Target::start();
+    let pid = t.pid();
+    let before = code_bytes(pid);
+    let s = Session::start(
+        pid,
+        &["-F", "attach_window", "-e", "p:win attach_window"],
+        "killed",
+    );
+    assert!(s.tracing(), "{}", s.said);
+    assert_eq!(t.window(5), "window 5 done\n");
+    let (status, _, _) = s.end(libc::SIGKILL);
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    // The dead session's patches are there still.
+    assert!(same_code(&before, &code_bytes(pid)).is_err());
+    assert_eq!(t.window(5), "window 5 done\n");
+    let s = Session::start(
+        pid,
+        &["-F", "attach_window", "-e", "p:win attach_window"],
+        "next",
+    );
+    assert!(s.tracing(), "{}", s.said);
+    assert!(
+        s.said.contains("which is gone, was ended first"),
+        "{}",
+        s.said
+    );
+    assert_eq!(t.window(33), "window 33 done\n");
+    let (status, said, text) = s.end(libc::SIGINT);
+    assert!(status.success(), "{said}");
+    assert_eq!(count(&text, "attach_window <-main"), 33, "{said}");
+    assert_eq!(count(&text, " win: "), 33, "{said}");
+    same_code(&before, &code_bytes(pid)).unwrap();
+    assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// While its CLI lives, a session is not taken over: a second `trace -p` is refused.
+#[test]
+fn a_live_session_is_not_taken_over() {
+    let mut t = Target::start();
+    let pid = t.pid();
+    let s = Session::start(pid, &["-F", "attach_window"], "first");
+    assert!(s.tracing(), "{}", s.said);
+    let o = trace_p(pid, &["-F", "attach_window", "--duration", "0"], None);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&format!(
+            "another ftprobe (process {}) is attached",
+            s.cli.id()
+        )),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(t.window(7), "window 7 done\n");
+    let (status, said, text) = s.end(libc::SIGINT);
+    assert!(status.success(), "{said}");
+    assert_eq!(count(&text, "attach_window <-main"), 7, "{said}");
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// An attach the agent refuses after it started arming (a second `-e` on a function that
+/// does not exist, after a first one was armed; a `-F` that matches nothing after one that
+/// matched, once the function tracer was started) leaves nothing armed: every code byte as
+/// before; then a good attach with the same event names works (nothing left registered).
+#[test]
+fn a_refused_attach_leaves_nothing_armed() {
+    let mut t = Target::start();
+    let pid = t.pid();
+    let before = code_bytes(pid);
+    for (args, why) in [
+        (
+            &[
+                "-F",
+                "attach_window",
+                "-e",
+                "p:win attach_window",
+                "-e",
+                "p:bad no_such_function_in_attach_target",
+            ][..],
+            "no_such_function_in_attach_target",
+        ),
+        (
+            &[
+                "-e",
+                "p:win attach_window",
+                "-F",
+                "attach_window",
+                "-F",
+                "no_such_function_either*",
+            ][..],
+            "no_such_function_either",
+        ),
+    ] {
+        let o = trace_p(pid, args, None);
+        assert!(!o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+        same_code(&before, &code_bytes(pid)).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+        assert_eq!(t.window(3), "window 3 done\n");
+    }
+    let s = Session::start(
+        pid,
+        &["-F", "attach_window", "-e", "p:win attach_window"],
+        "good",
+    );
+    assert!(s.tracing(), "{}", s.said);
+    assert_eq!(t.window(21), "window 21 done\n");
+    let (status, said, text) = s.end(libc::SIGINT);
+    assert!(status.success(), "{said}");
+    assert_eq!(count(&text, "attach_window <-main"), 21, "{said}");
+    assert_eq!(count(&text, " win: "), 21, "{said}");
+    same_code(&before, &code_bytes(pid)).unwrap();
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// The target's mappings of ftprobe's rings (`memfd:ftprobe-rings`), and its `VmRSS` in KiB.
+fn rings_and_rss(pid: i32) -> (usize, u64) {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let rings = maps
+        .lines()
+        .filter(|l| l.contains("/memfd:ftprobe-rings"))
+        .count();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap();
+    (rings, rss)
+}
+
+/// Ten sessions one after another, each writing ~2.5 MiB of events (80000 calls): the
+/// rings of the sessions before are unmapped at each attach (all threads stopped, none in
+/// ftprobe's code), so the target maps one session's rings at most, and its resident size
+/// does not grow by a session's worth of ring pages per session.
+#[test]
+fn sessions_one_after_another_do_not_pile_up_their_rings() {
+    let mut t = Target::start();
+    let pid = t.pid();
+    let mut rss = Vec::new();
+    for i in 0..10 {
+        let s = Session::start(pid, &["-F", "attach_window"], &format!("cycle{i}"));
+        assert!(s.tracing(), "{}", s.said);
+        assert_eq!(t.window(80000), "window 80000 done\n");
+        let (status, said, text) = s.end(libc::SIGINT);
+        assert!(status.success(), "{said}");
+        assert_eq!(
+            count(&text, "attach_window <-main"),
+            80000,
+            "cycle {i}: {said}"
+        );
+        let (rings, kb) = rings_and_rss(pid);
+        assert!(rings <= 1, "cycle {i}: {rings} ring mappings");
+        rss.push(kb);
+    }
+    // From the third session on (the agent, its ftrace tables and one session's rings are
+    // there by then), less than one session's ring pages (2.5 MiB) more over 7 sessions.
+    assert!(
+        rss[9] < rss[2] + 2500,
+        "VmRSS (KiB) after each session: {rss:?}"
+    );
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// `-p` with `--follow-exec` is a usage error (exit status 2), said before anything is done.
+#[test]
+fn follow_exec_with_p_is_a_usage_error() {
+    let t = Target::start();
+    let o = trace_p(t.pid(), &["--follow-exec", "-F", "attach_window"], None);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--follow-exec does not apply to -p"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(tracer_pids(t.pid()).iter().all(|&p| p == 0));
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// The attached process's exit ends the trace, and ftprobe says how it ended.
+#[test]
+fn the_attached_process_exit_is_said() {
+    let mut t = Target::start();
+    let pid = t.pid();
+    let s = Session::start(pid, &["-F", "attach_window"], "exit");
+    assert!(s.tracing(), "{}", s.said);
+    assert_eq!(t.window(4), "window 4 done\n");
+    t.send("quit\n");
+    let mut rest = String::new();
+    t.stdout.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, CLEAN_END);
+    // Not reaped before ftprobe ended (a zombie holds its exit status): ftprobe ends by
+    // itself.
+    let mut s = s;
+    let (status, said, text) = s.finish();
+    assert!(status.success(), "{said}");
+    assert!(
+        said.contains(&format!("ftprobe: process {pid} exited with status 0")),
+        "{said}"
+    );
+    assert_eq!(count(&text, "attach_window <-main"), 4);
+    assert_eq!(t.child.wait().unwrap().code(), Some(0));
+}
+
+/// An exec of the attached process ends the trace (the new program has no agent), said.
+/// The target is a shell that execs `sleep` on a line of input; an int3 probe on the C
+/// library's `read` (the shell has no ftrace sites) is what is traced.
+#[test]
+fn the_attached_process_exec_is_said() {
+    let mut child = KillOnDrop::spawn(
+        Command::new("/bin/sh")
+            .args(["-c", "read x; exec sleep 30"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null()),
+    )
+    .unwrap();
+    let pid = child.id() as i32;
+    // The shell is in read(0) (its first field in /proc/PID/syscall: 0).
+    loop {
+        let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap();
+        if sc.starts_with("0 ") {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    let s = Session::start(pid, &["-e", "p:rd libc:read"], "exec");
+    assert!(s.tracing(), "{}", s.said);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    stdin.flush().unwrap();
+    let mut s = s;
+    let (status, said, text) = s.finish();
+    assert!(status.success(), "{said}");
+    assert!(
+        said.contains(&format!("ftprobe: process {pid} exec'd ")),
+        "{said}"
+    );
+    assert!(said.contains("sleep"), "{said}");
+    assert!(count(&text, " rd: ") >= 1, "{text}");
+    // The new program runs, untraced.
+    assert!(tracer_pids(pid).iter().all(|&p| p == 0));
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(comm, "sleep\n");
+}
+
+/// The calling thread in a `clock_nanosleep` (main's `nap`: resumed through the kernel's
+/// restart block after a stop, which `rt_sigreturn` cancels): ftprobe killed at points of
+/// its attach, the sleep is issued again, never failed with EINTR (the fixture counts one),
+/// and ends.
+#[test]
+fn sigkill_while_the_calling_thread_sleeps_never_fails_its_sleep() {
+    let args = ["-F", "attach_window", "--duration", "0"];
+    let t = Target::start();
+    let (k, _) = kill_points(t.pid(), &args);
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+    for n in (0..16).map(|i| 1 + i * k / 16) {
+        let mut t = Target::start();
+        let pid = t.pid();
+        t.send("nap 300\n");
+        // Main is in clock_nanosleep (its first field in /proc/PID/syscall: 230).
+        loop {
+            let sc = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")).unwrap();
+            if sc.starts_with("230 ") {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        let o = trace_p(pid, &args, Some(n));
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGKILL),
+            "point {n} of {k}: {}",
+            stderr(&o)
+        );
+        assert_eq!(t.line(), "nap done\n", "point {n}");
+        assert_eq!(
+            t.quit(),
+            (CLEAN_END.to_owned(), Some(0)),
+            "point {n} of {k}"
+        );
+    }
+}
