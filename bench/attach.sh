@@ -69,7 +69,13 @@ for n in 1 8 64; do
 	for ((r = 1; r <= RUNS; r++)); do
 		"$W/attach_threads" "$n" >"$W/ready" &
 		TARGET_PID=$!
-		until grep -q ready "$W/ready" 2>/dev/null; do sleep 0.01; done
+		until grep -q ready "$W/ready" 2>/dev/null; do
+			kill -0 "$TARGET_PID" 2>/dev/null || {
+				echo "attach: the target did not start ($n threads)" >&2
+				exit 1
+			}
+			sleep 0.01
+		done
 		attach_once "$n" "first" >>"$W/samples" || exit 1
 		attach_once "$n" "again" >>"$W/samples" || exit 1
 		kill "$TARGET_PID"
