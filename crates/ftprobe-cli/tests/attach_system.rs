@@ -1,6 +1,8 @@
 //! `ftprobe trace -p PID` on an unmodified system program (issue 13): Python's
 //! `http.server`, serving files of a temporary directory to clients of this test, attached
 //! twice with int3 kprobes on the C library's `write` and `send`, and detached twice.
+//! (`send`: Python's sockets send through the C library's `send`, the `sendto` system call,
+//! never `write`; `write` sees only the server's log lines on its standard error.)
 //!
 //! The truths the trace is checked against are outside ftprobe:
 //! - the files served (every response's body must be byte-identical to its file);
