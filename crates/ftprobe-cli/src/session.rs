@@ -1067,7 +1067,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
     signals::catch_termination();
     let mut made = None;
     let mut made_control = None;
-    control(pid, &agent, |a| {
+    let attach_times = control(pid, &agent, |a| {
         // The rings live in a memfd the target makes (it then needs no access to our
         // process): we open it through /proc/PID/fd/N and lay it out; the agent maps it
         // from its own descriptor, which it closes.
@@ -1119,6 +1119,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         ..End::default()
     };
     let mut next_exec_check = std::time::Instant::now();
+    let mut first_drained = None;
     loop {
         if exit.exited() {
             exited = true;
@@ -1157,6 +1158,9 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         let before = live.drained_bytes;
         live.poll(sink, false);
         sink.flush();
+        if live.drained_bytes > 0 {
+            first_drained.get_or_insert_with(std::time::Instant::now);
+        }
         match live.drained_bytes - before {
             n if n >= BUSY_POLL_BYTES => {}
             0 if !live.churning() => exit.wait(Duration::from_millis(10)),
@@ -1168,15 +1172,30 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
     if let Some(ctl) = &controller {
         ctl.close();
     }
+    let mut detach_times = None;
     if !exited {
         // Every site back to its NOP, every probe's byte back: the program runs as before.
-        if let Err(e) = control(pid, &agent, |_| Ok(AgentMessage::Detach)) {
-            if Path::new(&format!("/proc/{pid}")).exists() {
-                eprintln!("ftprobe: stopping the agent in process {pid}: {e:#}");
+        let detach_start = std::time::Instant::now();
+        match control(pid, &agent, |_| Ok(AgentMessage::Detach)) {
+            Ok(t) => detach_times = Some((detach_start, t)),
+            Err(e) => {
+                if Path::new(&format!("/proc/{pid}")).exists() {
+                    eprintln!("ftprobe: stopping the agent in process {pid}: {e:#}");
+                }
             }
         }
     }
     live.poll(sink, true);
+    if live.drained_bytes > 0 {
+        // Tracing ended before a poll found any: the last one drained them.
+        first_drained.get_or_insert_with(std::time::Instant::now);
+    }
+    if std::env::var_os("FTPROBE_TIMING").is_some_and(|v| v == "1") {
+        eprintln!(
+            "{}",
+            attach_times.report(first_drained, detach_times.as_ref())
+        );
+    }
     sink.finish(&mut live, &end)?;
     Ok(if sink.failed() { 1 } else { 0 })
 }
@@ -1197,13 +1216,17 @@ fn control(
     pid: i32,
     agent: &Path,
     msg: impl FnOnce(&mut Attached) -> Result<ftprobe::agent_config::AgentMessage>,
-) -> Result<()> {
+) -> Result<ControlTimes> {
     let mut a = Attached::attach(pid)?;
+    let all_stopped = std::time::Instant::now();
     let handle = a.dlopen(agent)?;
     let entry = a.dlsym(handle, "ftprobe_agent_control")?;
     let bytes = ftprobe::agent_config::encode(&msg(&mut a)?);
     let (code, text) = a.call_with_output(entry, &bytes, 16 << 10)?;
+    let agent_done = std::time::Instant::now();
+    let (first_stop, threads) = a.stop_stats();
     a.detach()?;
+    let resumed = std::time::Instant::now();
     let text = String::from_utf8_lossy(&text);
     if code != 0 {
         bail!("{}", text.trim_end());
@@ -1211,7 +1234,63 @@ fn control(
     if !text.is_empty() {
         eprint!("{text}");
     }
-    Ok(())
+    Ok(ControlTimes {
+        threads,
+        first_stop,
+        all_stopped,
+        agent_done,
+        resumed,
+    })
+}
+
+/// When the steps of one [`control`] ended: `FTPROBE_TIMING=1 ftprobe trace -p` prints them
+/// (bench/attach.sh reads that line).
+struct ControlTimes {
+    threads: usize,
+    /// The first thread seen stopped.
+    first_stop: std::time::Instant,
+    /// Every thread stopped.
+    all_stopped: std::time::Instant,
+    /// The agent's entry point returned (loaded if it was not, then started or stopped).
+    agent_done: std::time::Instant,
+    /// Every thread let go.
+    resumed: std::time::Instant,
+}
+
+impl ControlTimes {
+    /// One line, in ms from the first thread stopped: the attach's steps, the first records
+    /// drained into the output, and the detach's steps (from its start).
+    fn report(
+        &self,
+        first_drained: Option<std::time::Instant>,
+        detach: Option<&(std::time::Instant, ControlTimes)>,
+    ) -> String {
+        let ms = |t: std::time::Instant, from: std::time::Instant| {
+            format!(
+                "{:.3}",
+                t.saturating_duration_since(from).as_secs_f64() * 1e3
+            )
+        };
+        let t0 = self.first_stop;
+        let mut line = format!(
+            "ftprobe: timing: threads={} all_stopped={} agent_started={} resumed={} \
+             first_event={}",
+            self.threads,
+            ms(self.all_stopped, t0),
+            ms(self.agent_done, t0),
+            ms(self.resumed, t0),
+            first_drained.map_or_else(|| "none".to_owned(), |t| ms(t, t0)),
+        );
+        if let Some((start, d)) = detach {
+            line += &format!(
+                " detach_stopped={} detach_agent_stopped={} detach_resumed={}",
+                ms(d.all_stopped, *start),
+                ms(d.agent_done, *start),
+                ms(d.resumed, *start),
+            );
+        }
+        line + " (ms)"
+    }
 }
 
 /// A poll that drained this many bytes is followed by the next one at once.

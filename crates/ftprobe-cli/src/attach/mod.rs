@@ -264,6 +264,8 @@ pub struct Attached {
     /// The return stub's page in the target, once found or made.
     stub: Option<u64>,
     detached: bool,
+    /// When the first thread was seen stopped (`FTPROBE_TIMING`'s start).
+    first_stop: Instant,
 }
 
 impl Attached {
@@ -272,6 +274,7 @@ impl Attached {
         let status = check_target(pid)?;
         let mut threads: Vec<Tracee> = Vec::new();
         let mut detach_on_error = DetachGuard(Vec::new());
+        let mut first_stop = None;
         loop {
             let new: Vec<i32> = list_tasks(pid)?
                 .into_iter()
@@ -304,6 +307,7 @@ impl Attached {
             for tid in seized {
                 match wait_stop(tid, STOP_TIMEOUT)? {
                     Some(taken) => {
+                        first_stop.get_or_insert_with(Instant::now);
                         if let Taken::Signal(sig) = taken {
                             // Detached with it, should anything fail from here.
                             for t in detach_on_error.0.iter_mut().filter(|t| t.0 == tid) {
@@ -352,7 +356,13 @@ impl Attached {
             last_blobs: Vec::new(),
             stub: None,
             detached: false,
+            first_stop: first_stop.unwrap_or_else(Instant::now),
         })
+    }
+
+    /// When the first thread was seen stopped, and how many threads are held.
+    pub fn stop_stats(&self) -> (Instant, usize) {
+        (self.first_stop, self.threads.len())
     }
 
     /// Every stopped thread's instruction pointer as the program will see it on resume
