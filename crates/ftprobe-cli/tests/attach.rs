@@ -4,88 +4,14 @@
 //! for the same commands whatever happens around it: its output with ftprobe attaching and
 //! detaching must equal its output without.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Output, Stdio};
 
 mod common;
+use common::attach_target::{Target, CLEAN_END};
 use common::ftprobe;
 
-use ftprobe_dev::{attach_target_fixture, KillOnDrop};
-
-/// The fixture, started and past its `ready` line.
-struct Target {
-    child: KillOnDrop,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Target {
-    fn start(args: &[&str]) -> Target {
-        let mut cmd = Command::new(attach_target_fixture());
-        cmd.args(args);
-        Target::spawn(cmd)
-    }
-
-    /// As user `nobody` (we are root).
-    fn start_as_nobody() -> Target {
-        let mut cmd = Command::new("setpriv");
-        cmd.args([
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(attach_target_fixture());
-        Target::spawn(cmd)
-    }
-
-    fn spawn(mut cmd: Command) -> Target {
-        let mut child = KillOnDrop::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()))
-            .expect("start attach_target");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut t = Target {
-            child,
-            stdin,
-            stdout,
-        };
-        assert_eq!(t.line(), "ready\n");
-        t
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        l
-    }
-
-    fn send(&mut self, line: &str) {
-        self.stdin.write_all(line.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    /// `window N`: returns its line.
-    fn window(&mut self, n: u32) -> String {
-        self.send(&format!("window {n}\n"));
-        self.line()
-    }
-
-    /// `quit`: the rest of its output and its exit code.
-    fn quit(mut self) -> (String, Option<i32>) {
-        self.send("quit\n");
-        let mut rest = String::new();
-        self.stdout.read_to_string(&mut rest).unwrap();
-        let status = self.child.wait().unwrap();
-        (rest, status.code())
-    }
-}
-
-/// The fixture's last line when nothing went wrong.
-const CLEAN_END: &str = "eintr=0 bad=0 selfsig=ok reader=1 busy=yes\n";
+use ftprobe_dev::KillOnDrop;
 
 fn attach_load(pid: i32) -> Output {
     ftprobe()

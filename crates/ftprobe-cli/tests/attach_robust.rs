@@ -7,73 +7,13 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
 mod common;
+use common::attach_target::{Target, CLEAN_END};
 use common::ftprobe;
 
-use ftprobe_dev::{attach_target_fixture, KillOnDrop};
-
-/// The fixture, started and past its `ready` line.
-struct Target {
-    child: KillOnDrop,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Target {
-    fn start() -> Target {
-        let mut child = KillOnDrop::spawn(
-            Command::new(attach_target_fixture())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped()),
-        )
-        .expect("start attach_target");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut t = Target {
-            child,
-            stdin,
-            stdout,
-        };
-        assert_eq!(t.line(), "ready\n");
-        t
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        l
-    }
-
-    fn send(&mut self, line: &str) {
-        self.stdin.write_all(line.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    /// `window N`: returns its line.
-    fn window(&mut self, n: u32) -> String {
-        self.send(&format!("window {n}\n"));
-        self.line()
-    }
-
-    /// `quit`: the rest of its output and its exit code.
-    fn quit(mut self) -> (String, Option<i32>) {
-        self.send("quit\n");
-        let mut rest = String::new();
-        self.stdout.read_to_string(&mut rest).unwrap();
-        let status = self.child.wait().unwrap();
-        (rest, status.code())
-    }
-}
-
-/// The fixture's last line when nothing went wrong (no EINTR, no failed call, every signal
-/// it sent itself delivered, its reader woken once, its busy thread ran).
-const CLEAN_END: &str = "eintr=0 bad=0 selfsig=ok reader=1 busy=yes\n";
+use ftprobe_dev::KillOnDrop;
 
 /// `TracerPid` of every thread of `pid`.
 fn tracer_pids(pid: i32) -> Vec<i32> {
@@ -140,14 +80,14 @@ fn sample(k: u64) -> Vec<u64> {
 #[test]
 fn sigkill_of_ftprobe_anywhere_in_the_attach_never_hurts_the_program() {
     let args = ["-F", "attach_window", "--duration", "0"];
-    let t = Target::start();
+    let t = Target::start(&[]);
     let (k, total) = kill_points(t.pid(), &args);
     assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
     assert!(k > 20 && total > k, "{k}/{total} kill points only");
     let mut points = sample(k);
     points.extend((0..12).map(|i| k + 1 + i * (total - k) / 12));
     for (i, n) in points.into_iter().enumerate() {
-        let mut t = Target::start();
+        let mut t = Target::start(&[]);
         let pid = t.pid();
         let before = code_bytes(pid);
         let o = trace_p(pid, &args, Some(n));
@@ -189,7 +129,7 @@ fn sigkill_of_ftprobe_anywhere_in_the_attach_never_hurts_the_program() {
 #[test]
 fn sigkill_of_ftprobe_from_outside_never_hurts_the_program() {
     for step in 0..30u64 {
-        let mut t = Target::start();
+        let mut t = Target::start(&[]);
         let pid = t.pid();
         let mut cli = KillOnDrop::spawn(
             ftprobe()
@@ -336,7 +276,7 @@ fn count(text: &str, what: &str) -> usize {
 /// code byte is as before the first attach.
 #[test]
 fn after_sigkill_of_a_tracing_ftprobe_the_next_attach_ends_its_session_first() {
-    let mut t = Target::start();
+    let mut t = Target::start(&[]);
     let pid = t.pid();
     let before = code_bytes(pid);
     let s = Session::start(
@@ -376,7 +316,7 @@ fn after_sigkill_of_a_tracing_ftprobe_the_next_attach_ends_its_session_first() {
 /// While its CLI lives, a session is not taken over: a second `trace -p` is refused.
 #[test]
 fn a_live_session_is_not_taken_over() {
-    let mut t = Target::start();
+    let mut t = Target::start(&[]);
     let pid = t.pid();
     let s = Session::start(pid, &["-F", "attach_window"], "first");
     assert!(s.tracing(), "{}", s.said);
@@ -403,7 +343,7 @@ fn a_live_session_is_not_taken_over() {
 /// before; then a good attach with the same event names works (nothing left registered).
 #[test]
 fn a_refused_attach_leaves_nothing_armed() {
-    let mut t = Target::start();
+    let mut t = Target::start(&[]);
     let pid = t.pid();
     let before = code_bytes(pid);
     for (args, why) in [
@@ -477,7 +417,7 @@ fn rings_and_rss(pid: i32) -> (usize, u64) {
 /// does not grow by a session's worth of ring pages per session.
 #[test]
 fn sessions_one_after_another_do_not_pile_up_their_rings() {
-    let mut t = Target::start();
+    let mut t = Target::start(&[]);
     let pid = t.pid();
     let mut rss = Vec::new();
     for i in 0..10 {
@@ -507,7 +447,7 @@ fn sessions_one_after_another_do_not_pile_up_their_rings() {
 /// `-p` with `--follow-exec` is a usage error (exit status 2), said before anything is done.
 #[test]
 fn follow_exec_with_p_is_a_usage_error() {
-    let t = Target::start();
+    let t = Target::start(&[]);
     let o = trace_p(t.pid(), &["--follow-exec", "-F", "attach_window"], None);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
@@ -522,7 +462,7 @@ fn follow_exec_with_p_is_a_usage_error() {
 /// The attached process's exit ends the trace, and ftprobe says how it ended.
 #[test]
 fn the_attached_process_exit_is_said() {
-    let mut t = Target::start();
+    let mut t = Target::start(&[]);
     let pid = t.pid();
     let s = Session::start(pid, &["-F", "attach_window"], "exit");
     assert!(s.tracing(), "{}", s.said);
@@ -592,11 +532,11 @@ fn the_attached_process_exec_is_said() {
 #[test]
 fn sigkill_while_the_calling_thread_sleeps_never_fails_its_sleep() {
     let args = ["-F", "attach_window", "--duration", "0"];
-    let t = Target::start();
+    let t = Target::start(&[]);
     let (k, _) = kill_points(t.pid(), &args);
     assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
     for n in (0..16).map(|i| 1 + i * k / 16) {
-        let mut t = Target::start();
+        let mut t = Target::start(&[]);
         let pid = t.pid();
         t.send("nap 300\n");
         // Main is in clock_nanosleep (its first field in /proc/PID/syscall: 230).

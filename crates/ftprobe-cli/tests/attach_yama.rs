@@ -27,79 +27,13 @@
 //! While it runs, attaches elsewhere on the machine see the changed setting: run it alone
 //! on a shared machine with Yama.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 mod common;
+use common::attach_target::{Target, AS_NOBODY, CLEAN_END};
 use common::ftprobe;
 
-use ftprobe_dev::{attach_target_fixture, KillOnDrop};
-
 const PTRACE_SCOPE: &str = "/proc/sys/kernel/yama/ptrace_scope";
-
-/// The setuid-free way to run a command as `nobody` with no capabilities.
-const AS_NOBODY: [&str; 4] = [
-    "--reuid=nobody",
-    "--regid=nogroup",
-    "--clear-groups",
-    "--inh-caps=-all",
-];
-
-/// `attach_target` as `nobody`, past its `ready` line.
-struct Target {
-    child: KillOnDrop,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Target {
-    fn start_as_nobody() -> Target {
-        let mut cmd = Command::new("setpriv");
-        cmd.args(AS_NOBODY).arg(attach_target_fixture());
-        let mut child = KillOnDrop::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()))
-            .expect("start attach_target as nobody");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut t = Target {
-            child,
-            stdin,
-            stdout,
-        };
-        assert_eq!(t.line(), "ready\n");
-        t
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        l
-    }
-
-    fn send(&mut self, line: &str) {
-        self.stdin.write_all(line.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    fn window(&mut self, n: u32) -> String {
-        self.send(&format!("window {n}\n"));
-        self.line()
-    }
-
-    fn quit(mut self) -> (String, Option<i32>) {
-        self.send("quit\n");
-        let mut rest = String::new();
-        self.stdout.read_to_string(&mut rest).unwrap();
-        let status = self.child.wait().unwrap();
-        (rest, status.code())
-    }
-}
-
-/// The fixture's last line when nothing went wrong.
-const CLEAN_END: &str = "eintr=0 bad=0 selfsig=ok reader=1 busy=yes\n";
 
 fn agent_loads(pid: i32) -> usize {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))

@@ -109,6 +109,8 @@ pub fn build_at_test_time(
         .then_some(exe)
 }
 
+pub mod attach_target;
+
 /// The kernel's uprobes through tracefs, as an independent count of hits (root only).
 pub mod kernel_uprobes {
     use std::io::Write;
