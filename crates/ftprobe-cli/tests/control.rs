@@ -125,6 +125,30 @@ impl Shared {
     }
 }
 
+/// Build fixture `source` as `file` (gcc, `-pg -mfentry`), and make a fresh directory for
+/// the test (`what`) holding the fixture's shared page, mapped.
+fn setup(
+    file: &str,
+    source: &str,
+    what: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    Shared,
+) {
+    let Some(exe) =
+        common::build_at_test_time("cc", file, source, &["-O1", "-pg", "-mfentry", "-pthread"])
+    else {
+        panic!("cc could not build the fixture");
+    };
+    let dir = common::tmp_dir(what);
+    let shm = dir.join("shared");
+    std::fs::write(&shm, vec![0u8; 4096]).unwrap();
+    let shared = Shared::open(&shm);
+    (exe, dir, shm, shared)
+}
+
 /// A window of an event or filter: the counters before the enable was sent, after its
 /// reply, before the disable was sent, after its reply.
 #[derive(Clone, Copy)]
@@ -144,18 +168,7 @@ fn xorshift(s: &mut u64) -> u64 {
 
 #[test]
 fn ten_thousand_changes_while_eight_threads_run() {
-    let Some(exe) = common::build_at_test_time(
-        "cc",
-        "ctl_stress.c",
-        FIXTURE,
-        &["-O1", "-pg", "-mfentry", "-pthread"],
-    ) else {
-        panic!("cc could not build the fixture");
-    };
-    let dir = common::tmp_dir("control");
-    let shm = dir.join("shared");
-    std::fs::write(&shm, vec![0u8; 4096]).unwrap();
-    let shared = Shared::open(&shm);
+    let (exe, dir, shm, shared) = setup("ctl_stress.c", FIXTURE, "control");
     let out = dir.join("trace.txt");
     let mut cli = common::ftprobe()
         .args(["trace", "--control", "-F", "probed_c", "-o"])
@@ -366,18 +379,7 @@ fn pgrep_child(cli: u32) -> u32 {
 /// errors in the kernel's words, and the program's output unchanged.
 #[test]
 fn ctl_and_interactive_commands() {
-    let Some(exe) = common::build_at_test_time(
-        "cc",
-        "ctl_cmds.c",
-        FIXTURE,
-        &["-O1", "-pg", "-mfentry", "-pthread"],
-    ) else {
-        panic!("cc could not build the fixture");
-    };
-    let dir = common::tmp_dir("control-ctl");
-    let shm = dir.join("shared");
-    std::fs::write(&shm, vec![0u8; 4096]).unwrap();
-    let shared = Shared::open(&shm);
+    let (exe, dir, shm, shared) = setup("ctl_cmds.c", FIXTURE, "control-ctl");
     let out = dir.join("trace.txt");
     let mut cli = common::ftprobe()
         .args([
@@ -592,18 +594,7 @@ int main(int argc, char **argv) {
 /// changes and tracer switches, it never calls the program's allocator.
 #[test]
 fn the_control_thread_never_calls_the_programs_malloc() {
-    let Some(exe) = common::build_at_test_time(
-        "cc",
-        "ctl_guest.c",
-        GUEST_FIXTURE,
-        &["-O1", "-pg", "-mfentry", "-pthread"],
-    ) else {
-        panic!("cc could not build the fixture");
-    };
-    let dir = common::tmp_dir("control-guest");
-    let shm = dir.join("shared");
-    std::fs::write(&shm, vec![0u8; 4096]).unwrap();
-    let shared = Shared::open(&shm);
+    let (exe, dir, shm, shared) = setup("ctl_guest.c", GUEST_FIXTURE, "control-guest");
     let out = dir.join("trace.txt");
     let cli = common::ftprobe()
         .args(["trace", "--control", "-F", "work", "-o"])
@@ -670,18 +661,7 @@ fn the_control_thread_never_calls_the_programs_malloc() {
 /// session, and a second session with its own.
 #[test]
 fn an_attached_session_is_controlled_too() {
-    let Some(exe) = common::build_at_test_time(
-        "cc",
-        "ctl_attach.c",
-        GUEST_FIXTURE,
-        &["-O1", "-pg", "-mfentry", "-pthread"],
-    ) else {
-        panic!("cc could not build the fixture");
-    };
-    let dir = common::tmp_dir("control-attach");
-    let shm = dir.join("shared");
-    std::fs::write(&shm, vec![0u8; 4096]).unwrap();
-    let shared = Shared::open(&shm);
+    let (exe, dir, shm, shared) = setup("ctl_attach.c", GUEST_FIXTURE, "control-attach");
     let prog = std::process::Command::new(&exe)
         .arg(&shm)
         .stdout(Stdio::piped())
