@@ -623,9 +623,20 @@ impl Attached {
     /// syscall-entry stop.
     fn finish_call(&mut self, tid: i32, func: u64, end: Ending) -> Result<()> {
         let start = Instant::now();
+        // The call stops at each of its system calls (PTRACE_SYSCALL), a few microseconds
+        // apart: the next stop is looked for at once (yielding the CPU) for a while after
+        // the last one, and only then every 200 us (the call may block: a lock, I/O).
+        let mut last_stop = Instant::now();
         loop {
             let stop = match ptrace::wait(tid, true)? {
-                Some(s) => s,
+                Some(s) => {
+                    last_stop = Instant::now();
+                    s
+                }
+                None if last_stop.elapsed() < Duration::from_millis(2) => {
+                    std::thread::yield_now();
+                    continue;
+                }
                 None => {
                     if start.elapsed() > CALL_TIMEOUT {
                         // Stop it where it is; registers are put back by the caller. What
