@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 
 mod common;
-use common::attach_target::{Target, CLEAN_END};
+use common::attach_target::{code_bytes, Target, CLEAN_END};
 use common::ftprobe;
 
 use ftprobe_dev::KillOnDrop;
@@ -250,33 +250,6 @@ fn a_strict_seccomp_process_is_refused() {
     t.send("x");
     assert_eq!(t.line(), "bye\n");
     assert_eq!(t.child.wait().unwrap().code(), Some(0));
-}
-
-/// The bytes of every executable file mapping of `pid` (but the agent's), by start address.
-fn code_bytes(pid: i32) -> Vec<(String, Vec<u8>)> {
-    use std::os::unix::fs::FileExt;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut out = Vec::new();
-    for l in maps.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
-            continue;
-        }
-        if f[5].ends_with("/libftprobe_agent.so") {
-            continue;
-        }
-        let (s, e) = f[0].split_once('-').unwrap();
-        let (s, e) = (
-            u64::from_str_radix(s, 16).unwrap(),
-            u64::from_str_radix(e, 16).unwrap(),
-        );
-        let mut buf = vec![0u8; (e - s) as usize];
-        mem.read_exact_at(&mut buf, s).unwrap();
-        // By range and path: ftprobe makes patched code writable (the permissions change).
-        out.push((format!("{} {}", f[0], f[5]), buf));
-    }
-    out
 }
 
 /// `ftprobe trace -p PID ARGS -o FILE`, running until `stop` returns; then SIGINT. Returns

@@ -10,7 +10,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
 
 mod common;
-use common::attach_target::{Target, CLEAN_END};
+use common::attach_target::{code_bytes, Target, CLEAN_END};
 use common::ftprobe;
 
 use ftprobe_dev::KillOnDrop;
@@ -146,33 +146,6 @@ fn sigkill_of_ftprobe_from_outside_never_hurts_the_program() {
         assert_eq!(t.window(50), "window 50 done\n", "step {step}");
         assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)), "step {step}");
     }
-}
-
-/// The bytes of every executable file mapping of `pid` (but the agent's), by range and
-/// path.
-fn code_bytes(pid: i32) -> Vec<(String, Vec<u8>)> {
-    use std::os::unix::fs::FileExt;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut out = Vec::new();
-    for l in maps.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
-            continue;
-        }
-        if f[5].ends_with("/libftprobe_agent.so") {
-            continue;
-        }
-        let (s, e) = f[0].split_once('-').unwrap();
-        let (s, e) = (
-            u64::from_str_radix(s, 16).unwrap(),
-            u64::from_str_radix(e, 16).unwrap(),
-        );
-        let mut buf = vec![0u8; (e - s) as usize];
-        mem.read_exact_at(&mut buf, s).unwrap();
-        out.push((format!("{} {}", f[0], f[5]), buf));
-    }
-    out
 }
 
 /// Every code mapping in `before` is in `after`, byte for byte (the agent may have brought
