@@ -664,9 +664,7 @@ fn serve(ctl: &Controller, conn: UnixStream) {
     let mut w = std::io::BufWriter::new(w);
     for line in BufReader::new(conn).lines() {
         let Ok(line) = line else { return };
-        if line.trim().is_empty() {
-            continue;
-        }
+        // An empty line too gets its reply (an error): the client waits for one.
         let reply = ctl.run(&line);
         let Ok(mut json) = serde_json::to_vec(&reply) else {
             return;
@@ -705,10 +703,14 @@ pub fn serve_stdin(ctl: Arc<Controller>) {
 /// session tracing PID; print each reply's text (an error's on standard error). Returns
 /// the exit code: 0 when every command succeeded, 1 otherwise.
 pub fn ctl(pid: u32, commands: &[String]) -> anyhow::Result<i32> {
-    let mut s = ftprobe::control::client::Session::connect(pid)?;
+    // No session: exit 2, as for a usage error (a refused command exits 1).
+    let mut s =
+        ftprobe::control::client::Session::connect(pid).map_err(|e| crate::usage!("{e}"))?;
     let mut code = 0;
     let mut one = |cmd: &str| -> anyhow::Result<()> {
-        let r = s.send(cmd)?;
+        let r = s
+            .send(cmd)
+            .map_err(|e| anyhow::anyhow!("{e}: the session ended (did process {pid} exit?)"))?;
         if r.ok {
             let mut o = std::io::stdout().lock();
             o.write_all(r.text.as_bytes())?;

@@ -461,6 +461,38 @@ fn ctl_and_interactive_commands() {
     assert_eq!(code, Some(0), "{e}");
     let (_, o, _) = ctl(&["cat kprobes/list"]);
     assert!(!o.contains("probed_a"), "{o}");
+    // A multi-probe event added live: enabling it enables every probe (the kernel's
+    // enable_trace_kprobe walks them all).
+    let (code, _, e) = ctl(&[
+        "echo 'p:m2 probed_c t=%di:u32' >> kprobe_events",
+        "echo 'p:m2 probed_d t=%di:u32' >> kprobe_events",
+        "echo 1 > events/kprobes/m2/enable",
+    ]);
+    assert_eq!(code, Some(0), "{e}");
+    let (_, o, _) = ctl(&["cat kprobes/list"]);
+    for f in ["probed_c+0x0", "probed_d+0x0"] {
+        let line = o
+            .lines()
+            .find(|l| l.contains(f))
+            .unwrap_or_else(|| panic!("{o}"));
+        assert!(!line.contains("DISABLED"), "{o}");
+    }
+    let (code, _, _) = ctl(&["echo 0 > events/kprobes/m2/enable"]);
+    assert_eq!(code, Some(0));
+    // An empty command gets an error (not a wait), no session exits 2.
+    let (code, _, e) = ctl(&[""]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(e.contains("empty command"), "{e}");
+    let o = common::ftprobe()
+        .args(["ctl", "999999", "cat tracing_on"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // From standard input (--interactive): replies on ftprobe's standard error.
     {
         use std::io::Write;
@@ -511,6 +543,13 @@ fn ctl_and_interactive_commands() {
         a2 >= surely && surely > 0,
         "a2: {a2} records, at least {surely} expected"
     );
+    // Both of m2's probes wrote while it was enabled.
+    for f in ["(probed_c+", "(probed_d+"] {
+        assert!(
+            common::events(&text).any(|l| l.contains(" m2: ") && l.contains(f)),
+            "no m2 record at {f}"
+        );
+    }
     // The socket is gone with the session.
     assert!(!ftprobe::control::client::socket_path(pid).unwrap().exists());
 }

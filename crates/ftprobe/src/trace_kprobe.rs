@@ -426,57 +426,84 @@ pub fn find(id: u32) -> Option<&'static TraceKprobe> {
         .find(|tk| tk.id == id)
 }
 
-/// Enable or disable event `id` (`events/GRP/EVENT/enable`): its probe is armed or
-/// disarmed through the batch `text_poke` protocol. A pending event (its object not loaded)
-/// keeps the state for when it is armed.
+/// Every probe of event `id` (an event may have several: the kernel's multi-probe events).
+fn probes_of(id: u32) -> Vec<&'static TraceKprobe> {
+    EVENTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .copied()
+        .filter(|tk| tk.id == id)
+        .collect()
+}
+
+/// Enable or disable event `id` (`events/GRP/EVENT/enable`): each of its probes is armed
+/// or disarmed through the batch `text_poke` protocol. A pending probe (its object not
+/// loaded) keeps the state for when it is armed.
 pub fn enable(id: u32, on: bool) -> Result<(), KprobeError> {
-    let tk = find(id).ok_or(KprobeError::NotRegistered)?;
-    if tk.is_pending() {
-        if on {
-            tk.kp
-                .flags
-                .fetch_and(!kprobes::KPROBE_FLAG_DISABLED, Ordering::Relaxed);
-        } else {
-            tk.kp
-                .flags
-                .fetch_or(kprobes::KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+    let probes = probes_of(id);
+    if probes.is_empty() {
+        return Err(KprobeError::NotRegistered);
+    }
+    for tk in probes {
+        if tk.is_pending() {
+            if on {
+                tk.kp
+                    .flags
+                    .fetch_and(!kprobes::KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+            } else {
+                tk.kp
+                    .flags
+                    .fetch_or(kprobes::KPROBE_FLAG_DISABLED, Ordering::Relaxed);
+            }
+            continue;
         }
-        return Ok(());
+        if on {
+            kprobes::enable_kprobe(tk.kp)?;
+        } else {
+            kprobes::disable_kprobe(tk.kp)?;
+        }
     }
-    if on {
-        kprobes::enable_kprobe(tk.kp)
-    } else {
-        kprobes::disable_kprobe(tk.kp)
-    }
+    Ok(())
 }
 
-/// Whether event `id` is enabled.
+/// Whether every probe of event `id` is enabled.
 pub fn is_enabled(id: u32) -> Option<bool> {
-    find(id).map(|tk| tk.kp.flags() & kprobes::KPROBE_FLAG_DISABLED == 0)
+    let probes = probes_of(id);
+    (!probes.is_empty()).then(|| {
+        probes
+            .iter()
+            .all(|tk| tk.kp.flags() & kprobes::KPROBE_FLAG_DISABLED == 0)
+    })
 }
 
-/// Remove event `id` (`-:EVENT` in `kprobe_events`): its probe is unregistered (its bytes
-/// back). The event's memory is kept (a thread may still run its handler).
+/// Remove event `id` (`-:EVENT` in `kprobe_events`): each of its probes is unregistered
+/// (its bytes back). The event's memory is kept (a thread may still run its handler).
 pub fn remove(id: u32) -> Result<(), KprobeError> {
-    let tk = {
+    let probes: Vec<&'static TraceKprobe> = {
         let mut events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
-        let i = events
-            .iter()
-            .position(|tk| tk.id == id)
-            .ok_or(KprobeError::NotRegistered)?;
-        events.remove(i)
+        let (gone, kept) = events.iter().partition(|tk| tk.id == id);
+        *events = kept;
+        gone
     };
-    if tk.is_pending() {
-        return Ok(());
+    if probes.is_empty() {
+        return Err(KprobeError::NotRegistered);
     }
-    let r = match tk.rp {
-        None => kprobes::unregister_kprobe(tk.kp),
-        Some(rp) => kprobes::unregister_kretprobe(rp),
-    };
-    if r.is_err() {
-        EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(tk);
+    let mut result = Ok(());
+    for tk in probes {
+        if tk.is_pending() {
+            continue;
+        }
+        let r = match tk.rp {
+            None => kprobes::unregister_kprobe(tk.kp),
+            Some(rp) => kprobes::unregister_kretprobe(rp),
+        };
+        if let Err(e) = r {
+            EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(tk);
+            result = Err(e);
+        }
     }
-    r
+    result
 }
 
 fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe, EventError> {
