@@ -416,16 +416,6 @@ pub fn create_disabled(id: u32, cmd: &str) -> Result<&'static TraceKprobe, Event
     create_with(id, cmd, false)
 }
 
-/// The event [`create`] made with this id, if it was not removed.
-pub fn find(id: u32) -> Option<&'static TraceKprobe> {
-    EVENTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .copied()
-        .find(|tk| tk.id == id)
-}
-
 /// Every probe of event `id` (an event may have several: the kernel's multi-probe events).
 fn probes_of(id: u32) -> Vec<&'static TraceKprobe> {
     EVENTS
@@ -465,16 +455,6 @@ pub fn enable(id: u32, on: bool) -> Result<(), KprobeError> {
         }
     }
     Ok(())
-}
-
-/// Whether every probe of event `id` is enabled.
-pub fn is_enabled(id: u32) -> Option<bool> {
-    let probes = probes_of(id);
-    (!probes.is_empty()).then(|| {
-        probes
-            .iter()
-            .all(|tk| tk.kp.flags() & kprobes::KPROBE_FLAG_DISABLED == 0)
-    })
 }
 
 /// Remove event `id` (`-:EVENT` in `kprobe_events`): each of its probes is unregistered
