@@ -144,19 +144,16 @@ fn free_old_rings(stopped_ips: &[u64], thread_pointers: &[u64]) {
 fn others_stopped() -> bool {
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+    // Not std::fs::read_dir: the C library's opendir would call the program's malloc.
+    let Ok(tids) = ftprobe::sys::thread_ids() else {
         return false;
     };
-    dir.flatten().all(|e| {
-        let tid: i32 = e
-            .file_name()
-            .to_str()
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(0);
-        if tid == me {
+    tids.into_iter().all(|tid| {
+        if tid as i32 == me {
             return true;
         }
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let stat =
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
         let state = stat
             .rsplit_once(')')
             .and_then(|(_, r)| r.split_whitespace().next())

@@ -226,6 +226,55 @@ pub fn gettid() -> u32 {
     unsafe { raw_syscall2(libc::SYS_gettid, 0, 0) as u32 }
 }
 
+/// The ids of the process's threads (`/proc/self/task`), read with `getdents64` on a
+/// descriptor of our own: `std::fs::read_dir` would go through the C library's `opendir`,
+/// which allocates with the program's `malloc`.
+pub fn thread_ids() -> io::Result<Vec<u32>> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: a NUL-terminated path; the descriptor is owned below.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/task".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut buf = vec![0u8; 8192];
+    let mut ids = Vec::new();
+    loop {
+        // SAFETY: getdents64 writes at most buf.len() bytes into buf.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Ok(ids);
+        }
+        // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
+        let mut at = 0usize;
+        while at + 19 < n as usize {
+            let reclen = u16::from_le_bytes([buf[at + 16], buf[at + 17]]) as usize;
+            let name = &buf[at + 19..at + reclen];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if let Some(id) = std::str::from_utf8(name).ok().and_then(|s| s.parse().ok()) {
+                ids.push(id);
+            }
+            at += reclen.max(1);
+        }
+    }
+}
+
 /// The calling process's id (its thread group id). *Probe path*: one raw syscall (glibc's
 /// `getpid` may be interposed or cached across a raw `fork`).
 pub fn getpid() -> u32 {

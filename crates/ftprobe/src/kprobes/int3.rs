@@ -36,6 +36,10 @@ struct Armed {
     slot_step: u64,
     /// XOL slot ending with `jmp addr+len` (0 when not boostable).
     slot_boost: u64,
+    /// The relocated instructions of the probe's optprobe detour, while it is (being)
+    /// optimized: a hit of the int3 continues there instead of in a slot (the kernel's
+    /// `setup_detour_execution()`), so no thread steps into the replaced bytes.
+    detour_body: u64,
 }
 
 /// What the trap handler reads: the armed addresses, sorted.
@@ -197,22 +201,70 @@ fn lock() -> std::sync::MutexGuard<'static, Ctrl> {
 }
 
 /// The function's code as it is in the file: memory, with the int3s already armed in it
-/// replaced by their original bytes.
-fn original_code(func: &SymbolAddr, c: &Ctrl) -> Vec<u8> {
+/// replaced by their original bytes, and `jumps` (optprobes' `jmp`s: where, what they
+/// replaced) undone.
+fn original_code(func: &SymbolAddr, c: &Ctrl, jumps: &[(u64, [u8; 5])]) -> Vec<u8> {
     // 16 bytes when the symbol has no size (one instruction at +0 is all that can be probed
     // then), which may run past the end of the mapping: read without faulting, and keep what
     // could be read.
     let mut code = vec![0u8; func.size.max(16) as usize];
     let len = crate::sys::read_nofault(func.addr, &mut code);
     code.truncate(len);
+    for (a, orig) in jumps {
+        for (k, b) in orig.iter().enumerate() {
+            let at = a.wrapping_add(k as u64).wrapping_sub(func.addr);
+            if let Some(slot) = code.get_mut(at as usize) {
+                *slot = *b;
+            }
+        }
+    }
     for (a, armed) in c.armed.range(func.addr..func.addr + len as u64) {
         code[(a - func.addr) as usize] = armed.orig;
     }
     code
 }
 
+/// [`original_code`] for `kprobes::opt`.
+pub(super) fn function_code(func: &SymbolAddr, jumps: &[(u64, [u8; 5])]) -> Vec<u8> {
+    original_code(func, &lock(), jumps)
+}
+
+/// The armed int3 addresses in `lo..hi`.
+pub(super) fn armed_in(lo: u64, hi: u64) -> Vec<u64> {
+    lock().armed.range(lo..hi).map(|(a, _)| *a).collect()
+}
+
+/// The XOL slots made for `addr`, as `start..end` ranges (a thread inside one will continue
+/// at the instruction after `addr`).
+pub(super) fn slot_ranges(addr: u64) -> Vec<(u64, u64)> {
+    let c = lock();
+    c.all_slots
+        .iter()
+        .filter(|s| s.addr == addr)
+        .map(|s| (s.start, s.end + 5))
+        .collect()
+}
+
+/// Send hits of the int3 at `addr` to a detour's relocated instructions (`body`), or back to
+/// the XOL slot (0). Returns whether `addr` is armed.
+pub(super) fn set_detour(addr: u64, body: u64) -> bool {
+    let mut c = lock();
+    let Some(a) = c.armed.get_mut(&addr) else {
+        return false;
+    };
+    if a.detour_body != body {
+        a.detour_body = body;
+        publish(&mut c);
+    }
+    true
+}
+
 /// Check that `addr` can take an int3 probe and arm it (idempotent for an armed address).
-pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
+pub(super) fn arm(
+    addr: u64,
+    func: &SymbolAddr,
+    jumps: &[(u64, [u8; 5])],
+) -> Result<(), KprobeError> {
     let mut c = lock();
     if c.armed.contains_key(&addr) {
         return Ok(());
@@ -239,7 +291,7 @@ pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
             addr - func.addr
         )));
     }
-    let code = original_code(func, &c);
+    let code = original_code(func, &c, jumps);
     // Classify first (the slot's address matters only to RIP-relative operands).
     let plan = insn::plan(&code, func.addr, addr, addr).map_err(KprobeError::from)?;
     let len = match &plan {
@@ -296,6 +348,7 @@ pub(super) fn arm(addr: u64, func: &SymbolAddr) -> Result<(), KprobeError> {
             plan,
             slot_step,
             slot_boost,
+            detour_body: 0,
         },
     );
     publish(&mut c);
@@ -589,6 +642,15 @@ fn hit(a: &Armed, uc: &mut libc::ucontext_t, st: &probe_state::ThreadState) {
             }
         }
     }
+    if a.detour_body != 0 {
+        // Being optimized (no post_handlers then): on in the detour, past the replaced bytes.
+        regs.ip = a.detour_body;
+        if !reentered {
+            clear(st);
+        }
+        from_regs(&mut uc.uc_mcontext.gregs, &regs);
+        return;
+    }
     match &a.plan {
         XolPlan::Emulate { insn, .. } => {
             emulate(insn, a.addr, a.len as u64, &mut regs);
@@ -637,6 +699,10 @@ fn hit(a: &Armed, uc: &mut libc::ucontext_t, st: &probe_state::ThreadState) {
 /// PC was in a slot.
 pub(crate) fn abort_xol(uc: &mut libc::ucontext_t) -> bool {
     let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
+    if let Some(shown) = super::opt::fault_pc(pc) {
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = shown as i64;
+        return true;
+    }
     let Some(s) = slots().and_then(|s| s.containing(pc)) else {
         return false;
     };
@@ -657,6 +723,9 @@ pub(crate) fn abort_xol(uc: &mut libc::ucontext_t) -> bool {
 /// when it is inside an XOL slot (the probed instruction's before the slot ran it, the next
 /// one's at the slot's `jmp` back or final `int3`), 0 otherwise.
 pub(crate) fn shown_pc(pc: u64) -> u64 {
+    if let Some(shown) = super::opt::shown_pc(pc) {
+        return shown;
+    }
     match slots().and_then(|s| s.containing(pc)) {
         Some(s) if pc == s.start => s.addr,
         Some(s) => s.next,

@@ -13,6 +13,9 @@
 mod ftrace;
 mod int3;
 mod kretprobe;
+mod opt;
+
+pub use opt::{optimization_enabled, BUSY_WAIT, STACK_SCAN};
 
 pub use kretprobe::{
     register_kretprobe, unregister_kretprobe, Kretprobe, KretprobeEntryHandler, KretprobeHandler,
@@ -38,7 +41,8 @@ pub type KprobePostHandler = fn(p: &Kprobe, regs: &mut PtRegs, flags: u64);
 pub const KPROBE_FLAG_GONE: u32 = 1;
 /// Disabled: registered but its handlers do not run (`KPROBE_FLAG_DISABLED`).
 pub const KPROBE_FLAG_DISABLED: u32 = 2;
-/// Jump-optimized (`KPROBE_FLAG_OPTIMIZED`; not used yet).
+/// Jump-optimized (`KPROBE_FLAG_OPTIMIZED`): an int3 probe replaced by a `jmp` to a detour
+/// (see [`set_optimization`]).
 pub const KPROBE_FLAG_OPTIMIZED: u32 = 4;
 /// Served by ftrace: the address is a site (`KPROBE_FLAG_FTRACE`).
 pub const KPROBE_FLAG_FTRACE: u32 = 8;
@@ -456,10 +460,46 @@ fn arm(t: &Table, addr: u64) -> Result<(), KprobeError> {
         let func = ft::symbol_at(addr)
             .map(|(f, _)| f)
             .ok_or_else(|| KprobeError::NoSymbol(format!("{addr:#x}")))?;
-        int3::arm(addr, &func)
+        // An int3 inside another probe's optimized range would land in its jmp or its
+        // replaced instructions: that one goes back to its int3 first (the kernel's
+        // `unoptimize_kprobe()` of an aggregate that now overlaps).
+        for a in opt::covering(addr) {
+            opt::unoptimize(a)?;
+            opt::update(a, t.probes.get(&a).map(Vec::as_slice).unwrap_or(&[]))?;
+        }
+        int3::arm(addr, &func, &opt::jumps())?;
+        opt::update(addr, here)
     } else {
+        opt::unoptimize(addr)?;
         int3::disarm(addr)
     }
+}
+
+/// Why an int3 probe is not optimized: the last refusal's reason (`None` when it is
+/// optimized, not an int3 probe, or never tried).
+pub fn optimization_refused(p: &'static Kprobe) -> Option<String> {
+    let _t = lock();
+    opt::refusal(p.addr())
+}
+
+/// Turn jump optimization on or off for every int3 probe (the kernel's
+/// `debug.kprobes-optimization` sysctl; the environment variable
+/// `FTPROBE_KPROBES_OPTIMIZATION=0` starts with it off). Turning it on optimizes every
+/// probe that may be (see the `opt` module's rules; a probe that may not stays an int3
+/// probe); off puts every int3 back.
+pub fn set_optimization(on: bool) -> Result<(), KprobeError> {
+    let t = lock();
+    opt::set_enabled(on);
+    for (addr, probes) in &t.probes {
+        if ft::site_covering(*addr) == Some(*addr) || !probes.iter().any(|p| !p.is_disabled()) {
+            continue;
+        }
+        if probes.iter().all(|p| p.flags() & KPROBE_FLAG_GONE != 0) {
+            continue;
+        }
+        opt::update(*addr, probes)?;
+    }
+    Ok(())
 }
 
 fn remove(t: &mut Table, p: &'static Kprobe) -> Option<u64> {
@@ -537,6 +577,7 @@ pub fn objects_unloaded(objs: &[crate::process::LoadedObject]) -> Result<usize, 
             }
         }
     }
+    opt::forget(&ranges);
     int3::forget(&ranges);
     ftrace::forget(&ranges);
     Ok(n)
@@ -573,7 +614,7 @@ pub fn list() -> String {
                 None => (format!("{addr:#x}"), 0, String::new()),
             };
             out.push_str(&format!(
-                "{addr:016x}  {kind}  {sym}+{off:#x}  {module} {}{}{}\n",
+                "{addr:016x}  {kind}  {sym}+{off:#x}  {module} {}{}{}{}\n",
                 if f & KPROBE_FLAG_GONE != 0 {
                     "[GONE]"
                 } else {
@@ -581,6 +622,11 @@ pub fn list() -> String {
                 },
                 if f & KPROBE_FLAG_DISABLED != 0 {
                     "[DISABLED]"
+                } else {
+                    ""
+                },
+                if f & KPROBE_FLAG_OPTIMIZED != 0 && f & KPROBE_FLAG_GONE == 0 {
+                    "[OPTIMIZED]"
                 } else {
                     ""
                 },

@@ -3,6 +3,7 @@
 
 pub mod insn;
 pub mod nops;
+pub mod optprobe;
 pub mod return_trampoline;
 pub mod sigframe;
 pub mod sites;

@@ -197,6 +197,25 @@ pub unsafe fn poke_byte(addr: u64, byte: u8) -> Result<(), TextPokeError> {
     Ok(())
 }
 
+/// Write `bytes` over `addr + 1 ..` while the int3 at `addr` guards them (an optprobe's
+/// `jmp` rel32 going in, or the original bytes coming back), then make every thread see them.
+///
+/// # Safety
+/// `addr` must hold an int3 this module wrote, `addr + 1 .. addr + 1 + bytes.len()` must be
+/// inside writable code that no thread executes now or can reach before the int3 is replaced
+/// (`kprobes::opt` checks it), and `bytes` either an optprobe's rel32 or the original bytes.
+pub unsafe fn poke_behind_int3(addr: u64, bytes: &[u8]) -> Result<(), TextPokeError> {
+    init()?;
+    for (k, &b) in bytes.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::write_volatile((addr + 1 + k as u64) as *mut u8, b) };
+    }
+    // Relaxed: a statistic.
+    STAT_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    sync_core()?;
+    Ok(())
+}
+
 /// Install the SIGTRAP handler and register for membarrier. Idempotent.
 pub fn init() -> Result<(), TextPokeError> {
     if INSTALLED.load(Ordering::Acquire) {

@@ -353,15 +353,21 @@ impl Variant {
     pub fn instantiate(self, ops: *const (), func: TrampolineFunc) -> Vec<u8> {
         let mut code = self.template().to_vec();
         let n = code.len();
-        let tls = super::tramp_signals::tls_offset().to_le_bytes();
-        let mut at = 0;
-        while let Some(i) = find(&code[at..n - 16], &TLS_PLACEHOLDER.to_le_bytes()) {
-            code[at + i..at + i + 4].copy_from_slice(&tls);
-            at += i + 4;
-        }
+        fill_tls_placeholders(&mut code[..n - 16]);
         code[n - 16..n - 8].copy_from_slice(&(ops as u64).to_le_bytes());
         code[n - 8..].copy_from_slice(&(func as usize as u64).to_le_bytes());
         code
+    }
+}
+
+/// Write the frame word's TLS offset over every [`TLS_PLACEHOLDER`] in a template's code
+/// (not its data slots).
+pub(crate) fn fill_tls_placeholders(code: &mut [u8]) {
+    let tls = super::tramp_signals::tls_offset().to_le_bytes();
+    let mut at = 0;
+    while let Some(i) = find(&code[at..], &TLS_PLACEHOLDER.to_le_bytes()) {
+        code[at + i..at + i + 4].copy_from_slice(&tls);
+        at += i + 4;
     }
 }
 

@@ -1,0 +1,719 @@
+//! Jump-optimized kprobes (arch/x86/kernel/kprobes/opt.c): the detour buffer, its trampoline,
+//! and the analysis that says whether the instructions under a probe may be replaced by a
+//! `jmp rel32` at all. The policy (when to optimize, the threads' check, the switch) is
+//! `kprobes::opt`'s.
+//!
+//! # The detour
+//!
+//! A probe at `addr` whose instructions `addr .. addr + len` (`len >= 5`, whole instructions)
+//! are replaced by `jmp detour+8`:
+//!
+//! ```text
+//! detour+0:   .quad op                  the probe's `OptProbe` (read by the trampoline)
+//! detour+8:   lea  rsp, [rsp-128]       the red zone of the interrupted code stays intact
+//!             push rax
+//!             lahf; seto al             the arithmetic flags, in a form `sahf` restores
+//!             push rax
+//!             call opt_tramp            (the trampoline below: saves and calls)
+//! detour+24:  pop  rax                  the return address: `op` is at [ret - 24]
+//!             add  al, 0x7f; sahf       OF from al, SF ZF AF PF CF from ah
+//!             pop  rax
+//!             lea  rsp, [rsp+128]
+//! detour+37:  the instructions of addr .. addr+len, relocated
+//!             jmp  addr+len
+//! ```
+//!
+//! `popfq` would restore the flags in one instruction but costs ~6 ns here (BENCHMARKS.md,
+//! "optprobes"); `lahf`/`sahf` and `seto`/`add` cost under 1 ns. The direction flag, which
+//! they do not carry, is restored by the trampoline (`std` when it was set).
+//!
+//! The trampoline is a copy of a template in a trampoline area (as the ftrace trampolines),
+//! with the same first four and last six instructions, so `tramp_signals` holds a program's
+//! signal while it runs exactly as for an ftrace trampoline. It saves every general register
+//! into a [`PtRegs`] (`flags` from `pushfq`, `sp` the stack pointer at the probe, `ip` left to
+//! the callback), the vector registers the handlers might clobber (`xmm0-15`; `ymm0-15` when
+//! the OS enables AVX; the whole x87/SSE/AVX/AVX-512 state by `xsave` when it enables
+//! AVX-512), clears the direction flag, calls `func(op, regs)`, and restores everything
+//! from `regs` but `ip` and `sp` (the kernel's optprobes ignore a pre_handler's change of
+//! `ip` too: Documentation/trace/kprobes.rst, "NOTE for geeks").
+//!
+//! # Relocation
+//!
+//! Each instruction of the range is planned by [`insn::plan`] for its address in the
+//! detour (the int3 probe's relocation: RIP-relative operands fixed up), then:
+//! - copied as it is, when the plan executes it out of line and may be boosted (the kernel's
+//!   `can_boost`, which opt.c requires too);
+//! - a relative `jmp`/`jcc` becomes its rel32 form to the same target;
+//! - a `call` (relative or through a register) must be the range's last instruction (else the
+//!   callee would return into the middle of the `jmp`) and becomes a push of the *original*
+//!   return address and a `jmp` to the callee: nothing on the stack ever points into a
+//!   detour, so unwinders, `backtrace()` and C++ exceptions see the program's own addresses;
+//! - `ret` and `jmp reg` are copied; NOPs and `endbr64` are copied;
+//! - anything else (`loop`, an instruction that may not be boosted, ...) refuses.
+//!
+//! # What refuses (the kernel's `can_optimize()` plus ours)
+//! - the function's size is unknown, or the range runs past its end;
+//! - the function does not decode to its end;
+//! - a direct branch or call anywhere in the function targets `addr+1 .. addr+len`;
+//! - the function has an indirect jump (a jump table may target the range);
+//! - an instruction of the range as above.
+
+use std::arch::global_asm;
+
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction};
+
+use super::insn::{self, Cond, Emulate, GpReg, XolPlan};
+use super::trampoline::{fill_tls_placeholders, TLS_PLACEHOLDER};
+
+/// Bytes of `jmp rel32`: the least an optimized range covers.
+pub const JMP_LEN: usize = 5;
+/// Where the detour's code starts (after the `op` word): the `jmp` at the probe targets it.
+pub const DETOUR_CODE: u64 = 8;
+/// The detour's return address from the trampoline, from the detour's start.
+const DETOUR_RET: u64 = 24;
+/// Where the relocated instructions start, from the detour's start.
+pub const DETOUR_BODY: u64 = 37;
+/// Offset of the `call rel32` in the detour.
+const DETOUR_CALL: usize = 19;
+
+/// The callback the trampoline calls: `func(op, regs)`, `op` the detour's first word.
+pub type OptFunc = unsafe extern "C" fn(*const (), *mut super::trampoline::PtRegs);
+
+/// Which registers beyond the general ones the trampoline saves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VectorSave {
+    /// `xmm0-15` (no AVX enabled by the OS).
+    Sse,
+    /// `ymm0-15`.
+    Avx,
+    /// `xsave` of x87, SSE, AVX and AVX-512 state (AVX-512 enabled).
+    Xsave,
+}
+
+impl VectorSave {
+    /// What this CPU and kernel need (XCR0), or `None` when `lahf`/`sahf` are missing in
+    /// 64-bit mode (early x86-64 CPUs): no optimization then.
+    pub fn detect() -> Option<VectorSave> {
+        use core::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+        let ext = __cpuid(0x8000_0001);
+        if ext.ecx & 1 == 0 {
+            return None;
+        }
+        let l1 = __cpuid_count(1, 0);
+        let osxsave = l1.ecx & (1 << 27) != 0;
+        if !osxsave {
+            return Some(VectorSave::Sse);
+        }
+        // SAFETY: OSXSAVE is set, so xgetbv(0) is allowed.
+        let xcr0 = unsafe { _xgetbv(0) };
+        Some(if xcr0 & 0xe0 != 0 {
+            VectorSave::Xsave
+        } else if xcr0 & 0x4 != 0 {
+            VectorSave::Avx
+        } else {
+            VectorSave::Sse
+        })
+    }
+}
+
+/// The trampoline's frame below the aligned stack pointer: PtRegs (168), padded to 192, then
+/// the vector area.
+const REGS: usize = 192;
+const FRAME_SSE: usize = REGS + 16 * 16;
+const FRAME_AVX: usize = REGS + 16 * 32;
+/// x87+SSE+AVX+AVX-512 in the standard XSAVE format end at 2688 bytes.
+const XSAVE_AREA: usize = 2688;
+const FRAME_XSAVE: usize = REGS + XSAVE_AREA;
+
+macro_rules! opt_template {
+    ($name:literal, frame: $frame:expr, save: $save:literal, restore: $restore:literal) => {
+        global_asm!(
+            ".pushsection .text.ftprobe_trampolines,\"ax\",@progbits",
+            ".balign 16",
+            concat!(".globl ", $name, "_start"),
+            concat!(".hidden ", $name, "_start"),
+            concat!($name, "_start:"),
+            // The frame word, as every trampoline (`tramp_signals`).
+            "push rbp",
+            "mov rbp, rsp",
+            "push qword ptr fs:[{tls}]",
+            "mov qword ptr fs:[{tls}], rbp",
+            // [rbp-16] flags; [rbp+8] our return address into the detour; [rbp+16] the
+            // lahf/seto word; [rbp+24] the program's rax; [rbp+32] its rsp - 128.
+            "pushfq",
+            "cld",
+            "sub rsp, {frame}",
+            "and rsp, -64",
+            "mov [rsp], r15",
+            "mov [rsp + 8], r14",
+            "mov [rsp + 16], r13",
+            "mov [rsp + 24], r12",
+            "mov [rsp + 40], rbx",
+            "mov [rsp + 48], r11",
+            "mov [rsp + 56], r10",
+            "mov [rsp + 64], r9",
+            "mov [rsp + 72], r8",
+            "mov [rsp + 88], rcx",
+            "mov [rsp + 96], rdx",
+            "mov [rsp + 104], rsi",
+            "mov [rsp + 112], rdi",
+            $save,
+            "mov rax, [rbp]",
+            "mov [rsp + 32], rax",
+            "mov rax, [rbp + 24]",
+            "mov [rsp + 80], rax",
+            "mov qword ptr [rsp + 120], -1",
+            "mov qword ptr [rsp + 128], 0",
+            "mov qword ptr [rsp + 136], 0x33",
+            "mov rax, [rbp - 16]",
+            "mov [rsp + 144], rax",
+            "lea rax, [rbp + 160]",
+            "mov [rsp + 152], rax",
+            "mov qword ptr [rsp + 160], 0x2b",
+            // func(op, regs)
+            "mov rdi, [rbp + 8]",
+            "mov rdi, [rdi - {ret}]",
+            "mov rsi, rsp",
+            concat!("call [rip + ", $name, "_func]"),
+            // regs.flags back: the word the detour's `add al, 0x7f; sahf` restores, and DF.
+            "mov rax, [rsp + 144]",
+            "mov ecx, eax",
+            "shr ecx, 11",
+            "and ecx, 1",
+            "movzx edx, al",
+            "shl edx, 8",
+            "or edx, ecx",
+            "mov word ptr [rbp + 16], dx",
+            "test eax, 0x400",
+            "jz 2f",
+            "std",
+            "2:",
+            $restore,
+            "mov rax, [rsp + 32]",
+            "mov [rbp], rax",
+            "mov rax, [rsp + 80]",
+            "mov [rbp + 24], rax",
+            "mov r15, [rsp]",
+            "mov r14, [rsp + 8]",
+            "mov r13, [rsp + 16]",
+            "mov r12, [rsp + 24]",
+            "mov rbx, [rsp + 40]",
+            "mov r11, [rsp + 48]",
+            "mov r10, [rsp + 56]",
+            "mov r9, [rsp + 64]",
+            "mov r8, [rsp + 72]",
+            "mov rcx, [rsp + 88]",
+            "mov rdx, [rsp + 96]",
+            "mov rsi, [rsp + 104]",
+            "mov rdi, [rsp + 112]",
+            "lea rsp, [rbp - 8]",
+            "pop qword ptr fs:[{tls}]",
+            "pop rbp",
+            "test byte ptr fs:[{tls}], 1",
+            "jnz 3f",
+            "ret",
+            "3:",
+            "int3",
+            ".balign 8",
+            concat!($name, "_func: .quad 0"),
+            concat!(".globl ", $name, "_end"),
+            concat!(".hidden ", $name, "_end"),
+            concat!($name, "_end:"),
+            ".popsection",
+            frame = const $frame,
+            ret = const DETOUR_RET,
+            tls = const TLS_PLACEHOLDER,
+        );
+    };
+}
+
+opt_template!("ftprobe_opt_sse", frame: FRAME_SSE,
+    save: "movaps [rsp + 192], xmm0
+           movaps [rsp + 208], xmm1
+           movaps [rsp + 224], xmm2
+           movaps [rsp + 240], xmm3
+           movaps [rsp + 256], xmm4
+           movaps [rsp + 272], xmm5
+           movaps [rsp + 288], xmm6
+           movaps [rsp + 304], xmm7
+           movaps [rsp + 320], xmm8
+           movaps [rsp + 336], xmm9
+           movaps [rsp + 352], xmm10
+           movaps [rsp + 368], xmm11
+           movaps [rsp + 384], xmm12
+           movaps [rsp + 400], xmm13
+           movaps [rsp + 416], xmm14
+           movaps [rsp + 432], xmm15",
+    restore: "movaps xmm0, [rsp + 192]
+              movaps xmm1, [rsp + 208]
+              movaps xmm2, [rsp + 224]
+              movaps xmm3, [rsp + 240]
+              movaps xmm4, [rsp + 256]
+              movaps xmm5, [rsp + 272]
+              movaps xmm6, [rsp + 288]
+              movaps xmm7, [rsp + 304]
+              movaps xmm8, [rsp + 320]
+              movaps xmm9, [rsp + 336]
+              movaps xmm10, [rsp + 352]
+              movaps xmm11, [rsp + 368]
+              movaps xmm12, [rsp + 384]
+              movaps xmm13, [rsp + 400]
+              movaps xmm14, [rsp + 416]
+              movaps xmm15, [rsp + 432]");
+
+opt_template!("ftprobe_opt_avx", frame: FRAME_AVX,
+    save: "vmovdqa [rsp + 192], ymm0
+           vmovdqa [rsp + 224], ymm1
+           vmovdqa [rsp + 256], ymm2
+           vmovdqa [rsp + 288], ymm3
+           vmovdqa [rsp + 320], ymm4
+           vmovdqa [rsp + 352], ymm5
+           vmovdqa [rsp + 384], ymm6
+           vmovdqa [rsp + 416], ymm7
+           vmovdqa [rsp + 448], ymm8
+           vmovdqa [rsp + 480], ymm9
+           vmovdqa [rsp + 512], ymm10
+           vmovdqa [rsp + 544], ymm11
+           vmovdqa [rsp + 576], ymm12
+           vmovdqa [rsp + 608], ymm13
+           vmovdqa [rsp + 640], ymm14
+           vmovdqa [rsp + 672], ymm15",
+    restore: "vmovdqa ymm0, [rsp + 192]
+              vmovdqa ymm1, [rsp + 224]
+              vmovdqa ymm2, [rsp + 256]
+              vmovdqa ymm3, [rsp + 288]
+              vmovdqa ymm4, [rsp + 320]
+              vmovdqa ymm5, [rsp + 352]
+              vmovdqa ymm6, [rsp + 384]
+              vmovdqa ymm7, [rsp + 416]
+              vmovdqa ymm8, [rsp + 448]
+              vmovdqa ymm9, [rsp + 480]
+              vmovdqa ymm10, [rsp + 512]
+              vmovdqa ymm11, [rsp + 544]
+              vmovdqa ymm12, [rsp + 576]
+              vmovdqa ymm13, [rsp + 608]
+              vmovdqa ymm14, [rsp + 640]
+              vmovdqa ymm15, [rsp + 672]");
+
+// xsave writes only XSTATE_BV of the header; xrstor faults unless the rest of it is zero.
+opt_template!("ftprobe_opt_xsave", frame: FRAME_XSAVE,
+    save: "xor eax, eax
+           mov [rsp + 192 + 512], rax
+           mov [rsp + 192 + 520], rax
+           mov [rsp + 192 + 528], rax
+           mov [rsp + 192 + 536], rax
+           mov [rsp + 192 + 544], rax
+           mov [rsp + 192 + 552], rax
+           mov [rsp + 192 + 560], rax
+           mov [rsp + 192 + 568], rax
+           mov eax, 0xe7
+           xor edx, edx
+           xsave64 [rsp + 192]",
+    restore: "mov eax, 0xe7
+              xor edx, edx
+              xrstor64 [rsp + 192]");
+
+extern "C" {
+    static ftprobe_opt_sse_start: u8;
+    static ftprobe_opt_sse_end: u8;
+    static ftprobe_opt_avx_start: u8;
+    static ftprobe_opt_avx_end: u8;
+    static ftprobe_opt_xsave_start: u8;
+    static ftprobe_opt_xsave_end: u8;
+}
+
+/// The trampoline's template for `v`, ending with its 8-byte `func` slot.
+pub fn template(v: VectorSave) -> &'static [u8] {
+    // SAFETY: each pair of symbols delimits one template in .text (global_asm above), start
+    // before end; immutable code.
+    unsafe {
+        let (s, e): (*const u8, *const u8) = match v {
+            VectorSave::Sse => (
+                &raw const ftprobe_opt_sse_start,
+                &raw const ftprobe_opt_sse_end,
+            ),
+            VectorSave::Avx => (
+                &raw const ftprobe_opt_avx_start,
+                &raw const ftprobe_opt_avx_end,
+            ),
+            VectorSave::Xsave => (
+                &raw const ftprobe_opt_xsave_start,
+                &raw const ftprobe_opt_xsave_end,
+            ),
+        };
+        std::slice::from_raw_parts(s, e.offset_from(s) as usize)
+    }
+}
+
+/// The trampoline's bytes for a copy: the template with its TLS offsets and `func` filled.
+pub fn instantiate(v: VectorSave, func: OptFunc) -> Vec<u8> {
+    let mut code = template(v).to_vec();
+    let n = code.len();
+    fill_tls_placeholders(&mut code[..n - 8]);
+    code[n - 8..].copy_from_slice(&(func as usize as u64).to_le_bytes());
+    code
+}
+
+/// Why a probe stays an int3 probe.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OptRefusal {
+    /// The function's size is unknown: its end, and so the jumps into the range, are not.
+    #[error("the function's size is unknown")]
+    NoSize,
+    /// Fewer than 5 bytes of whole instructions before the function's end.
+    #[error("fewer than 5 bytes of instructions before the function's end")]
+    TooShort,
+    /// The function does not decode to its end at `at`.
+    #[error("the function does not decode at {at:#x}")]
+    Undecodable {
+        /// Where decoding failed.
+        at: u64,
+    },
+    /// A branch at `at` targets the middle of the range.
+    #[error("the instruction at {at:#x} jumps into the replaced bytes")]
+    JumpInto {
+        /// The branch.
+        at: u64,
+    },
+    /// An indirect jump at `at` (a jump table, maybe into the range).
+    #[error("indirect jump at {at:#x}")]
+    IndirectJump {
+        /// The jump.
+        at: u64,
+    },
+    /// An instruction of the range that a detour cannot run.
+    #[error("the instruction at {at:#x} cannot be relocated: {why}")]
+    NotRelocatable {
+        /// The instruction.
+        at: u64,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Where a detour's instructions show in the program: `(pc, shown)` pairs sorted by `pc`.
+pub type PcMap = Vec<(u64, u64)>;
+
+/// One instruction of an optimized range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeInsn {
+    /// Its address.
+    pub addr: u64,
+    /// Its length.
+    pub len: u8,
+}
+
+/// The instructions that a `jmp rel32` at `addr` replaces, checked against the rules in the
+/// module docs. `func_bytes` is the function's original code (int3s and jumps of other
+/// probes replaced by the bytes they cover), `func_bytes.len()` its size.
+pub fn analyze(func_bytes: &[u8], func_addr: u64, addr: u64) -> Result<Vec<RangeInsn>, OptRefusal> {
+    if func_bytes.is_empty() {
+        return Err(OptRefusal::NoSize);
+    }
+    let end = func_addr + func_bytes.len() as u64;
+    let mut all: Vec<Instruction> = Vec::new();
+    let mut dec = Decoder::with_ip(64, func_bytes, func_addr, DecoderOptions::NONE);
+    while dec.can_decode() {
+        let ip = dec.ip();
+        let insn = dec.decode();
+        if insn.is_invalid() {
+            return Err(OptRefusal::Undecodable { at: ip });
+        }
+        all.push(insn);
+    }
+    let first = all
+        .iter()
+        .position(|i| i.ip() == addr)
+        .ok_or(OptRefusal::Undecodable { at: addr })?;
+    let mut range = Vec::new();
+    let mut covered = 0usize;
+    for i in &all[first..] {
+        if covered >= JMP_LEN {
+            break;
+        }
+        range.push(RangeInsn {
+            addr: i.ip(),
+            len: i.len() as u8,
+        });
+        covered += i.len();
+    }
+    if covered < JMP_LEN || addr + covered as u64 > end {
+        return Err(OptRefusal::TooShort);
+    }
+    let (lo, hi) = (addr + 1, addr + covered as u64);
+    for i in &all {
+        match i.flow_control() {
+            FlowControl::IndirectBranch => return Err(OptRefusal::IndirectJump { at: i.ip() }),
+            FlowControl::UnconditionalBranch
+            | FlowControl::ConditionalBranch
+            | FlowControl::Call => {
+                let t = i.near_branch_target();
+                if t >= lo && t < hi {
+                    return Err(OptRefusal::JumpInto { at: i.ip() });
+                }
+            }
+            _ => {}
+        }
+    }
+    for (k, r) in range.iter().enumerate() {
+        let i = &all[first + k];
+        let last = k + 1 == range.len();
+        if matches!(
+            i.flow_control(),
+            FlowControl::Call | FlowControl::IndirectCall
+        ) && !last
+        {
+            return Err(OptRefusal::NotRelocatable {
+                at: r.addr,
+                why: "a call that is not the last instruction replaced: its callee would \
+                      return into the jump"
+                    .into(),
+            });
+        }
+    }
+    Ok(range)
+}
+
+/// The detour for `range` at `detour` (its first byte, where `op` goes), calling the
+/// trampoline at `tramp`; and where each of its instructions shows in the program: `(pc,
+/// shown)` pairs sorted by `pc`, a pc showing the `shown` of the last pair at or before it.
+pub fn detour_bytes(
+    func_bytes: &[u8],
+    func_addr: u64,
+    range: &[RangeInsn],
+    detour: u64,
+    tramp: u64,
+    op: u64,
+) -> Result<(Vec<u8>, PcMap), OptRefusal> {
+    let addr = range[0].addr;
+    let last = range[range.len() - 1];
+    let next = last.addr + u64::from(last.len);
+    let mut out: Vec<u8> = Vec::with_capacity(128);
+    out.extend_from_slice(&op.to_le_bytes());
+    out.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]); // lea rsp, [rsp-128]
+    out.push(0x50); // push rax
+    out.push(0x9f); // lahf
+    out.extend_from_slice(&[0x0f, 0x90, 0xc0]); // seto al
+    out.push(0x50); // push rax
+    debug_assert_eq!(out.len(), DETOUR_CALL);
+    let call = rel32_insn(0xe8, detour + DETOUR_CALL as u64, tramp).ok_or_else(|| {
+        OptRefusal::NotRelocatable {
+            at: addr,
+            why: "trampoline out of rel32 reach".into(),
+        }
+    })?;
+    out.extend_from_slice(&call);
+    debug_assert_eq!(out.len() as u64, DETOUR_RET);
+    out.push(0x58); // pop rax
+    out.extend_from_slice(&[0x04, 0x7f]); // add al, 0x7f
+    out.push(0x9e); // sahf
+    out.push(0x58); // pop rax
+    out.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0, 0, 0]); // lea rsp, [rsp+128]
+    debug_assert_eq!(out.len() as u64, DETOUR_BODY);
+    let mut map = vec![(detour + DETOUR_CODE, addr)];
+    let refuse = |at: u64, why: &str| OptRefusal::NotRelocatable {
+        at,
+        why: why.to_owned(),
+    };
+    for (k, r) in range.iter().enumerate() {
+        let pc = detour + out.len() as u64;
+        map.push((pc, r.addr));
+        let is_last = k + 1 == range.len();
+        let after = r.addr + u64::from(r.len);
+        let plan = insn::plan(func_bytes, func_addr, r.addr, pc)
+            .map_err(|e| refuse(r.addr, &e.to_string()))?;
+        let orig = &func_bytes[(r.addr - func_addr) as usize..][..usize::from(r.len)];
+        match plan {
+            XolPlan::Xol {
+                code, boostable, ..
+            } => {
+                if !boostable {
+                    return Err(refuse(r.addr, "not boostable (the kernel's can_boost)"));
+                }
+                out.extend_from_slice(&code);
+            }
+            XolPlan::Emulate { insn: e, .. } => match e {
+                Emulate::Nop | Emulate::Ret { .. } | Emulate::JmpReg { .. } => {
+                    out.extend_from_slice(orig)
+                }
+                Emulate::JmpRel { target } => {
+                    let j = rel32_insn(0xe9, pc, target)
+                        .ok_or_else(|| refuse(r.addr, "jump target out of reach"))?;
+                    out.extend_from_slice(&j);
+                }
+                Emulate::Jcc { cond, target } => {
+                    let mut j = vec![0x0f, 0x80 | cond_code(cond)];
+                    let rel = rel32(pc + 6, target)
+                        .ok_or_else(|| refuse(r.addr, "jump target out of reach"))?;
+                    j.extend_from_slice(&rel.to_le_bytes());
+                    out.extend_from_slice(&j);
+                }
+                Emulate::CallRel { target } if is_last => {
+                    push_imm64(&mut out, after);
+                    let at = detour + out.len() as u64;
+                    let j = rel32_insn(0xe9, at, target)
+                        .ok_or_else(|| refuse(r.addr, "call target out of reach"))?;
+                    out.extend_from_slice(&j);
+                }
+                Emulate::CallReg { reg } if is_last && reg != GpReg::Rsp => {
+                    push_imm64(&mut out, after);
+                    let n = reg.index() as u8;
+                    if n >= 8 {
+                        out.push(0x41);
+                    }
+                    out.extend_from_slice(&[0xff, 0xe0 | (n & 7)]);
+                }
+                _ => return Err(refuse(r.addr, "a branch a detour does not relocate")),
+            },
+        }
+    }
+    map.push((detour + out.len() as u64, next));
+    let at = detour + out.len() as u64;
+    let back = rel32_insn(0xe9, at, next).ok_or_else(|| refuse(addr, "jump back out of reach"))?;
+    out.extend_from_slice(&back);
+    Ok((out, map))
+}
+
+/// `lea rsp, [rsp-8]; mov dword [rsp], lo; mov dword [rsp+4], hi`: push a 64-bit value
+/// without touching a register or the flags.
+fn push_imm64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0xf8]);
+    out.extend_from_slice(&[0xc7, 0x04, 0x24]);
+    out.extend_from_slice(&(v as u32).to_le_bytes());
+    out.extend_from_slice(&[0xc7, 0x44, 0x24, 0x04]);
+    out.extend_from_slice(&((v >> 32) as u32).to_le_bytes());
+}
+
+fn cond_code(c: Cond) -> u8 {
+    use Cond::*;
+    match c {
+        O => 0,
+        No => 1,
+        B => 2,
+        Ae => 3,
+        E => 4,
+        Ne => 5,
+        Be => 6,
+        A => 7,
+        S => 8,
+        Ns => 9,
+        P => 10,
+        Np => 11,
+        L => 12,
+        Ge => 13,
+        Le => 14,
+        G => 15,
+    }
+}
+
+fn rel32(next_ip: u64, target: u64) -> Option<i32> {
+    i32::try_from(target.wrapping_sub(next_ip) as i64).ok()
+}
+
+/// A 5-byte `opcode rel32` at `at` to `target`.
+pub fn rel32_insn(opcode: u8, at: u64, target: u64) -> Option<[u8; 5]> {
+    let r = rel32(at + 5, target)?.to_le_bytes();
+    Some([opcode, r[0], r[1], r[2], r[3]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_keep_the_frame_word_where_tramp_signals_looks() {
+        use super::super::tramp_signals::{classify, Place};
+        for v in [VectorSave::Sse, VectorSave::Avx, VectorSave::Xsave] {
+            unsafe extern "C" fn f(_: *const (), _: *mut super::super::trampoline::PtRegs) {}
+            let code = instantiate(v, f);
+            let tls = super::super::tramp_signals::tls_offset();
+            let read = |a: u64| code.get(a as usize).copied();
+            assert_eq!(classify(&read, 0, tls), Place::Rewind(0), "{v:?}");
+            // After the epilogue's `jnz 1; ret; int3` (where its trap reports the PC).
+            let int3 = code
+                .windows(4)
+                .rposition(|w| w == [0x75, 0x01, 0xc3, 0xcc])
+                .unwrap()
+                + 4;
+            assert_eq!(
+                classify(&read, int3 as u64, tls),
+                Place::DeferredTrap,
+                "{v:?}"
+            );
+        }
+    }
+
+    /// A function `mov eax, 1 (5); add eax, edi (2); ret`: a probe at +0 replaces one
+    /// instruction; at +5, `add` and `ret` (3 bytes) are too short.
+    #[test]
+    fn ranges_cover_five_bytes_of_whole_instructions() {
+        let f = [0xb8, 1, 0, 0, 0, 0x01, 0xf8, 0xc3];
+        let r = analyze(&f, 0x1000, 0x1000).unwrap();
+        assert_eq!(
+            r,
+            vec![RangeInsn {
+                addr: 0x1000,
+                len: 5
+            }]
+        );
+        assert_eq!(analyze(&f, 0x1000, 0x1005), Err(OptRefusal::TooShort));
+    }
+
+    #[test]
+    fn a_jump_into_the_range_refuses() {
+        // 0: push rbp; 1: mov rbp,rsp; 4: xor eax,eax; 6: jmp 1 (eb f9); 8: ret
+        let f = [0x55, 0x48, 0x89, 0xe5, 0x31, 0xc0, 0xeb, 0xf9, 0xc3];
+        assert_eq!(
+            analyze(&f, 0x1000, 0x1000),
+            Err(OptRefusal::JumpInto { at: 0x1006 })
+        );
+        // A jump to the probed address itself is fine: it lands on the jmp.
+        let g = [0x55, 0x48, 0x89, 0xe5, 0x31, 0xc0, 0xeb, 0xf8, 0xc3];
+        assert!(analyze(&g, 0x1000, 0x1000).is_ok());
+    }
+
+    #[test]
+    fn an_indirect_jump_refuses_and_a_call_must_be_last() {
+        // jmp *(%rax,%rcx,8) anywhere in the function
+        let f = [0x55, 0x48, 0x89, 0xe5, 0xff, 0x24, 0xc8, 0xc3];
+        assert_eq!(
+            analyze(&f, 0x1000, 0x1000),
+            Err(OptRefusal::IndirectJump { at: 0x1004 })
+        );
+        // push rbp; call rel32; ...: the call is the range's last instruction: fine
+        let g = [0x55, 0xe8, 0, 0, 0, 0, 0x5d, 0xc3];
+        assert!(analyze(&g, 0x1000, 0x1000).is_ok());
+        // call *%rax (2); mov eax,1 (5): the call is not last
+        let h = [0xff, 0xd0, 0xb8, 1, 0, 0, 0, 0xc3];
+        assert!(matches!(
+            analyze(&h, 0x1000, 0x1000),
+            Err(OptRefusal::NotRelocatable { at: 0x1000, .. })
+        ));
+    }
+
+    #[test]
+    fn detours_push_the_original_return_address_and_jump_back() {
+        // push rbp (1); call rel32 to 0x2000 (5); pop rbp; ret
+        let rel = (0x2000i64 - 0x1006) as i32;
+        let mut f = vec![0x55, 0xe8];
+        f.extend_from_slice(&rel.to_le_bytes());
+        f.extend_from_slice(&[0x5d, 0xc3]);
+        let range = analyze(&f, 0x1000, 0x1000).unwrap();
+        let (bytes, map) = detour_bytes(&f, 0x1000, &range, 0x9000, 0x9800, 0xabcd).unwrap();
+        assert_eq!(&bytes[..8], &0xabcdu64.to_le_bytes());
+        let body = DETOUR_BODY as usize;
+        assert_eq!(bytes[body], 0x55);
+        // push 0x1006 (the original return address), then jmp 0x2000
+        assert_eq!(&bytes[body + 1..body + 6], &[0x48, 0x8d, 0x64, 0x24, 0xf8]);
+        assert_eq!(&bytes[body + 9..body + 13], &0x1006u32.to_le_bytes());
+        let j = body + 21;
+        assert_eq!(bytes[j], 0xe9);
+        let t = 0x9000 + j as u64 + 5;
+        let r = i32::from_le_bytes(bytes[j + 1..j + 5].try_into().unwrap());
+        assert_eq!(t.wrapping_add(r as i64 as u64), 0x2000);
+        assert_eq!(map[0], (0x9008, 0x1000));
+        assert_eq!(map[1], (0x9000 + body as u64, 0x1000));
+        assert_eq!(map[2], (0x9000 + body as u64 + 1, 0x1001));
+        assert_eq!(map.last().unwrap().1, 0x1006);
+    }
+}

@@ -1,0 +1,536 @@
+//! optprobes (kernel/kprobes.c's optimizer, arch/x86/kernel/kprobes/opt.c): an int3 probe
+//! whose instructions may be replaced by a `jmp` to a detour (`arch::x86_64::optprobe`) is
+//! switched to it, and back to the int3 when that stops being safe.
+//!
+//! A probe is optimized when every probe at its address is enabled-or-disabled without a
+//! post_handler (a post_handler needs the instruction stepped alone, as in the kernel), none
+//! is ftprobe's own (`KPROBE_FLAG_INTERNAL`), optimization is on ([`set_optimization`], the
+//! kernel's `debug.kprobes-optimization` sysctl; off from the start with the environment
+//! variable `FTPROBE_KPROBES_OPTIMIZATION=0`), the range passes `optprobe::analyze`, no
+//! other armed probe and no ftrace site is inside it, and no thread is inside it (below).
+//! Unlike the kernel's delayed optimizer, the switch happens when the probe is armed; a probe
+//! that could not be switched then (a thread in the way) stays an int3 probe until its
+//! address is armed again or optimization is turned on again.
+//!
+//! # The switch (the kernel's `optimize_kprobe` / `text_poke_bp`)
+//! The int3 is already in place. 1. The int3's hits are sent to the detour's relocated
+//! instructions instead of the XOL slot (`int3::set_detour`): from now on no thread that
+//! hits the probe steps into the bytes that will be replaced. 2. Every other thread of the
+//! process is looked at while it is off CPU (`/proc/self/task/TID/syscall` gives its user
+//! `sp` and `pc`; a thread on CPU is retried for up to [`BUSY_WAIT`]): its `pc` must not be in
+//! `addr+1 .. addr+len` nor in the probe's XOL slots (a thread that left the int3 through a
+//! slot before step 1 comes back at the second instruction), and no word of its stack from
+//! `sp` up (at most [`STACK_SCAN`] bytes) may point there (a signal frame of a handler that
+//! interrupted the range, a trap handler about to return into a slot). The kernel's
+//! equivalent is `synchronize_rcu_tasks()`. 3. Bytes 1..5 get the `jmp`'s rel32, every
+//! thread serializes (membarrier SYNC_CORE), then byte 0 gets `e9`, serialize. Nothing may
+//! jump into the range (the analysis) or return into it (a call in the range is its last
+//! instruction), so no thread can reach the replaced bytes between 2 and 3.
+//!
+//! Unoptimizing writes the int3 back over `e9` (serialize), then the original bytes 1..5
+//! (serialize), then sends the int3's hits to the XOL slot again. Detours and trampolines are
+//! never freed (a thread may be in one) and are reused when the same instructions are
+//! optimized again.
+//!
+//! # Limits
+//! - The threads' check cannot see a signal frame on another signal stack than the one the
+//!   thread is on, nor a `vfork` child running in the range.
+//! - A fault in a relocated instruction other than the first is shown to the program at the
+//!   detour's address (showing the original one would make a handler that returns run the
+//!   replaced bytes); an asynchronous signal is shown at the original instruction.
+//! - While a pre_handler runs, a program signal is held as in an ftrace trampoline
+//!   (`tramp_signals`); a program handler that runs in the detour's first bytes sees a stack
+//!   pointer 144 bytes below the probe's.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use super::{int3, published, Kprobe, KprobeError, KPROBE_FLAG_INTERNAL, KPROBE_FLAG_OPTIMIZED};
+use crate::arch::x86_64::nops::INT3;
+use crate::arch::x86_64::optprobe::{self as arch, VectorSave, DETOUR_BODY, DETOUR_CODE};
+use crate::arch::x86_64::text_poke;
+use crate::ftrace::{self as ft, PtRegs};
+use crate::probe_state::{self, Entry};
+
+/// How long a thread that is on CPU is waited for, in total, before the switch gives up.
+pub const BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// How much of a thread's stack above its `sp` is scanned.
+pub const STACK_SCAN: u64 = 1 << 20;
+
+/// What the trampoline passes back: the probe's address.
+struct OptProbe {
+    addr: u64,
+}
+
+#[derive(Clone)]
+struct Detour {
+    start: u64,
+    end: u64,
+    /// `(pc, shown)` sorted by pc (see `optprobe::detour_bytes`).
+    map: Vec<(u64, u64)>,
+}
+
+/// The optimized addresses.
+struct Optimized {
+    /// The range's length.
+    len: u64,
+    /// The 5 original bytes the `jmp` replaced.
+    orig: [u8; 5],
+}
+
+struct State {
+    optimized: BTreeMap<u64, Optimized>,
+    /// Detours made, by the address and the original bytes of its range.
+    detours: BTreeMap<(u64, Vec<u8>), Detour>,
+    all: Vec<Detour>,
+    /// Trampoline copies.
+    tramps: Vec<u64>,
+    /// Why the last try to optimize an address failed.
+    refused: BTreeMap<u64, String>,
+    #[allow(clippy::vec_box)]
+    retired: Vec<Box<Vec<Detour>>>,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    optimized: BTreeMap::new(),
+    detours: BTreeMap::new(),
+    all: Vec::new(),
+    tramps: Vec::new(),
+    refused: BTreeMap::new(),
+    retired: Vec::new(),
+});
+/// Every detour, sorted by start, for the signal handlers. Never freed.
+static PUBLISHED: AtomicPtr<Vec<Detour>> = AtomicPtr::new(std::ptr::null_mut());
+/// 0: not read yet, 1: on, 2: off.
+static ENABLED: AtomicU8 = AtomicU8::new(0);
+static VECTORS: std::sync::OnceLock<Option<VectorSave>> = std::sync::OnceLock::new();
+
+fn lock() -> MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether optimization is on (`debug.kprobes-optimization`).
+pub fn optimization_enabled() -> bool {
+    match ENABLED.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let off = std::env::var_os("FTPROBE_KPROBES_OPTIMIZATION").is_some_and(|v| v == "0");
+            ENABLED.store(if off { 2 } else { 1 }, Ordering::Relaxed);
+            !off
+        }
+    }
+}
+
+pub(super) fn set_enabled(on: bool) {
+    ENABLED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// Whether `addr` is optimized now.
+pub(super) fn is_optimized(addr: u64) -> bool {
+    lock().optimized.contains_key(&addr)
+}
+
+/// Why `addr` is not optimized, if a try failed (the last try's reason).
+pub(super) fn refusal(addr: u64) -> Option<String> {
+    let st = lock();
+    if st.optimized.contains_key(&addr) {
+        return None;
+    }
+    st.refused.get(&addr).cloned()
+}
+
+/// The optimized `jmp`s, with the bytes they replaced (for reading original code).
+pub(super) fn jumps() -> Vec<(u64, [u8; 5])> {
+    lock().optimized.iter().map(|(a, o)| (*a, o.orig)).collect()
+}
+
+/// The optimized ranges that contain `addr` past their first byte (an int3 there would land
+/// inside their `jmp` or their replaced instructions).
+pub(super) fn covering(addr: u64) -> Vec<u64> {
+    lock()
+        .optimized
+        .range(..addr)
+        .filter(|(a, o)| addr < **a + o.len)
+        .map(|(a, _)| *a)
+        .collect()
+}
+
+fn set_flag(probes: &[&'static Kprobe], on: bool) {
+    for p in probes {
+        if on {
+            p.flags.fetch_or(KPROBE_FLAG_OPTIMIZED, Ordering::Relaxed);
+        } else {
+            p.flags.fetch_and(!KPROBE_FLAG_OPTIMIZED, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Bring `addr` (an armed int3 probe's address, with `probes` registered there) in line with
+/// the rules: optimize it when it may be, unoptimize it when it may not. A refusal to
+/// optimize is not an error (the int3 probe stays); an error writing the code is.
+pub(super) fn update(addr: u64, probes: &[&'static Kprobe]) -> Result<(), KprobeError> {
+    let want = optimization_enabled()
+        && probes.iter().any(|p| !p.is_disabled())
+        && !probes.iter().any(|p| {
+            (!p.is_disabled() && p.post_handler.is_some()) || p.flags() & KPROBE_FLAG_INTERNAL != 0
+        });
+    let is = is_optimized(addr);
+    if want && !is {
+        let r = try_optimize(addr);
+        let mut st = lock();
+        match r {
+            Ok(()) => {
+                st.refused.remove(&addr);
+                set_flag(probes, true);
+            }
+            Err(e) => {
+                if std::env::var_os("FTPROBE_OPT_DEBUG").is_some() {
+                    eprintln!("optprobe {addr:#x}: {e}");
+                }
+                st.refused.insert(addr, e.to_string());
+            }
+        }
+    } else if !want && is {
+        unoptimize(addr)?;
+        set_flag(probes, false);
+    } else {
+        set_flag(probes, is);
+    }
+    Ok(())
+}
+
+/// Why [`try_optimize`] left a probe as it was.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NotOptimized {
+    #[error(transparent)]
+    Refused(arch::OptRefusal),
+    /// Another probe or an ftrace site inside the range.
+    #[error("another probe or an ftrace site is inside the replaced bytes")]
+    Occupied,
+    /// A thread inside the range, or on CPU for [`BUSY_WAIT`].
+    #[error("a thread was inside the replaced bytes (or on CPU too long to tell)")]
+    ThreadInside,
+    #[error(transparent)]
+    Failed(KprobeError),
+}
+
+fn try_optimize(addr: u64) -> Result<(), NotOptimized> {
+    let Some(v) = *VECTORS.get_or_init(VectorSave::detect) else {
+        return Err(NotOptimized::Refused(arch::OptRefusal::NoSize));
+    };
+    let (func, _) = ft::symbol_at(addr).ok_or(NotOptimized::Occupied)?;
+    if func.size == 0 {
+        return Err(NotOptimized::Refused(arch::OptRefusal::NoSize));
+    }
+    let others: Vec<(u64, [u8; 5])> = jumps().into_iter().filter(|(a, _)| *a != addr).collect();
+    let mut code = int3::function_code(&func, &others);
+    code.truncate(func.size as usize);
+    let range = arch::analyze(&code, func.addr, addr).map_err(NotOptimized::Refused)?;
+    let last = range[range.len() - 1];
+    let end = last.addr + u64::from(last.len);
+    if !int3::armed_in(addr + 1, end).is_empty()
+        || (addr..end).any(|a| ft::site_covering(a).is_some())
+    {
+        return Err(NotOptimized::Occupied);
+    }
+    let off = (addr - func.addr) as usize;
+    let range_bytes = code[off..off + (end - addr) as usize].to_vec();
+    let mut orig = [0u8; 5];
+    orig.copy_from_slice(&range_bytes[..5]);
+    let detour = {
+        let mut st = lock();
+        match st.detours.get(&(addr, range_bytes.clone())) {
+            Some(d) => d.clone(),
+            None => {
+                let d = make_detour(&mut st, v, &code, func.addr, &range, addr)?;
+                st.detours.insert((addr, range_bytes), d.clone());
+                st.all.push(d.clone());
+                publish(&mut st);
+                d
+            }
+        }
+    };
+    text_poke::install_fault_handlers(int3::abort_xol)
+        .and_then(|_| text_poke::wrap_program_handlers(Some(int3::shown_pc)))
+        .map_err(|e| NotOptimized::Failed(KprobeError::Ftrace(e.into())))?;
+    if !int3::set_detour(addr, detour.start + DETOUR_BODY) {
+        return Err(NotOptimized::Occupied);
+    }
+    let mut forbidden = vec![(addr + 1, end)];
+    forbidden.extend(int3::slot_ranges(addr));
+    if !threads_outside(&forbidden) {
+        int3::set_detour(addr, 0);
+        return Err(NotOptimized::ThreadInside);
+    }
+    let jmp = arch::rel32_insn(0xe9, addr, detour.start + DETOUR_CODE)
+        .expect("a detour is allocated within rel32 reach of its probe");
+    // SAFETY: addr holds the int3 of an armed probe; bytes 1..5 are inside the analysed range
+    // (whole instructions of the function) that no thread is in and none can enter (checked
+    // above); the code is writable (armed int3).
+    let wrote = unsafe { text_poke::poke_behind_int3(addr, &jmp[1..]) }
+        // SAFETY: as above: the jmp's first byte over the int3, its rel32 already in place.
+        .and_then(|_| unsafe { text_poke::poke_byte(addr, jmp[0]) });
+    if let Err(e) = wrote {
+        // SAFETY: putting back what this function wrote behind the int3.
+        let _ = unsafe { text_poke::poke_byte(addr, INT3) };
+        // SAFETY: as above.
+        let _ = unsafe { text_poke::poke_behind_int3(addr, &orig[1..]) };
+        int3::set_detour(addr, 0);
+        return Err(NotOptimized::Failed(KprobeError::Ftrace(e.into())));
+    }
+    lock().optimized.insert(
+        addr,
+        Optimized {
+            len: end - addr,
+            orig,
+        },
+    );
+    Ok(())
+}
+
+fn make_detour(
+    st: &mut State,
+    v: VectorSave,
+    code: &[u8],
+    func_addr: u64,
+    range: &[arch::RangeInsn],
+    addr: u64,
+) -> Result<Detour, NotOptimized> {
+    let fail = |e: ft::FtraceError| NotOptimized::Failed(KprobeError::Ftrace(e));
+    let op = Box::into_raw(Box::new(OptProbe { addr })) as u64;
+    // The length does not depend on where the detour goes (within reach: sized as if at
+    // the probe itself).
+    let (probe_len, _) = arch::detour_bytes(code, func_addr, range, addr, addr, op)
+        .map_err(NotOptimized::Refused)?;
+    let len = probe_len.len();
+    let tramp_len = arch::template(v).len();
+    // The last trampoline copy made, else a new one near the probe; a new one when the last
+    // is out of the detour's reach.
+    let mut fresh = st.tramps.is_empty();
+    loop {
+        if fresh {
+            let t = ft::alloc_code_near(addr, tramp_len, |_| {
+                arch::instantiate(v, optimized_callback)
+            })
+            .map_err(fail)?;
+            st.tramps.push(t);
+        }
+        let tramp = *st.tramps.last().expect("one made above");
+        let mut result = None;
+        let start = ft::alloc_code_near(addr, len, |at| {
+            match arch::detour_bytes(code, func_addr, range, at, tramp, op) {
+                Ok((bytes, map)) => {
+                    result = Some(Ok(map));
+                    bytes
+                }
+                Err(e) => {
+                    result = Some(Err(e));
+                    vec![INT3; len]
+                }
+            }
+        })
+        .map_err(fail)?;
+        match result.expect("alloc_code_near calls make") {
+            Ok(map) => {
+                return Ok(Detour {
+                    start,
+                    end: start + len as u64,
+                    map,
+                })
+            }
+            Err(_) if !fresh => fresh = true,
+            Err(e) => return Err(NotOptimized::Refused(e)),
+        }
+    }
+}
+
+fn publish(st: &mut State) {
+    let mut all = st.all.clone();
+    all.sort_unstable_by_key(|d| d.start);
+    let p = Box::into_raw(Box::new(all));
+    // Release pairs with the Acquire load in `detour_of`.
+    let old = PUBLISHED.swap(p, Ordering::AcqRel);
+    if !old.is_null() {
+        // SAFETY: from Box::into_raw above; kept for readers, never freed.
+        st.retired.push(unsafe { Box::from_raw(old) });
+    }
+}
+
+/// Put the int3 back at an optimized `addr` (it stays an int3 probe).
+pub(super) fn unoptimize(addr: u64) -> Result<(), KprobeError> {
+    let Some(o) = lock().optimized.remove(&addr) else {
+        int3::set_detour(addr, 0);
+        return Ok(());
+    };
+    // SAFETY: addr holds the jmp this module wrote over an armed int3 probe's instruction;
+    // int3 first (every thread serialized after it), then the original bytes behind it,
+    // which no thread executes (hits of the int3 go on in the detour until set_detour(0)).
+    let wrote = unsafe { text_poke::poke_byte(addr, INT3) }
+        // SAFETY: as above.
+        .and_then(|_| unsafe { text_poke::poke_behind_int3(addr, &o.orig[1..]) });
+    if let Err(e) = wrote {
+        lock().optimized.insert(addr, o);
+        return Err(KprobeError::Ftrace(e.into()));
+    }
+    int3::set_detour(addr, 0);
+    Ok(())
+}
+
+/// Forget the optimized addresses in `ranges` (objects unloaded: nothing to write).
+pub(super) fn forget(ranges: &[(u64, u64)]) {
+    lock()
+        .optimized
+        .retain(|a, _| !ranges.iter().any(|&(lo, hi)| *a >= lo && *a < hi));
+}
+
+// ---- the threads' check ---------------------------------------------------------------
+
+/// Whether every other thread is outside `forbidden` (see the module docs).
+fn threads_outside(forbidden: &[(u64, u64)]) -> bool {
+    let inside = |v: u64| forbidden.iter().any(|&(lo, hi)| v >= lo && v < hi);
+    let me = crate::sys::gettid();
+    let Ok(tids) = crate::sys::thread_ids() else {
+        return false;
+    };
+    let mut maps: Option<Vec<(u64, u64)>> = None;
+    let deadline = std::time::Instant::now() + BUSY_WAIT;
+    for tid in tids {
+        if tid == me {
+            continue;
+        }
+        let path = format!("/proc/self/task/{tid}/syscall");
+        let (sp, pc) = loop {
+            let Ok(s) = std::fs::read_to_string(&path) else {
+                break (0, 0); // gone
+            };
+            if s.starts_with("running") {
+                if std::time::Instant::now() > deadline {
+                    return false;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                continue;
+            }
+            let f: Vec<&str> = s.split_whitespace().collect();
+            let hex = |x: &str| u64::from_str_radix(x.trim_start_matches("0x"), 16).ok();
+            match (
+                f.len().checked_sub(2).and_then(|i| hex(f[i])),
+                f.last().and_then(|x| hex(x)),
+            ) {
+                (Some(sp), Some(pc)) => break (sp, pc),
+                _ => return false,
+            }
+        };
+        if sp == 0 && pc == 0 {
+            continue;
+        }
+        if inside(pc) {
+            return false;
+        }
+        let maps = maps.get_or_insert_with(read_maps);
+        let Some(&(_, top)) = maps.iter().find(|&&(lo, hi)| sp >= lo && sp < hi) else {
+            return false;
+        };
+        let top = top.min(sp.saturating_add(STACK_SCAN));
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut at = sp & !7;
+        while at < top {
+            let n = ((top - at) as usize).min(buf.len());
+            let got = crate::sys::read_nofault(at, &mut buf[..n]);
+            if buf[..got & !7]
+                .chunks_exact(8)
+                .any(|w| inside(u64::from_le_bytes(w.try_into().expect("8 bytes"))))
+            {
+                return false;
+            }
+            if got < n {
+                break;
+            }
+            at += n as u64;
+        }
+    }
+    true
+}
+
+fn read_maps() -> Vec<(u64, u64)> {
+    let Ok(s) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    s.lines()
+        .filter_map(|l| {
+            let r = l.split_whitespace().next()?;
+            let (a, b) = r.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+// ---- probe path -----------------------------------------------------------------------
+
+/// Probe path: the trampoline's callback (the kernel's `optimized_callback()`): as an int3
+/// hit, without the trap. A kprobe already running on the thread counts `nmissed`; else the
+/// pre_handlers run with `regs.ip = addr + 1`; a change of `regs.ip` is ignored, the other
+/// registers are the thread's when the detour goes on.
+unsafe extern "C" fn optimized_callback(op: *const (), regs: *mut PtRegs) {
+    // SAFETY: `op` is the detour's first word, a leaked `OptProbe`; `regs` the trampoline's
+    // frame on this thread's stack.
+    let (op, regs) = unsafe { (&*(op as *const OptProbe), &mut *regs) };
+    let Some(probes) = published().and_then(|l| l.get(op.addr)) else {
+        return;
+    };
+    let t = probe_state::this_thread();
+    let sp = probe_state::stack_pointer();
+    let _ = t.enter(Entry::Here(sp));
+    if !t.kprobe.get().is_null() {
+        for p in probes.iter().filter(|p| !p.is_disabled()) {
+            p.note_missed();
+        }
+        return;
+    }
+    t.kprobe_sp.set(sp);
+    regs.ip = op.addr + 1;
+    for p in probes.iter().filter(|p| !p.is_disabled()) {
+        t.kprobe.set(*p as *const Kprobe);
+        if let Some(pre) = p.pre_handler {
+            pre(p, regs);
+        }
+    }
+    t.kprobe.set(std::ptr::null());
+    t.kprobe_sp.set(0);
+}
+
+fn detour_of(pc: u64) -> Option<&'static Detour> {
+    // Acquire pairs with the Release swap in `publish`.
+    let p = PUBLISHED.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: published tables are never freed.
+    let all = unsafe { &*p };
+    let i = all.partition_point(|d| d.start <= pc).checked_sub(1)?;
+    let d = &all[i];
+    (pc < d.end).then_some(d)
+}
+
+fn shown_in(d: &Detour, pc: u64) -> u64 {
+    let i = d.map.partition_point(|&(at, _)| at <= pc);
+    d.map[i.saturating_sub(1)].1
+}
+
+/// Probe path: the address an asynchronous signal's handler is shown for a pc in a detour.
+pub(super) fn shown_pc(pc: u64) -> Option<u64> {
+    detour_of(pc).map(|d| shown_in(d, pc))
+}
+
+/// Probe path: the address a fault at `pc` in a detour is shown at: the probed instruction's
+/// for a fault before the second relocated instruction (a handler that returns runs it
+/// again, through the probe), else the detour's own.
+pub(super) fn fault_pc(pc: u64) -> Option<u64> {
+    let d = detour_of(pc)?;
+    let second = d.map.get(2).map_or(u64::MAX, |&(at, _)| at);
+    Some(if pc < second { d.map[0].1 } else { pc })
+}
