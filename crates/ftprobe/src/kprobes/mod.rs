@@ -471,9 +471,20 @@ fn arm(t: &Table, addr: u64) -> Result<(), KprobeError> {
         opt::update(addr, here)
     } else {
         opt::unoptimize(addr)?;
-        int3::disarm(addr)
+        int3::disarm(addr)?;
+        // A probe just before may have been kept from optimizing by this one (the kernel's
+        // optimizer is kicked again when a probe goes away).
+        for (a, probes) in t.probes.range(addr.saturating_sub(MAX_RANGE)..addr) {
+            if probes.iter().any(|p| !p.is_disabled() && p.flags() & KPROBE_FLAG_FTRACE == 0) {
+                opt::update(*a, probes)?;
+            }
+        }
+        Ok(())
     }
 }
+
+/// The longest range an optprobe replaces: 4 bytes of instructions plus one of 15.
+const MAX_RANGE: u64 = 19;
 
 /// Why an int3 probe is not optimized: the last refusal's reason (`None` when it is
 /// optimized, not an int3 probe, or never tried).
