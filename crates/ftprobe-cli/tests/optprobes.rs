@@ -375,6 +375,8 @@ struct Tally {
     optimized: usize,
     hit: usize,
     hits: u64,
+    /// The offsets not optimized.
+    refused: Vec<u64>,
 }
 
 /// Probes on every accepted boundary of `f`, [`APART`] apart in each run: per event, the
@@ -502,10 +504,13 @@ fn every_boundary(
             "{what}: [OPTIMIZED] with optimization off"
         );
         t.probes += g.len();
-        t.optimized += g
-            .iter()
-            .filter(|o| on_list[&format!("{}+{o:#x}", f.name)])
-            .count();
+        for o in &g {
+            if on_list[&format!("{}+{o:#x}", f.name)] {
+                t.optimized += 1;
+            } else {
+                t.refused.push(*o);
+            }
+        }
         if let Some(func) = code_of {
             for (o, text, list) in [(&on, "optimized", &on_list), (&off, "int3", &off_list)] {
                 let err = String::from_utf8_lossy(&o.stderr);
@@ -548,6 +553,9 @@ fn every_boundary(
         t.hit,
         t.hits
     );
+    if t.refused.len() <= 40 {
+        eprintln!("{}: not optimized at {:x?}", f.name, t.refused);
+    }
     assert!(bugs.is_empty(), "{}", bugs.join("\n"));
     assert_eq!(t.probes, offs.len());
     t
