@@ -405,7 +405,10 @@ fn every_boundary(
     let offs = f.boundaries();
     let mut t = Tally::default();
     let mut bugs: Vec<String> = Vec::new();
-    for g in groups(&offs) {
+    let mut runs: std::collections::VecDeque<Vec<u64>> = groups(&offs).into();
+    let mut nruns = 0;
+    while let Some(g) = runs.pop_front() {
+        nruns += 1;
         let mut evs: Vec<String> = g
             .iter()
             .map(|o| format!("p:opt/b{o:x} {}+{o:#x}", f.base))
@@ -421,9 +424,12 @@ fn every_boundary(
         let (off, off_text) = trace_opt(&evs, &full, false);
         let what = format!("{} run of {} probes at {:x?}", f.name, g.len(), g);
         if let Some(foreign) = foreign {
-            if let Some(bug) = foreign_jump_into_optimized(f, &g, &on_text, foreign) {
-                // Reported at the end; the other runs go on.
+            if let Some((bad, bug)) = foreign_jump_into_optimized(f, &g, &on_text, foreign) {
+                // Reported at the end; the run's other probes again without that one.
                 bugs.push(format!("{bug} Program exit: {:?}.", on.status));
+                t.probes += 1;
+                t.optimized += 1;
+                runs.push_back(g.iter().copied().filter(|&o| o != bad).collect());
                 continue;
             }
         }
@@ -548,7 +554,7 @@ fn every_boundary(
         f.name,
         f.code.len(),
         t.probes,
-        groups(&offs).len(),
+        nruns,
         t.optimized,
         t.hit,
         t.hits
@@ -568,7 +574,7 @@ fn foreign_jump_into_optimized(
     g: &[u64],
     text: &str,
     foreign: &Foreign,
-) -> Option<String> {
+) -> Option<(u64, String)> {
     let list = listing(text);
     for o in g {
         if !list
@@ -581,16 +587,19 @@ fn foreign_jump_into_optimized(
         let at = f.svma + o;
         let len = f.range_len(*o);
         if let Some((t, v)) = foreign.range(at + 1..at + len).next() {
-            return Some(format!(
-                "OPTIMIZER BUG (left as found): {}+{o:#x} is [OPTIMIZED] (its jmp replaces \
+            return Some((
+                *o,
+                format!(
+                    "OPTIMIZER BUG (left as found): {}+{o:#x} is [OPTIMIZED] (its jmp replaces \
                  {len} bytes) but {} at {:#x} jumps to {}+{:#x}, inside them: a direct branch \
                  from another function into the range is not seen (the analysis decodes only \
                  the probed function).",
-                f.name,
-                v[0].1,
-                v[0].0,
-                f.name,
-                t - f.svma
+                    f.name,
+                    v[0].1,
+                    v[0].0,
+                    f.name,
+                    t - f.svma
+                ),
             ));
         }
     }
