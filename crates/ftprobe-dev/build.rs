@@ -88,6 +88,9 @@ fn main() {
         "c/nested.c",
         "c/libc_calls.c",
         "c/lua_driver.c",
+        "c/optlibc.c",
+        "c/optrefuse.c",
+        "c/optunwind.cc",
         "lua/tables.lua",
         "rust/calls_rs.rs",
     ] {
@@ -155,6 +158,14 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         .arg(c_dir.join("fgraph_exc.cc"))
         .arg("-o")
         .arg(fixtures.join("fgraph_exc")));
+    // optunwind: exceptions and backtrace() through optimized probes (-rdynamic: backtrace
+    // names the program's frames); no site flags.
+    run(Command::new("g++")
+        .args(BASE_CFLAGS)
+        .arg("-rdynamic")
+        .arg(c_dir.join("optunwind.cc"))
+        .arg("-o")
+        .arg(fixtures.join("optunwind")));
     let jmp = objs.join("fgraph_jmp.o");
     compile(
         &c_dir.join("fgraph_jmp.c"),
@@ -326,6 +337,10 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("procs_tree", &[], &["-pthread"]),
         // churn: waves of short-lived threads (rings freed and claimed again, thread churn).
         ("churn", patchable.cflags(), &["-pthread"]),
+        // optlibc, optrefuse: optprobes (libc's functions; asm functions an optimizer must
+        // refuse, beside one it may optimize).
+        ("optlibc", &[], &["-ldl"]),
+        ("optrefuse", &[], &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

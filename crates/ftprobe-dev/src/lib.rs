@@ -78,6 +78,32 @@ pub fn libc_calls_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("libc_calls")
 }
 
+/// Path of `optlibc N [FUNC OFF...]` (no site flags, single-threaded; `c/optlibc.c`): N
+/// rounds of calls of libc's `malloc`, `free`, `memcpy`, `memmove` and `strlen` (through
+/// `dlsym`: the implementations this CPU uses), the same calls in every run; prints
+/// `optlibc rounds=N sum=S`; `main` first calls `optlibc_begin` (empty: a probe there marks
+/// where the program's own calls start). With FUNC (`malloc`, `memcpy`, `strlen`) and hex offsets, then
+/// prints `code FUNC+0xOFF XX` on stderr for each: the first byte of its own code there.
+pub fn optlibc_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("optlibc")
+}
+
+/// Path of `optrefuse MODE N` (no site flags; `c/optrefuse.c`): functions in assembly whose
+/// probes an optimizer must refuse (a jump into the range, a jump table, a call that is not
+/// the range's last instruction while its callee runs in a thread), beside `ref_plain`,
+/// whose probe at +5 it may optimize; each mode prints the functions' own counts.
+pub fn optrefuse_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("optrefuse")
+}
+
+/// Path of `optunwind N` (C++, `-rdynamic`, no site flags; `c/optunwind.cc`): `mid` (+8)
+/// and `mid_direct` (+1), in assembly with CFI, call through a range that ends with the
+/// call a function that throws or prints a `backtrace()`; prints the backtraces and
+/// `calls=N caught=K sum=S`.
+pub fn optunwind_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("optunwind")
+}
+
 /// Path of `spawns`, built with no site flags: runs `system("exit 3")`,
 /// `popen("echo from-popen")` and `posix_spawn` of `sh -c "exit 4"`; prints
 /// `system=3 popen=from-popen spawn=4`.
@@ -450,7 +476,9 @@ pub fn lua(build: LuaBuild) -> PathBuf {
 pub const LUA_TABLES_CREATED: u64 = 1112;
 
 /// Absolute path of `crates/ftprobe-dev/lua/<name>`: `tables.lua`, `empty.lua`, or `fib.lua`
-/// (`fib.lua [N]`, N = 27 by default, prints `fib(N) = <value>`, 196418 for 27).
+/// (`fib.lua [N]`, N = 27 by default, prints `fib(N) = <value>`, 196418 for 27), or
+/// `opcodes.lua` (`opcodes.lua [N]`: N rounds, 3 by default, of code that runs most of the
+/// VM's opcodes, metamethods, coroutines and errors; prints `opcodes <checksum>`).
 pub fn lua_script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("lua")

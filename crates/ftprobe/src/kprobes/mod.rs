@@ -467,6 +467,9 @@ fn arm(t: &Table, addr: u64) -> Result<(), KprobeError> {
             opt::unoptimize(a)?;
             opt::update(a, t.probes.get(&a).map(Vec::as_slice).unwrap_or(&[]))?;
         }
+        // The optimizer's settings come from the environment (getenv calls libc's strlen):
+        // read before this int3 is in place, or a probe on strlen records the agent's call.
+        opt::optimization_enabled();
         int3::arm(addr, &func, &opt::jumps())?;
         opt::update(addr, here)
     } else {

@@ -118,9 +118,20 @@ pub fn optimization_enabled() -> bool {
         _ => {
             let off = std::env::var_os("FTPROBE_KPROBES_OPTIMIZATION").is_some_and(|v| v == "0");
             ENABLED.store(if off { 2 } else { 1 }, Ordering::Relaxed);
+            // With it, optimization on or off, so the same calls in both.
+            debug_refusals();
             !off
         }
     }
+}
+
+/// Whether refusals are printed (`FTPROBE_OPT_DEBUG`), read once, with
+/// `FTPROBE_KPROBES_OPTIMIZATION`: `getenv` calls libc's `strlen`, which an armed probe may
+/// be on (an event of the agent's own in the program's trace at each refusal, counts that
+/// differed from the same probes' with optimization off).
+fn debug_refusals() -> bool {
+    static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DEBUG.get_or_init(|| std::env::var_os("FTPROBE_OPT_DEBUG").is_some())
 }
 
 pub(super) fn set_enabled(on: bool) {
@@ -186,7 +197,7 @@ pub(super) fn update(addr: u64, probes: &[&'static Kprobe]) -> Result<(), Kprobe
                 set_flag(probes, true);
             }
             Err(e) => {
-                if std::env::var_os("FTPROBE_OPT_DEBUG").is_some() {
+                if debug_refusals() {
                     eprintln!("optprobe {addr:#x}: {e}");
                 }
                 st.refused.insert(addr, e.to_string());
