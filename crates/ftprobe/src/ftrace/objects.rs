@@ -310,6 +310,16 @@ pub fn alloc_code_near(
     Ok(a)
 }
 
+/// The executable range `[start, end)` of the (loaded) object containing `addr`.
+pub fn text_range(addr: u64) -> Option<(u64, u64)> {
+    let g = lock();
+    let st = g.as_ref()?;
+    st.objects
+        .iter()
+        .find(|o| !o.gone && addr >= o.text.0 && addr < o.text.1)
+        .map(|o| o.text)
+}
+
 /// Make the code of the object containing `addr` writable (once per object), for int3 probes
 /// on objects without ftrace sites.
 pub fn make_code_writable(addr: u64) -> Result<(), FtraceError> {

@@ -14,7 +14,7 @@
 //! atomics, no allocation, no lock.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::{published, Kprobe, KprobeError};
@@ -207,19 +207,23 @@ fn original_code(func: &SymbolAddr, c: &Ctrl, jumps: &[(u64, [u8; 5])]) -> Vec<u
     // 16 bytes when the symbol has no size (one instruction at +0 is all that can be probed
     // then), which may run past the end of the mapping: read without faulting, and keep what
     // could be read.
-    let mut code = vec![0u8; func.size.max(16) as usize];
-    let len = crate::sys::read_nofault(func.addr, &mut code);
+    original_bytes(func.addr, func.size.max(16) as usize, c, jumps)
+}
+
+fn original_bytes(start: u64, len: usize, c: &Ctrl, jumps: &[(u64, [u8; 5])]) -> Vec<u8> {
+    let mut code = vec![0u8; len];
+    let len = crate::sys::read_nofault(start, &mut code);
     code.truncate(len);
     for (a, orig) in jumps {
         for (k, b) in orig.iter().enumerate() {
-            let at = a.wrapping_add(k as u64).wrapping_sub(func.addr);
+            let at = a.wrapping_add(k as u64).wrapping_sub(start);
             if let Some(slot) = code.get_mut(at as usize) {
                 *slot = *b;
             }
         }
     }
-    for (a, armed) in c.armed.range(func.addr..func.addr + len as u64) {
-        code[(a - func.addr) as usize] = armed.orig;
+    for (a, armed) in c.armed.range(start..start + len as u64) {
+        code[(a - start) as usize] = armed.orig;
     }
     code
 }
@@ -227,6 +231,28 @@ fn original_code(func: &SymbolAddr, c: &Ctrl, jumps: &[(u64, [u8; 5])]) -> Vec<u
 /// [`original_code`] for `kprobes::opt`.
 pub(super) fn function_code(func: &SymbolAddr, jumps: &[(u64, [u8; 5])]) -> Vec<u8> {
     original_code(func, &lock(), jumps)
+}
+
+/// The original code of `start .. start + len` (int3s and `jumps` undone), as far as mapped.
+pub(super) fn code_range(start: u64, len: usize, jumps: &[(u64, [u8; 5])]) -> Vec<u8> {
+    original_bytes(start, len, &lock(), jumps)
+}
+
+/// SIGTRAP handlers in [`handle_trap`], by the parity of [`TRAP_EPOCH`] they started in
+/// (a user-space SRCU: [`synchronize_traps`] waits for the ones that may hold an older
+/// table).
+static TRAP_READERS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+static TRAP_EPOCH: AtomicUsize = AtomicUsize::new(0);
+
+/// Wait until every SIGTRAP handler that may have read a table published before this call
+/// is done (those that start later read the new one).
+pub(super) fn synchronize_traps() {
+    // SeqCst, with the SeqCst increment in `handle_trap`: a handler counted in the old half
+    // after the wait below read it as zero loads the table after that, so after the publish.
+    let old = TRAP_EPOCH.fetch_add(1, Ordering::SeqCst) & 1;
+    while TRAP_READERS[old].load(Ordering::SeqCst) != 0 {
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
 }
 
 /// The armed int3 addresses in `lo..hi`.
@@ -569,6 +595,14 @@ fn run_post(probes: &[&'static Kprobe], regs: &mut PtRegs, t: &probe_state::Thre
 
 /// Probe path: a SIGTRAP that is not a text_poke batch's. Returns whether it was ours.
 pub(super) fn handle_trap(uc: &mut libc::ucontext_t) -> bool {
+    let e = TRAP_EPOCH.load(Ordering::SeqCst) & 1;
+    TRAP_READERS[e].fetch_add(1, Ordering::SeqCst);
+    let ours = handle_trap_counted(uc);
+    TRAP_READERS[e].fetch_sub(1, Ordering::Release);
+    ours
+}
+
+fn handle_trap_counted(uc: &mut libc::ucontext_t) -> bool {
     let trap = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64 - 1;
     let st = probe_state::this_thread();
     // This thread's slot, done: the post_handlers, then on after the probed instruction.

@@ -463,17 +463,23 @@ fn arm(t: &Table, addr: u64) -> Result<(), KprobeError> {
         // An int3 inside another probe's optimized range would land in its jmp or its
         // replaced instructions: that one goes back to its int3 first (the kernel's
         // `unoptimize_kprobe()` of an aggregate that now overlaps).
-        for a in opt::covering(addr) {
-            opt::unoptimize(a)?;
-            opt::update(a, t.probes.get(&a).map(Vec::as_slice).unwrap_or(&[]))?;
+        let covering = opt::covering(addr);
+        for a in &covering {
+            opt::unoptimize(*a)?;
         }
         // The optimizer's settings come from the environment (getenv calls libc's strlen):
         // read before this int3 is in place, or a probe on strlen records the agent's call.
         opt::optimization_enabled();
         int3::arm(addr, &func, &opt::jumps())?;
+        for a in covering {
+            opt::update(a, t.probes.get(&a).map(Vec::as_slice).unwrap_or(&[]))?;
+        }
         opt::update(addr, here)
     } else {
         opt::unoptimize(addr)?;
+        for p in here {
+            p.flags.fetch_and(!KPROBE_FLAG_OPTIMIZED, Ordering::Relaxed);
+        }
         int3::disarm(addr)?;
         // A probe just before may have been kept from optimizing by this one (the kernel's
         // optimizer is kicked again when a probe goes away).
@@ -521,6 +527,7 @@ fn remove(t: &mut Table, p: &'static Kprobe) -> Option<u64> {
     let v = t.probes.get_mut(&addr)?;
     let i = v.iter().position(|q| std::ptr::eq(*q, p))?;
     v.remove(i);
+    p.flags.fetch_and(!KPROBE_FLAG_OPTIMIZED, Ordering::Relaxed);
     if v.is_empty() {
         t.probes.remove(&addr);
     }

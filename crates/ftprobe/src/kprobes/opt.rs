@@ -14,18 +14,25 @@
 //!
 //! # The switch (the kernel's `optimize_kprobe` / `text_poke_bp`)
 //! The int3 is already in place. 1. The int3's hits are sent to the detour's relocated
-//! instructions instead of the XOL slot (`int3::set_detour`): from now on no thread that
-//! hits the probe steps into the bytes that will be replaced. 2. Every other thread of the
-//! process is looked at while it is off CPU (`/proc/self/task/TID/syscall` gives its user
-//! `sp` and `pc`; a thread on CPU is retried for up to [`BUSY_WAIT`]): its `pc` must not be in
-//! `addr+1 .. addr+len` nor in the probe's XOL slots (a thread that left the int3 through a
-//! slot before step 1 comes back at the second instruction), and no word of its stack from
-//! `sp` up (at most [`STACK_SCAN`] bytes) may point there (a signal frame of a handler that
-//! interrupted the range, a trap handler about to return into a slot). The kernel's
-//! equivalent is `synchronize_rcu_tasks()`. 3. Bytes 1..5 get the `jmp`'s rel32, every
-//! thread serializes (membarrier SYNC_CORE), then byte 0 gets `e9`, serialize. Nothing may
-//! jump into the range (the analysis) or return into it (a call in the range is its last
-//! instruction), so no thread can reach the replaced bytes between 2 and 3.
+//! instructions instead of the XOL slot (`int3::set_detour`), and every SIGTRAP handler that
+//! may still hold the table before that is waited for (`int3::synchronize_traps`, a
+//! user-space SRCU): from now on no thread that hits the probe steps into the bytes that
+//! will be replaced. 2. Every other thread of the process is looked at:
+//!    - a sleeping thread through `/proc/self/task/TID/syscall`, which gives its user `sp`
+//!      and `pc`: the `pc` must not be in `addr+1 .. addr+len` nor in the probe's XOL slots
+//!      (a thread that left the int3 through a slot before step 1 comes back at the second
+//!      instruction), and no word of its stack from `sp` up (at most [`STACK_SCAN`] bytes)
+//!      may point there (a signal frame of a handler that interrupted the range), except a
+//!      SIGTRAP frame of this probe's own int3 and the frames of its handler below it;
+//!    - a runnable thread (on CPU or preempted; the kernel shows no registers then) must
+//!      use [`PROGRESS_NS`] of CPU time (`schedstat`) after it is first seen: wherever it
+//!      was in the range, it has left it (a few instructions, and no way back in);
+//!    - a thread still in the way after [`BUSY_WAIT`]: no optimization.
+//!    The kernel's equivalent is `synchronize_rcu_tasks()`.
+//! 3. Bytes 1..5 get the `jmp`'s rel32, every thread serializes (membarrier SYNC_CORE),
+//! then byte 0 gets `e9`, serialize. Nothing may jump into the range (the function's and the
+//! whole object's direct branches are checked) or return into it (a call in the range is
+//! its last instruction), so no thread can reach the replaced bytes between 2 and 3.
 //!
 //! Unoptimizing writes the int3 back over `e9` (serialize), then the original bytes 1..5
 //! (serialize), then sends the int3's hits to the XOL slot again. Detours and trampolines are
@@ -34,7 +41,10 @@
 //!
 //! # Limits
 //! - The threads' check cannot see a signal frame on another signal stack than the one the
-//!   thread is on, nor a `vfork` child running in the range.
+//!   thread is on, nor one of a runnable thread (a handler that interrupted the range
+//!   before the int3 was armed and is still running), nor a `vfork` child running in the
+//!   range; and an indirect jump of another object or a computed one (`jmp *%rax` elsewhere
+//!   in the object) into the range is not seen (the kernel has the same blind spot).
 //! - A fault in a relocated instruction other than the first is shown to the program at the
 //!   detour's address (showing the original one would make a handler that returns run the
 //!   replaced bytes); an asynchronous signal is shown at the original instruction.
@@ -88,6 +98,8 @@ struct State {
     tramps: Vec<u64>,
     /// Why the last try to optimize an address failed.
     refused: BTreeMap<u64, String>,
+    /// Per object (its text range): every direct branch target in it.
+    targets: BTreeMap<(u64, u64), Vec<u64>>,
     #[allow(clippy::vec_box)]
     retired: Vec<Box<Vec<Detour>>>,
 }
@@ -98,6 +110,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     all: Vec::new(),
     tramps: Vec::new(),
     refused: BTreeMap::new(),
+    targets: BTreeMap::new(),
     retired: Vec::new(),
 });
 /// Every detour, sorted by start, for the signal handlers. Never freed.
@@ -197,6 +210,7 @@ pub(super) fn update(addr: u64, probes: &[&'static Kprobe]) -> Result<(), Kprobe
                 set_flag(probes, true);
             }
             Err(e) => {
+                set_flag(probes, false);
                 if debug_refusals() {
                     eprintln!("optprobe {addr:#x}: {e}");
                 }
@@ -246,6 +260,11 @@ fn try_optimize(addr: u64) -> Result<(), NotOptimized> {
     {
         return Err(NotOptimized::Occupied);
     }
+    if let Some(t) = jumps_into(addr + 1, end, &others) {
+        return Err(NotOptimized::Refused(arch::OptRefusal::JumpFromElsewhere {
+            target: t,
+        }));
+    }
     let off = (addr - func.addr) as usize;
     let range_bytes = code[off..off + (end - addr) as usize].to_vec();
     let mut orig = [0u8; 5];
@@ -269,9 +288,12 @@ fn try_optimize(addr: u64) -> Result<(), NotOptimized> {
     if !int3::set_detour(addr, detour.start + DETOUR_BODY) {
         return Err(NotOptimized::Occupied);
     }
+    // From here no SIGTRAP handler sends a thread to the slot (which comes back at the
+    // second instruction).
+    int3::synchronize_traps();
     let mut forbidden = vec![(addr + 1, end)];
     forbidden.extend(int3::slot_ranges(addr));
-    if !threads_outside(&forbidden) {
+    if !threads_outside(&forbidden, addr + 1) {
         int3::set_detour(addr, 0);
         return Err(NotOptimized::ThreadInside);
     }
@@ -391,15 +413,34 @@ pub(super) fn unoptimize(addr: u64) -> Result<(), KprobeError> {
 
 /// Forget the optimized addresses in `ranges` (objects unloaded: nothing to write).
 pub(super) fn forget(ranges: &[(u64, u64)]) {
-    lock()
-        .optimized
-        .retain(|a, _| !ranges.iter().any(|&(lo, hi)| *a >= lo && *a < hi));
+    let gone = |a: u64| ranges.iter().any(|&(lo, hi)| a >= lo && a < hi);
+    let mut st = lock();
+    st.optimized.retain(|a, _| !gone(*a));
+    st.targets.retain(|t, _| !gone(t.0));
+}
+
+/// A direct branch target of the object containing `lo` in `lo..hi` (the object's code is
+/// swept once, and kept).
+fn jumps_into(lo: u64, hi: u64, jumps: &[(u64, [u8; 5])]) -> Option<u64> {
+    let text = ft::text_range(lo)?;
+    let mut st = lock();
+    let targets = st.targets.entry(text).or_insert_with(|| {
+        let code = int3::code_range(text.0, (text.1 - text.0) as usize, jumps);
+        arch::branch_targets(&code, text.0)
+    });
+    let i = targets.partition_point(|&t| t < lo);
+    targets.get(i).copied().filter(|&t| t < hi)
 }
 
 // ---- the threads' check ---------------------------------------------------------------
 
-/// Whether every other thread is outside `forbidden` (see the module docs).
-fn threads_outside(forbidden: &[(u64, u64)]) -> bool {
+/// Whether every other thread is outside `forbidden` (see the module docs). A thread seen
+/// inside is looked at again until [`BUSY_WAIT`] has passed (one leaving a slot or a trap
+/// handler is out in microseconds; one stopped there is not). `trap_pc` (the probe's
+/// address + 1) on a stack is the PC saved by the kernel for a SIGTRAP handler of the
+/// probe's own int3 when its signal frame says so (SIGTRAP, `SI_KERNEL`): after
+/// `synchronize_traps` such a handler sends its thread to the detour, not inside.
+fn threads_outside(forbidden: &[(u64, u64)], trap_pc: u64) -> bool {
     let inside = |v: u64| forbidden.iter().any(|&(lo, hi)| v >= lo && v < hi);
     let me = crate::sys::gettid();
     let Ok(tids) = crate::sys::thread_ids() else {
@@ -407,62 +448,148 @@ fn threads_outside(forbidden: &[(u64, u64)]) -> bool {
     };
     let mut maps: Option<Vec<(u64, u64)>> = None;
     let deadline = std::time::Instant::now() + BUSY_WAIT;
+    let mut buf = vec![0u8; 64 * 1024];
     for tid in tids {
         if tid == me {
             continue;
         }
         let path = format!("/proc/self/task/{tid}/syscall");
-        let (sp, pc) = loop {
-            let Ok(s) = std::fs::read_to_string(&path) else {
-                break (0, 0); // gone
+        let sched = format!("/proc/self/task/{tid}/schedstat");
+        let mut ran_from: Option<u64> = None;
+        loop {
+            let Some((sp, pc)) = thread_sp_pc(&path) else {
+                break; // ended
             };
-            if s.starts_with("running") {
-                if std::time::Instant::now() > deadline {
-                    return false;
+            if sp == 0 {
+                // Runnable (on CPU or preempted): the kernel gives no registers. Once it has
+                // run for PROGRESS of CPU time since first seen, it has left wherever it was
+                // in the range (a few instructions, no way back in).
+                let Some(ran) = run_ns(&sched) else {
+                    break;
+                };
+                match ran_from {
+                    Some(t) if ran >= t + PROGRESS_NS => break,
+                    Some(_) => {}
+                    None => ran_from = Some(ran),
                 }
-                std::thread::sleep(std::time::Duration::from_micros(200));
-                continue;
             }
-            let f: Vec<&str> = s.split_whitespace().collect();
-            let hex = |x: &str| u64::from_str_radix(x.trim_start_matches("0x"), 16).ok();
-            match (
-                f.len().checked_sub(2).and_then(|i| hex(f[i])),
-                f.last().and_then(|x| hex(x)),
-            ) {
-                (Some(sp), Some(pc)) => break (sp, pc),
-                _ => return false,
-            }
-        };
-        if sp == 0 && pc == 0 {
-            continue;
-        }
-        if inside(pc) {
-            return false;
-        }
-        let maps = maps.get_or_insert_with(read_maps);
-        let Some(&(_, top)) = maps.iter().find(|&&(lo, hi)| sp >= lo && sp < hi) else {
-            return false;
-        };
-        let top = top.min(sp.saturating_add(STACK_SCAN));
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut at = sp & !7;
-        while at < top {
-            let n = ((top - at) as usize).min(buf.len());
-            let got = crate::sys::read_nofault(at, &mut buf[..n]);
-            if buf[..got & !7]
-                .chunks_exact(8)
-                .any(|w| inside(u64::from_le_bytes(w.try_into().expect("8 bytes"))))
-            {
-                return false;
-            }
-            if got < n {
+            let clear = sp != 0 && !inside(pc) && {
+                let maps = maps.get_or_insert_with(read_maps);
+                match maps.iter().find(|&&(lo, hi)| sp >= lo && sp < hi) {
+                    Some(&(_, top)) => !stack_points_inside(
+                        sp,
+                        top.min(sp.saturating_add(STACK_SCAN)),
+                        &mut buf,
+                        &inside,
+                        trap_pc,
+                    ),
+                    None => false,
+                }
+            };
+            if clear {
                 break;
             }
-            at += n as u64;
+            if std::time::Instant::now() > deadline {
+                if debug_refusals() {
+                    eprintln!("optprobe: thread {tid} sp {sp:#x} pc {pc:#x} in the way: {:?}", std::fs::read_to_string(&path));
+                }
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
     }
     true
 }
+
+/// CPU time a runnable thread must use after it is first seen before it counts as out of
+/// the range.
+const PROGRESS_NS: u64 = 20_000;
+
+/// A thread's time on CPU (`schedstat`'s first field, ns).
+fn run_ns(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A thread's user `sp` and `pc` while it sleeps (`(0, 0)` while it is runnable: the
+/// kernel shows registers only of a task that is not `TASK_RUNNING`); `None` when it has
+/// ended.
+fn thread_sp_pc(path: &str) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(path).ok()?;
+    if s.starts_with("running") {
+        return Some((0, 0));
+    }
+    let f: Vec<&str> = s.split_whitespace().collect();
+    let hex = |x: &str| u64::from_str_radix(x.trim_start_matches("0x"), 16).ok();
+    match (f.len().checked_sub(2).and_then(|i| hex(f[i])), f.last().and_then(|x| hex(x))) {
+        (Some(sp), Some(pc)) => Some((sp, pc)),
+        _ => Some((0, 0)),
+    }
+}
+
+/// Offsets in the kernel's x86-64 `struct rt_sigframe` from the saved `rip`
+/// (`uc.uc_mcontext.rip` at 176) to `info.si_signo` (at 312) and `info.si_code` (320).
+const FRAME_RIP_TO_SIGNO: u64 = 312 - 176;
+const FRAME_RIP_TO_CODE: u64 = 320 - 176;
+/// `si_code` of a trap raised by an `int3`.
+const SI_KERNEL: i32 = 0x80;
+
+fn stack_points_inside(
+    sp: u64,
+    top: u64,
+    buf: &mut [u8],
+    inside: &impl Fn(u64) -> bool,
+    trap_pc: u64,
+) -> bool {
+    // The saved PC of a signal frame of the probe's own int3 (see `threads_outside`).
+    let own_trap_frame = |pos: u64| {
+        let word = |off: u64| crate::sys::read_u64_nofault(pos + off).map(|x| x as u32 as i32);
+        crate::sys::read_u64_nofault(pos) == Some(trap_pc)
+            && word(FRAME_RIP_TO_SIGNO) == Some(libc::SIGTRAP)
+            && word(FRAME_RIP_TO_CODE) == Some(SI_KERNEL)
+    };
+    let mut at = sp & !7;
+    'chunks: while at < top {
+        let n = ((top - at) as usize).min(buf.len());
+        let got = crate::sys::read_nofault(at, &mut buf[..n]);
+        for (k, w) in buf[..got & !7].chunks_exact(8).enumerate() {
+            let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+            if !inside(v) {
+                continue;
+            }
+            let pos = at + 8 * k as u64;
+            if own_trap_frame(pos) {
+                continue;
+            }
+            // Below such a frame, in its handler's own frames (`regs.ip = addr + 1`, a
+            // slot's address): that handler sends its thread to the detour. Go on above it.
+            let mut q = pos + 8;
+            while q < top.min(pos + HANDLER_FRAMES) && !own_trap_frame(q) {
+                q += 8;
+            }
+            if q < top.min(pos + HANDLER_FRAMES) {
+                at = q + 8;
+                continue 'chunks;
+            }
+            if debug_refusals() {
+                eprintln!("optprobe: stack word {v:#x} at {pos:#x} (sp {sp:#x})");
+            }
+            return true;
+        }
+        if got < n {
+            break;
+        }
+        at += n as u64;
+    }
+    false
+}
+
+/// How far above a word the SIGTRAP frame of the handler that wrote it is looked for.
+const HANDLER_FRAMES: u64 = 32 * 1024;
 
 fn read_maps() -> Vec<(u64, u64)> {
     let Ok(s) = std::fs::read_to_string("/proc/self/maps") else {

@@ -375,6 +375,13 @@ pub enum OptRefusal {
         /// The branch.
         at: u64,
     },
+    /// A branch elsewhere in the object (another function, a `.cold` part) targets `target`
+    /// in the middle of the range.
+    #[error("a branch elsewhere in the object jumps to {target:#x}, inside the replaced bytes")]
+    JumpFromElsewhere {
+        /// The target.
+        target: u64,
+    },
     /// An indirect jump at `at` (a jump table, maybe into the range).
     #[error("indirect jump at {at:#x}")]
     IndirectJump {
@@ -472,6 +479,30 @@ pub fn analyze(func_bytes: &[u8], func_addr: u64, addr: u64) -> Result<Vec<Range
         }
     }
     Ok(range)
+}
+
+/// Every direct branch and call target of a whole object's code (`code` at `at`), sorted,
+/// by a linear sweep (an undecodable byte is skipped): what `analyze`, which decodes one
+/// function, cannot see (glibc's `__mempcpy_avx_unaligned_erms` jumps to
+/// `__memcpy_avx_unaligned_erms+3`; GCC's `.cold` parts jump back into their function).
+/// Bytes that are data decode as something: at worst a target that refuses a range for
+/// nothing.
+pub fn branch_targets(code: &[u8], at: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut dec = Decoder::with_ip(64, code, at, DecoderOptions::NONE);
+    let mut i = Instruction::default();
+    while dec.can_decode() {
+        dec.decode_out(&mut i);
+        if matches!(
+            i.flow_control(),
+            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch | FlowControl::Call
+        ) {
+            out.push(i.near_branch_target());
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// The detour for `range` at `detour` (its first byte, where `op` goes), calling the
