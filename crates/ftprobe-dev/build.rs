@@ -88,6 +88,7 @@ fn main() {
         "c/nested.c",
         "c/libc_calls.c",
         "c/lua_driver.c",
+        "c/indirect.c",
         "lua/tables.lua",
         "rust/calls_rs.rs",
     ] {
@@ -326,6 +327,9 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("procs_tree", &[], &["-pthread"]),
         // churn: waves of short-lived threads (rings freed and claimed again, thread churn).
         ("churn", patchable.cflags(), &["-pthread"]),
+        // indirect: no site flags; calls and jumps through memory (vtables, a GOT call,
+        // jump tables, an rsp-based operand) and faults through bad pointers.
+        ("indirect", &[], &[]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(

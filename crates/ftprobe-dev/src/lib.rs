@@ -328,6 +328,18 @@ pub fn own_sigtrap_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("own_sigtrap")
 }
 
+/// Path of `indirect [N]` / `indirect faults N` (no site flags, `c/indirect.c`): indirect
+/// calls and jumps through memory at known offsets (`callv+7` `call *(%rax)`, `ops_call+4`
+/// `call *0x18(%rdi)`, `gotcall+4` `call *labs@GOTPCREL(%rip)`, `jtab+10`
+/// `jmp *(%rax,%rcx,8)`, `jtab_nt+10` its `notrack` form, `callsp+21` `call *0x18(%rsp)`),
+/// each called N times (default 5), the counts and results printed; `faults N`: N calls of
+/// `callv` through a NULL vtable pointer, a PROT_NONE vtable and a NULL vtable entry, each
+/// caught by its SIGSEGV handler (`si_addr`, the PC and the return address printed) and left
+/// by `siglongjmp`. Exits 3.
+pub fn indirect_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("indirect")
+}
+
 /// Path of `own_malloc [N]` (`-fpatchable-function-entry=5`): defines its own `malloc`,
 /// `calloc`, `realloc`, `free` (and the aligned ones) over a static arena, handing out blocks
 /// 8 bytes past a 16-byte boundary; counts every call, and the calls made before `main` or
@@ -522,7 +534,7 @@ pub mod fxsites {
             pub fn zoo_cpuid(x: i64) -> i64;
             /// `zoo_data + 1` (42): RIP-relative `mov` and `cmpq $imm` after the displacement.
             pub fn zoo_riprel() -> i64;
-            /// Never called: `syscall`, `call *mem`, `jmp *mem`, `int3`, to be refused.
+            /// Never called: `syscall` and `int3` (refused), `call *mem` and `jmp *mem`.
             pub fn zoo_refused();
         }
     }
