@@ -144,9 +144,11 @@ fn every_branch_through_memory_is_counted_exactly() {
 
 /// A virtual call through a NULL vtable pointer, through a vtable in a PROT_NONE page, and
 /// through a NULL vtable entry, each caught by the program's SIGSEGV handler and left with
-/// `siglongjmp`: the handler sees the same `si_addr`, the same PC (the probed instruction for
-/// the first two, address 0 for the third) and the same return address as without ftprobe,
-/// and the probe counts every call.
+/// `siglongjmp`: the handler sees the same `si_code`, `si_addr`, PC (the probed instruction
+/// for the first two, address 0 for the third) and return address as without ftprobe, and
+/// the probe counts every call. And one through a vtable in a PROT_EXEC page, which
+/// `process_vm_readv` cannot read: a fault (SEGV_PKUERR) where protection keys make the page
+/// execute-only, else a call that works; either way as without ftprobe.
 #[test]
 fn a_fault_through_a_bad_pointer_is_the_programs_own() {
     let exe = exe();
@@ -157,14 +159,17 @@ fn a_fault_through_a_bad_pointer_is_the_programs_own() {
     let o = stdout(&plain);
     // What the kernel does, as the fixture sees it.
     let count = |s: &str| o.lines().filter(|l| l.ends_with(s)).count();
-    assert_eq!(count(": si_addr=0 pc=callv+7"), n, "{o}");
-    assert_eq!(count(": si_addr=page+0x8 pc=callv+7"), n, "{o}");
-    assert_eq!(count(": si_addr=0 pc=0 ret=callv+9"), n, "{o}");
+    // SEGV_MAPERR 1, SEGV_ACCERR 2, SEGV_PKUERR 4.
+    assert_eq!(count(": si_code=1 si_addr=0 pc=callv+7"), n, "{o}");
+    assert_eq!(count(": si_code=2 si_addr=page+0x8 pc=callv+7"), n, "{o}");
+    assert_eq!(count(": si_code=1 si_addr=0 pc=0 ret=callv+9"), n, "{o}");
+    let xo = count(": si_code=4 si_addr=xpage+0x10 pc=callv+7") + count(": no fault, 6");
+    assert_eq!(xo, n, "{o}");
     for kind in ["null_vptr", "prot_none", "null_entry"] {
         assert!(o.contains(&format!("{kind} calls={n} caught={n}\n")), "{o}");
     }
     let (out, text) = trace(&["-e", "p:ind/callv indirect:callv+7"], &cmd);
     assert_eq!(out.status.code(), Some(3), "{out:?}\n{text}");
     assert_eq!(stdout(&out), o, "{text}");
-    assert_eq!(hits(&text, "callv"), 3 * n as u64, "{text}");
+    assert_eq!(hits(&text, "callv"), 4 * n as u64, "{text}");
 }

@@ -13,10 +13,12 @@
  *
  * `indirect N` calls each N times, counting its own calls, and prints the counts, the
  * results and how many times each virtual function ran. `indirect faults N` makes N calls of
- * callv through a NULL vtable pointer, N through a vtable in a PROT_NONE page, and N through
- * a NULL vtable entry, each caught by its SIGSEGV handler (SA_SIGINFO) and left with
- * siglongjmp; the handler records si_addr, the PC and, for the NULL entry, the return address
- * at the top of the stack, and the program prints them relative to callv and to the page.
+ * callv through a NULL vtable pointer, N through a vtable in a PROT_NONE page, N through a
+ * NULL vtable entry, and N through a vtable in a PROT_EXEC page (a fault only where
+ * protection keys make it execute-only), each fault caught by its SIGSEGV handler
+ * (SA_SIGINFO) and left with siglongjmp; the handler records si_code, si_addr, the PC and,
+ * for the NULL entry, the return address at the top of the stack, and the program prints
+ * them relative to callv and to the pages.
  * Exits 3.
  */
 #define _GNU_SOURCE
@@ -139,11 +141,13 @@ struct ops {
 
 static sigjmp_buf env;
 static volatile uintptr_t seen_addr, seen_pc, seen_ret;
+static volatile int seen_code;
 
 static void on_segv(int sig, siginfo_t *si, void *ucv) {
     ucontext_t *uc = ucv;
     (void)sig;
     seen_addr = (uintptr_t)si->si_addr;
+    seen_code = si->si_code;
     seen_pc = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     seen_ret = *(uintptr_t *)uc->uc_mcontext.gregs[REG_RSP];
     siglongjmp(env, 1);
@@ -158,33 +162,46 @@ static int faults(long n) {
     sigaction(SIGSEGV, &sa, NULL);
     long pg = sysconf(_SC_PAGESIZE);
     char *none = mmap(NULL, pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (none == MAP_FAILED)
+    /* A vtable in an execute-only page: the CPU reads it unless protection keys make
+     * PROT_EXEC execute-only (x86 with PKU: SEGV_PKUERR); process_vm_readv never does. */
+    char *xo = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (none == MAP_FAILED || xo == MAP_FAILED)
+        return 1;
+    memcpy(xo + 16, &rect_vtbl, sizeof rect_vtbl);
+    if (mprotect(xo, pg, PROT_EXEC) != 0)
         return 1;
     static const struct shape_vtbl null_entry = {0, 0};
     struct shape null_vptr = {0, 1, 1};
     struct shape none_vptr = {(const struct shape_vtbl *)(none + 8), 1, 1};
     struct shape bad_entry = {&null_entry, 1, 1};
+    struct shape xo_vptr = {(const struct shape_vtbl *)(xo + 16), 2, 3};
     struct {
         const char *what;
         struct shape *s;
-    } kinds[] = {{"null_vptr", &null_vptr}, {"prot_none", &none_vptr}, {"null_entry", &bad_entry}};
+    } kinds[] = {{"null_vptr", &null_vptr},
+                 {"prot_none", &none_vptr},
+                 {"null_entry", &bad_entry},
+                 {"exec_only", &xo_vptr}};
     uintptr_t fn = (uintptr_t)callv;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         long caught = 0, calls = 0;
         for (long i = 0; i < n; i++) {
             seen_addr = seen_pc = seen_ret = 1;
             if (sigsetjmp(env, 1) == 0) {
                 calls++;
-                callv(kinds[k].s);
-                printf("%s: no fault\n", kinds[k].what);
+                long r = callv(kinds[k].s);
+                printf("%s %ld: no fault, %ld\n", kinds[k].what, i, r);
             } else {
                 caught++;
-                /* Addresses relative to the page and to callv: the same in every run. */
-                long addr = seen_addr >= (uintptr_t)none && seen_addr < (uintptr_t)none + pg
-                                ? (long)(seen_addr - (uintptr_t)none)
-                                : (long)seen_addr;
-                printf("%s %ld: si_addr=%s%#lx", kinds[k].what, i,
-                       addr == (long)seen_addr ? "" : "page+", addr);
+                /* Addresses relative to the pages and to callv: the same in every run. */
+                const char *page = "";
+                long addr = (long)seen_addr;
+                if (seen_addr >= (uintptr_t)none && seen_addr < (uintptr_t)none + pg)
+                    page = "page+", addr = (long)(seen_addr - (uintptr_t)none);
+                if (seen_addr >= (uintptr_t)xo && seen_addr < (uintptr_t)xo + pg)
+                    page = "xpage+", addr = (long)(seen_addr - (uintptr_t)xo);
+                printf("%s %ld: si_code=%d si_addr=%s%#lx", kinds[k].what, i, seen_code, page,
+                       addr);
                 if (seen_pc == 0)
                     printf(" pc=0");
                 else
