@@ -89,6 +89,7 @@ fn main() {
         "c/libc_calls.c",
         "c/lua_driver.c",
         "c/indirect.c",
+        "c/indirect_zoo.c",
         "lua/tables.lua",
         "rust/calls_rs.rs",
     ] {
@@ -531,6 +532,14 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
     );
     let zoo = objs.join("insn_zoo.o");
     compile(&c_dir.join("insn_zoo.c"), &zoo, &[&["-O2", "-fPIC"]], &[]);
+    // Calls and jumps through memory, for the engine's int3 kprobe tests.
+    let izoo = objs.join("indirect_zoo.o");
+    compile(
+        &c_dir.join("indirect_zoo.c"),
+        &izoo,
+        &[&["-O2", "-fPIC"]],
+        &[],
+    );
     let lib = out_dir.join("libfxsites.a");
     let _ = fs::remove_file(&lib);
     run(Command::new("ar")
@@ -540,7 +549,8 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
         .arg(&cet)
         .arg(&pg)
         .arg(&graph)
-        .arg(&zoo));
+        .arg(&zoo)
+        .arg(&izoo));
     println!("cargo:rustc-link-search=native={}", out_dir.display());
     println!("cargo:rustc-link-lib=static=fxsites");
 }

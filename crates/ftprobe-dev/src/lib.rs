@@ -514,6 +514,23 @@ pub mod fxsites {
         pub fn fx_pg_mul(a: i64, b: i64) -> i64;
     }
 
+    /// Calls and jumps through memory (`c/indirect_zoo.c`, assembly, no sites), for int3
+    /// kprobes on them.
+    pub mod izoo {
+        extern "C" {
+            /// `(*obj)[0](obj)`: a virtual call, `call *(%rax)` at +7.
+            pub fn izoo_callv(obj: *const *const usize) -> i64;
+            /// `f(x)` through `call *0x18(%rsp)` at +21, with `decoy` at `0x10(%rsp)`.
+            pub fn izoo_callsp(
+                f: extern "C" fn(i64) -> i64,
+                x: i64,
+                decoy: extern "C" fn(i64) -> i64,
+            ) -> i64;
+            /// `100 * (i + 1)` for `i` in 0..3, through `jmp *(%rax,%rcx,8)` at +10.
+            pub fn izoo_jtab(i: i64) -> i64;
+        }
+    }
+
     /// The instruction zoo (`c/insn_zoo.c`, assembly, no sites): one function per class of
     /// instruction an int3 kprobe emulates or refuses.
     pub mod zoo {
