@@ -20,7 +20,11 @@
 //! shows the fault at the probed instruction. The race: memory mapped by another thread
 //! between the failed read and the copy's own access lets the copy succeed; a `call` then
 //! returns through the slot's `jmp` (its callee sees a return address in the slot) and
-//! on, and the hit runs no post_handler.
+//! on, and the hit runs no post_handler. And one difference while the read is a
+//! `process_vm_readv`: that ignores memory protection keys, so a target in memory the
+//! thread's PKRU denies is read and the call made, where the CPU would fault (a read by the
+//! thread itself, in the handler, fails there and takes the fault slot, which runs with the
+//! thread's own PKRU).
 //!
 //! Everything reached from [`handle_trap`] is async-signal-safe: published tables read with
 //! atomics, no allocation, no lock.
