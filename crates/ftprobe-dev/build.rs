@@ -90,6 +90,7 @@ fn main() {
         "c/lua_driver.c",
         "c/indirect.c",
         "c/indirect_zoo.c",
+        "c/indirect_cxx.cc",
         "lua/tables.lua",
         "rust/calls_rs.rs",
     ] {
@@ -202,6 +203,20 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
             .arg("-o")
             .arg(fixtures.join(name)));
     }
+
+    // indirect_cxx: C++ virtual calls kept indirect (-fno-devirtualize), no site flags.
+    let obj = objs.join("indirect_cxx.o");
+    run(Command::new("g++")
+        .args(BASE_CFLAGS)
+        .arg("-fno-devirtualize")
+        .arg("-c")
+        .arg(c_dir.join("indirect_cxx.cc"))
+        .arg("-o")
+        .arg(&obj));
+    run(Command::new("g++")
+        .arg(&obj)
+        .arg("-o")
+        .arg(fixtures.join("indirect_cxx")));
 
     // names: C++ overloads and two static C functions of the same name (-mfentry sites),
     // for the readers' names.

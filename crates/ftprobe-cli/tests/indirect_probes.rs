@@ -10,7 +10,7 @@
 use std::process::Output;
 
 use ftprobe::arch::x86_64::insn::{self, Emulate, GpReg, MemOperand, XolPlan};
-use ftprobe_dev::indirect_fixture;
+use ftprobe_dev::{indirect_cxx_fixture, indirect_fixture};
 use object::{Object, ObjectSection, ObjectSymbol};
 
 mod common;
@@ -172,4 +172,54 @@ fn a_fault_through_a_bad_pointer_is_the_programs_own() {
     assert_eq!(out.status.code(), Some(3), "{out:?}\n{text}");
     assert_eq!(stdout(&out), o, "{text}");
     assert_eq!(hits(&text, "callv"), 4 * n as u64, "{text}");
+}
+
+/// A real C++ virtual call, as g++ emits it (`call *OFF(%rax)` through the vtable): the one
+/// call through memory in `total`, found by decoding the function from the file, is probed
+/// and counted exactly; the program's output (each override's own count) and status are
+/// unchanged.
+#[test]
+fn a_cxx_virtual_call_is_counted_exactly() {
+    let exe = indirect_cxx_fixture().to_str().unwrap().to_owned();
+    let data = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let sym = file
+        .symbols()
+        .find(|s| s.name() == Ok("total"))
+        .expect("total");
+    let text = file.section_by_index(sym.section_index().unwrap()).unwrap();
+    let at = (sym.address() - text.address()) as usize;
+    let code = &text.data().unwrap()[at..at + sym.size() as usize];
+    let calls: Vec<u64> = insn::boundaries(code, sym.address())
+        .into_iter()
+        .filter(|&b| {
+            matches!(
+                insn::plan(code, sym.address(), b, b),
+                Ok(XolPlan::Emulate {
+                    insn: Emulate::CallMem {
+                        mem: MemOperand {
+                            base: Some(_),
+                            index: None,
+                            ..
+                        }
+                    },
+                    ..
+                })
+            )
+        })
+        .map(|b| b - sym.address())
+        .collect();
+    let [off] = calls[..] else {
+        panic!("one virtual call in total: {calls:x?}");
+    };
+    let cmd = [exe.as_str(), "20"];
+    let plain = untraced(&cmd);
+    assert_eq!(plain.status.code(), Some(3), "{plain:?}");
+    let o = stdout(&plain);
+    assert_eq!(field(&o, "virtual_calls"), 60, "{o}");
+    let def = format!("p:ind/vcall indirect_cxx:total+{off}");
+    let (out, text) = trace(&["-e", &def], &cmd);
+    assert_eq!(out.status.code(), Some(3), "{out:?}\n{text}");
+    assert_eq!(stdout(&out), o, "{text}");
+    assert_eq!(hits(&text, "vcall"), 60, "{text}");
 }

@@ -340,6 +340,14 @@ pub fn indirect_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("indirect")
 }
 
+/// Path of `indirect_cxx [N]` (C++, `-fno-devirtualize`, no site flags,
+/// `c/indirect_cxx.cc`): N shapes of three classes; `total` (extern "C") makes one virtual
+/// call per shape (`call *OFF(%reg)` through the vtable) and is called 3 times; prints
+/// `virtual_calls=3N rect=R square=S tri=T sum=X`. Exits 3.
+pub fn indirect_cxx_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("indirect_cxx")
+}
+
 /// Path of `own_malloc [N]` (`-fpatchable-function-entry=5`): defines its own `malloc`,
 /// `calloc`, `realloc`, `free` (and the aligned ones) over a static arena, handing out blocks
 /// 8 bytes past a 16-byte boundary; counts every call, and the calls made before `main` or
