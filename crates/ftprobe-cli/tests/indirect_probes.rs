@@ -148,7 +148,8 @@ fn every_branch_through_memory_is_counted_exactly() {
 /// for the first two, address 0 for the third) and return address as without ftprobe, and
 /// the probe counts every call. And one through a vtable in a PROT_EXEC page, which
 /// `process_vm_readv` cannot read: a fault (SEGV_PKUERR) where protection keys make the page
-/// execute-only, else a call that works; either way as without ftprobe.
+/// execute-only, else a call that works; either way as without ftprobe. And one through a
+/// non-canonical vtable entry: #GP at the call itself, before the push.
 #[test]
 fn a_fault_through_a_bad_pointer_is_the_programs_own() {
     let exe = exe();
@@ -165,13 +166,19 @@ fn a_fault_through_a_bad_pointer_is_the_programs_own() {
     assert_eq!(count(": si_code=1 si_addr=0 pc=0 ret=callv+9"), n, "{o}");
     let xo = count(": si_code=4 si_addr=xpage+0x10 pc=callv+7") + count(": no fault, 6");
     assert_eq!(xo, n, "{o}");
-    for kind in ["null_vptr", "prot_none", "null_entry"] {
+    // A non-canonical target: #GP (SI_KERNEL 128) at the call itself, nothing pushed.
+    assert_eq!(
+        count(": si_code=128 si_addr=0 pc=callv+7 pushed=0"),
+        n,
+        "{o}"
+    );
+    for kind in ["null_vptr", "prot_none", "null_entry", "noncanonical"] {
         assert!(o.contains(&format!("{kind} calls={n} caught={n}\n")), "{o}");
     }
     let (out, text) = trace(&["-e", "p:ind/callv indirect:callv+7"], &cmd);
     assert_eq!(out.status.code(), Some(3), "{out:?}\n{text}");
     assert_eq!(stdout(&out), o, "{text}");
-    assert_eq!(hits(&text, "callv"), 4 * n as u64, "{text}");
+    assert_eq!(hits(&text, "callv"), 5 * n as u64, "{text}");
 }
 
 /// A real C++ virtual call, as g++ emits it (`call *OFF(%rax)` through the vtable): the one

@@ -14,8 +14,9 @@
  * `indirect N` calls each N times, counting its own calls, and prints the counts, the
  * results and how many times each virtual function ran. `indirect faults N` makes N calls of
  * callv through a NULL vtable pointer, N through a vtable in a PROT_NONE page, N through a
- * NULL vtable entry, and N through a vtable in a PROT_EXEC page (a fault only where
- * protection keys make it execute-only), each fault caught by its SIGSEGV handler
+ * NULL vtable entry, N through a vtable in a PROT_EXEC page (a fault only where
+ * protection keys make it execute-only), and N through a non-canonical vtable entry (#GP at
+ * the call, nothing pushed), each fault caught by its SIGSEGV handler
  * (SA_SIGINFO) and left with siglongjmp; the handler records si_code, si_addr, the PC and,
  * for the NULL entry, the return address at the top of the stack, and the program prints
  * them relative to callv and to the pages.
@@ -171,6 +172,10 @@ static int faults(long n) {
     if (mprotect(xo, pg, PROT_EXEC) != 0)
         return 1;
     static const struct shape_vtbl null_entry = {0, 0};
+    /* A target that is not canonical: #GP at the call itself, before the push. */
+    static const struct shape_vtbl noncanon_entry = {
+        (long (*)(struct shape *))0x8000000000000000ul, 0};
+    struct shape noncanon = {&noncanon_entry, 1, 1};
     struct shape null_vptr = {0, 1, 1};
     struct shape none_vptr = {(const struct shape_vtbl *)(none + 8), 1, 1};
     struct shape bad_entry = {&null_entry, 1, 1};
@@ -181,9 +186,10 @@ static int faults(long n) {
     } kinds[] = {{"null_vptr", &null_vptr},
                  {"prot_none", &none_vptr},
                  {"null_entry", &bad_entry},
-                 {"exec_only", &xo_vptr}};
+                 {"exec_only", &xo_vptr},
+                 {"noncanonical", &noncanon}};
     uintptr_t fn = (uintptr_t)callv;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         long caught = 0, calls = 0;
         for (long i = 0; i < n; i++) {
             seen_addr = seen_pc = seen_ret = 1;
@@ -208,6 +214,8 @@ static int faults(long n) {
                     printf(" pc=callv%+ld", (long)(seen_pc - fn));
                 if (k == 2)
                     printf(" ret=callv%+ld", (long)(seen_ret - fn));
+                if (k == 4)
+                    printf(" pushed=%d", seen_ret == fn + 9);
                 printf("\n");
             }
         }

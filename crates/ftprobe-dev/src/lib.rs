@@ -333,9 +333,10 @@ pub fn own_sigtrap_fixture() -> PathBuf {
 /// `call *0x18(%rdi)`, `gotcall+4` `call *labs@GOTPCREL(%rip)`, `jtab+10`
 /// `jmp *(%rax,%rcx,8)`, `jtab_nt+10` its `notrack` form, `callsp+21` `call *0x18(%rsp)`),
 /// each called N times (default 5), the counts and results printed; `faults N`: N calls of
-/// `callv` through a NULL vtable pointer, a PROT_NONE vtable and a NULL vtable entry, each
-/// caught by its SIGSEGV handler (`si_addr`, the PC and the return address printed) and left
-/// by `siglongjmp`. Exits 3.
+/// `callv` through a NULL vtable pointer, a PROT_NONE vtable, a NULL vtable entry, a
+/// PROT_EXEC vtable (faults where protection keys make it execute-only) and a non-canonical
+/// vtable entry, each fault caught by its SIGSEGV handler (`si_code`, `si_addr`, the PC and
+/// the return address printed) and left by `siglongjmp`. Exits 3.
 pub fn indirect_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("indirect")
 }

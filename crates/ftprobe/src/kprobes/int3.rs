@@ -535,6 +535,15 @@ fn gp(regs: &mut PtRegs, r: GpReg) -> &mut u64 {
     }
 }
 
+/// The target of a `call`/`jmp` through `mem`, read without faulting; `None` when it cannot
+/// be read, or is not canonical (48-bit): the CPU raises #GP at the instruction itself then,
+/// before any push, which the fault slot reproduces exactly (a target above 47 bits on a
+/// 5-level-paging machine takes the slot too, where it works).
+fn mem_target(mem: insn::MemOperand, regs: &mut PtRegs) -> Option<u64> {
+    let at = mem.address(|r| *gp(regs, r));
+    crate::sys::read_u64_nofault(at).filter(|&to| ((to as i64) << 16) >> 16 == to as i64)
+}
+
 /// Execute an emulated instruction on `regs` (the kernel's `int3_emulate_*`). Returns false,
 /// with `regs` unchanged, when a `call`/`jmp` through memory cannot read its target: the
 /// caller runs the instruction from its fault slot instead.
@@ -583,16 +592,14 @@ fn emulate(e: &Emulate, addr: u64, len: u64, regs: &mut PtRegs) -> bool {
         Emulate::JmpReg { reg } => *gp(regs, reg),
         Emulate::CallMem { mem } => {
             // The operand's address from the registers before the push (`call *8(%rsp)`).
-            let at = mem.address(|r| *gp(regs, r));
-            let Some(to) = crate::sys::read_u64_nofault(at) else {
+            let Some(to) = mem_target(mem, regs) else {
                 return false;
             };
             push(regs, next);
             to
         }
         Emulate::JmpMem { mem } => {
-            let at = mem.address(|r| *gp(regs, r));
-            let Some(to) = crate::sys::read_u64_nofault(at) else {
+            let Some(to) = mem_target(mem, regs) else {
                 return false;
             };
             to
