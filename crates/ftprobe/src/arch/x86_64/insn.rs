@@ -56,8 +56,9 @@
 //! * we do not boost when the `jmp rel32` back cannot reach `addr + len` from the slot.
 //!
 //! **Fault slots.** An emulated `call *mem` / `jmp *mem` computes the operand's address from
-//! the interrupted registers and reads the target without faulting. When the read fails, the
-//! program must get exactly the fault the instruction would have raised: the handler sends the
+//! the interrupted registers and reads the target without faulting. When the read fails (or
+//! the target is not canonical: #GP at the instruction, before any push), the program must
+//! get exactly the fault the instruction would have raised: the handler sends the
 //! thread to a slot holding the instruction itself ([`mem_branch_copy`], RIP-relative fixed
 //! up) followed by a `jmp addr+len`; the copy faults at the slot's first byte and the fault
 //! handler shows it at the probed instruction, as for any XOL slot. One race is left: memory
