@@ -204,6 +204,20 @@ struct Fetch {
     store: Store,
 }
 
+impl Fetch {
+    /// Whether the argument reads memory on a hit: a dereference, a store from memory, a
+    /// stack slot (`$stackN`, `$argN` for N > 6).
+    fn reads_memory(&self) -> bool {
+        !self.derefs.is_empty()
+            || matches!(
+                self.store,
+                Store::Mem { .. } | Store::Str { .. } | Store::StrArray { .. }
+            )
+            || matches!(self.base, Base::Stack(_))
+            || matches!(self.base, Base::Arg(n) if n > 6)
+    }
+}
+
 /// `op` as a base and its dereferences (appended to `derefs`, innermost first); `Err` names
 /// what is not supported.
 fn flatten(op: &FetchOp, derefs: &mut Vec<i64>) -> Result<Base, &'static str> {
@@ -570,6 +584,12 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         ProbeKind::Kretprobe { maxactive } => Some(maxactive.unwrap_or(0)),
         _ => None,
     };
+    if args.iter().any(Fetch::reads_memory) {
+        // Memory is read with plain loads whose faults ftprobe's SIGSEGV/SIGBUS handler
+        // turns into `(fault)`; when that handler cannot be made the one in place, reads
+        // stay on `process_vm_readv` (slower, as safe).
+        crate::arch::x86_64::uaccess::enable();
+    }
     let entry = entry_args(&args, &def);
     let (kp, rp): (&'static Kprobe, Option<&'static Kretprobe>) = match maxactive {
         None => (
@@ -910,11 +930,10 @@ fn store_string(data: &mut [u8], used: &mut usize, addr: u64) -> u64 {
     let Some(buf) = data.get_mut(start..start + cap).filter(|b| !b.is_empty()) else {
         return 0;
     };
-    let got = sys::read_nofault(addr, buf);
-    let len = match buf[..got].iter().position(|&c| c == 0) {
-        Some(nul) => nul + 1,
+    let len = match sys::strncpy_nofault(addr, buf) {
+        Some(n) if buf[n - 1] == 0 => n,
         // No NUL in the first `cap` bytes: cut, as strncpy_from_kernel_nofault().
-        None if got == cap => {
+        Some(_) => {
             buf[cap - 1] = 0;
             cap
         }
