@@ -24,8 +24,9 @@
 //! value `+8`; `+0(%di):string` stores the string at `%di`; `+0(%di):string[N]` reads N
 //! pointers at `%di`, `%di+8`, ... and stores the string each points to; `symstr` keeps its
 //! dereference (it symbolizes the loaded value). Every memory read is fault-safe
-//! ([`sys::read_nofault`], [`sys::read_u64_nofault`]): a bad pointer marks the argument
-//! `(fault)` and the program runs on. In one process user and kernel memory are the same:
+//! ([`sys::read_nofault`], [`sys::read_u64_nofault`], [`sys::strncpy_nofault`]: plain loads
+//! whose faults ftprobe's handler resumes, `arch::x86_64::uaccess`, or `process_vm_readv`
+//! where that is not safe): a bad pointer marks the argument `(fault)` and the program runs on. In one process user and kernel memory are the same:
 //! `ustring` and `+uOFFS` read as `string` and `+OFFS`.
 //!
 //! # Record layout
