@@ -329,7 +329,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("churn", patchable.cflags(), &["-pthread"]),
         // nofault: bad pointers for fetch args, and the program's own faults (sites by
         // patchable entries; nofault_int3 below: the same without, for int3 probes).
-        ("nofault", patchable.cflags(), patchable.ldflags()),
+        ("nofault", patchable.cflags(), &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(
@@ -342,7 +342,7 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     }
     let obj = objs.join("nofault_int3.o");
     compile(&c_dir.join("nofault.c"), &obj, &[BASE_CFLAGS], &[]);
-    link(&[&obj], &fixtures.join("nofault_int3"), &[&[]]);
+    link(&[&obj], &fixtures.join("nofault_int3"), &[&["-pthread"]]);
     // attach_target: a running multithreaded program for `trace -p` (NOP5 sites in
     // __mcount_loc).
     let fl = Flavour::FentryNop;

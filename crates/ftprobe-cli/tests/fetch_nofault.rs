@@ -128,6 +128,23 @@ fn has_core(dir: &std::path::Path) -> bool {
         .any(|e| e.unwrap().file_name().to_string_lossy().starts_with("core"))
 }
 
+/// Where a fault would kill (SIGSEGV and SIGBUS blocked by the thread's mask, in a thread
+/// started with every signal blocked, in a handler whose `sa_mask` is full), the reads take
+/// the system call: every probe hit is `(fault)` and the program lives.
+#[test]
+fn bad_pointers_where_the_fault_signals_are_blocked() {
+    for exe in fixtures() {
+        let hits = traced_as_untraced(&exe, &["blocked"]);
+        let plain = untraced(&[exe.to_str().unwrap(), "blocked"]);
+        assert_eq!(String::from_utf8_lossy(&plain.stdout), "blocked calls=9\n");
+        assert_eq!(
+            hits,
+            vec!["id=0x0 name=(fault) s=(fault) v=0"; 9],
+            "{exe:?}"
+        );
+    }
+}
+
 /// `cmd` run in `dir`.
 fn run_in(dir: &std::path::Path, mut cmd: Command) -> Output {
     cmd.current_dir(dir).output().unwrap()

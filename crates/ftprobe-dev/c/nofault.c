@@ -19,12 +19,17 @@
  *   overflow  take with bad pointers 3 times, then a recursion that overflows the stack; a
  *             SIGSEGV handler on a sigaltstack (SA_ONSTACK) catches it and siglongjmps out;
  *             prints `overflow caught=1 onstack=1`.
+ *   blocked   take with bad pointers while SIGSEGV and SIGBUS are blocked, where a fault
+ *             would kill: 3 times with them blocked by pthread_sigmask, 3 times in a thread
+ *             started with every signal blocked, 3 times in a SIGUSR1 handler whose sa_mask
+ *             is full; prints `blocked calls=9`.
  *   die       sets RLIMIT_CORE to N bytes (at most its hard limit; 0: no core file), calls
  *             take with bad pointers 3 times, prints `die before`, then loads from address 16
  *             with no handler: dies of SIGSEGV (with a core file in the current directory, cut
  *             at N bytes, if the system writes them there).
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -221,6 +226,52 @@ static void overflow(void)
     printf("overflow caught=%d onstack=%d\n", faults, onstack);
 }
 
+static long blocked_calls;
+
+static void three_bad(void)
+{
+    for (int i = 0; i < 3; i++)
+        blocked_calls += take(NULL, (void *)16, (void *)16);
+}
+
+static void *blocked_thread(void *arg)
+{
+    (void)arg;
+    three_bad();
+    return NULL;
+}
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    three_bad();
+}
+
+static void blocked(void)
+{
+    sigset_t s, all, old;
+    sigemptyset(&s);
+    sigaddset(&s, SIGSEGV);
+    sigaddset(&s, SIGBUS);
+    pthread_sigmask(SIG_BLOCK, &s, &old);
+    three_bad();
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* A thread that starts with every signal blocked (inherited: its first hit asks). */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_thread, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_join(t, NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sigfillset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    raise(SIGUSR1);
+    printf("blocked calls=%ld\n", blocked_calls);
+}
+
 static void die(long core)
 {
     struct rlimit r;
@@ -248,6 +299,8 @@ int main(int argc, char **argv)
         own_faults(mode, n, 1);
     else if (!strcmp(mode, "overflow"))
         overflow();
+    else if (!strcmp(mode, "blocked"))
+        blocked();
     else if (!strcmp(mode, "die"))
         die(argc > 2 ? atol(argv[2]) : 0);
     else {
