@@ -349,7 +349,13 @@ if ((QUICK)); then
 	[[ -x $FTPROBE ]] || { FT_OK=0 FT_REASON="$FTPROBE not built (--quick builds nothing)"; }
 else
 	log "cargo build --release"
-	if ! (cd "$ROOT" && cargo build --release -q && cargo build --release -q -p ftprobe --example hit_api) >"$W/cargo.log" 2>&1; then
+	# PEERS_ROWS: the CLI rows need the CLI and the agent only.
+	if [[ -n ${PEERS_ROWS:-} ]]; then
+		BUILD=(cargo build --release -q -p ftprobe-cli -p ftprobe-agent)
+	else
+		BUILD=(eval "cargo build --release -q && cargo build --release -q -p ftprobe --example hit_api")
+	fi
+	if ! (cd "$ROOT" && "${BUILD[@]}") >"$W/cargo.log" 2>&1; then
 		[[ -x $FTPROBE ]] && log "cargo build failed; using the existing $FTPROBE" ||
 			{ FT_OK=0 FT_REASON="cargo build --release failed: $(tail -n 1 "$W/cargo.log")"; }
 	fi

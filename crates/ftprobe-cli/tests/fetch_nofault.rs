@@ -199,3 +199,52 @@ fn a_program_without_handler_dies_of_its_fault_as_untraced() {
         }
     }
 }
+
+/// `trace -p`: the agent loaded into a running program installs the fault handler when the
+/// event is created; every read through the bad pointers `attach_window(0..N)` gets (fault),
+/// and the program ends as it does untraced (no EINTR, its own SIGUSR1s all delivered).
+#[test]
+fn attached_bad_pointers_are_faults() {
+    use common::attach_target::{Target, CLEAN_END};
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+
+    let mut t = Target::start(&[]);
+    let pid = t.pid();
+    let out_file = tmp_dir("nofault-attach").join("trace.txt");
+    let mut cli = ftprobe_dev::KillOnDrop::spawn(
+        ftprobe()
+            .args(["trace", "-p", &pid.to_string(), "-e"])
+            .arg("p:win attach_window v=+0(%di):u64 s=+0(%di):string w=+8(+0(%di)):x32")
+            .arg("-o")
+            .arg(&out_file)
+            .stderr(Stdio::piped()),
+    )
+    .unwrap();
+    let mut err = BufReader::new(cli.stderr.take().unwrap());
+    let mut said = String::new();
+    loop {
+        let mut l = String::new();
+        if err.read_line(&mut l).unwrap() == 0 {
+            break;
+        }
+        said.push_str(&l);
+        if l.starts_with("ftprobe: tracing process") {
+            assert_eq!(t.window(50), "window 50 done\n");
+            // SAFETY: kill has no memory effects; the pid is our live child.
+            unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
+            break;
+        }
+    }
+    err.read_to_string(&mut said).unwrap();
+    assert!(cli.wait().unwrap().success(), "{said}");
+    let text = std::fs::read_to_string(&out_file).unwrap();
+    let _ = std::fs::remove_dir_all(out_file.parent().unwrap());
+    let hits: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(" win: "))
+        .map(|l| l.split_once(") ").unwrap().1)
+        .collect();
+    assert_eq!(hits, vec!["v=0 s=(fault) w=0x0"; 50], "{text}");
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
