@@ -378,10 +378,70 @@ unsafe fn vm_read_self(
 /// ~0.3-1.3 µs).
 #[inline]
 pub fn read_u64_nofault(addr: u64) -> Option<u64> {
-    if uaccess::usable() {
-        return uaccess::read_u64_nofault(addr);
+    Nofault::now().read_u64(addr)
+}
+
+/// How fault-safe reads are made, decided once (per probe hit: [`Nofault::now`] checks
+/// the thread's state, a few loads): plain loads whose faults ftprobe's handler resumes
+/// (`uaccess`), or `process_vm_readv`. The free functions ([`read_nofault`] and siblings)
+/// decide at each call. *Probe path*.
+#[derive(Clone, Copy, Debug)]
+pub struct Nofault {
+    loads: bool,
+}
+
+impl Nofault {
+    /// By `process_vm_readv` (also for a caller that reads nothing).
+    pub const SYSCALL: Nofault = Nofault { loads: false };
+
+    /// The way that is safe on this thread now ([`uaccess::usable`]).
+    #[inline]
+    pub fn now() -> Nofault {
+        Nofault {
+            loads: uaccess::usable(),
+        }
     }
-    read_u64_syscall(addr)
+
+    /// [`read_u64_nofault`].
+    #[inline]
+    pub fn read_u64(self, addr: u64) -> Option<u64> {
+        if self.loads {
+            return uaccess::read_u64_nofault(addr);
+        }
+        read_u64_syscall(addr)
+    }
+
+    /// [`read_nofault`].
+    #[inline]
+    pub fn read(self, addr: u64, buf: &mut [u8]) -> usize {
+        if self.loads {
+            return uaccess::copy_nofault(addr, buf);
+        }
+        read_pieces_syscall(addr, buf)
+    }
+
+    /// [`strncpy_nofault`].
+    #[inline]
+    pub fn strncpy(self, addr: u64, buf: &mut [u8]) -> Option<usize> {
+        if self.loads {
+            return uaccess::strncpy_nofault(addr, buf);
+        }
+        let got = read_pieces_syscall(addr, buf);
+        match buf[..got].iter().position(|&c| c == 0) {
+            Some(nul) => Some(nul + 1),
+            None if got == buf.len() => Some(got),
+            None => None,
+        }
+    }
+
+    /// [`strnlen_nofault`].
+    #[inline]
+    pub fn strnlen(self, addr: u64, max: usize) -> Option<usize> {
+        if self.loads {
+            return uaccess::strnlen_nofault(addr, max).map(|n| n.min(max));
+        }
+        strnlen_syscall(addr, max)
+    }
 }
 
 /// [`read_u64_nofault`] by `process_vm_readv`. Out of line: its iovecs stay off the
@@ -417,10 +477,7 @@ const NOFAULT_PIECE: u64 = 4096;
 /// 4 KiB), 48 bytes of iovecs on the stack.
 #[inline]
 pub fn read_nofault(addr: u64, buf: &mut [u8]) -> usize {
-    if uaccess::usable() {
-        return uaccess::copy_nofault(addr, buf);
-    }
-    read_pieces_syscall(addr, buf)
+    Nofault::now().read(addr, buf)
 }
 
 #[inline(never)]
@@ -435,15 +492,7 @@ fn read_pieces_syscall(addr: u64, buf: &mut [u8]) -> usize {
 /// plain loads stop at the NUL (the system call reads all of `buf` that is mapped).
 #[inline]
 pub fn strncpy_nofault(addr: u64, buf: &mut [u8]) -> Option<usize> {
-    if uaccess::usable() {
-        return uaccess::strncpy_nofault(addr, buf);
-    }
-    let got = read_pieces_syscall(addr, buf);
-    match buf[..got].iter().position(|&c| c == 0) {
-        Some(nul) => Some(nul + 1),
-        None if got == buf.len() => Some(got),
-        None => None,
-    }
+    Nofault::now().strncpy(addr, buf)
 }
 
 #[inline(always)]
@@ -493,10 +542,7 @@ fn read_pieces(addr: u64, buf: &mut [u8]) -> usize {
 /// `process_vm_readv` each.
 #[inline]
 pub fn strnlen_nofault(addr: u64, max: usize) -> Option<usize> {
-    if uaccess::usable() {
-        return uaccess::strnlen_nofault(addr, max).map(|n| n.min(max));
-    }
-    strnlen_syscall(addr, max)
+    Nofault::now().strnlen(addr, max)
 }
 
 #[inline(never)]

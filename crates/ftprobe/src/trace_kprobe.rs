@@ -113,6 +113,8 @@ pub struct TraceKprobe {
     fixed_words: usize,
     /// Some argument is a string read from memory: records have a data area.
     dynamic: bool,
+    /// Some argument reads memory ([`Fetch::reads_memory`]).
+    reads_memory: bool,
     /// Whether the site stands after the prologue (stack arguments are above `rbp`); set
     /// each time the probe is armed (its object may be loaded later).
     after_prologue: AtomicBool,
@@ -131,6 +133,16 @@ impl TraceKprobe {
     /// counter) cost ~14 ns here.
     pub fn dropped(&self) -> u64 {
         self.dropped_counter().load(Ordering::Relaxed)
+    }
+
+    /// Probe path: how this hit reads memory, if the event reads any.
+    #[inline(always)]
+    fn nofault(&self) -> sys::Nofault {
+        if self.reads_memory {
+            sys::Nofault::now()
+        } else {
+            sys::Nofault::SYSCALL
+        }
     }
 
     fn dropped_counter(&self) -> &AtomicU64 {
@@ -616,6 +628,7 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         head_words: record_head_words(args.len()) + usize::from(rp.is_some()),
         fixed_words: args.iter().map(|a| a.store.words()).sum(),
         dynamic: args.iter().any(|a| a.store.is_dynamic()),
+        reads_memory: args.iter().any(Fetch::reads_memory),
         args,
         after_prologue: AtomicBool::new(false),
         pending: AtomicBool::new(pending),
@@ -825,7 +838,7 @@ fn reg_value(regs: &PtRegs, r: crate::events::Reg) -> u64 {
 }
 
 /// Probe path: read argument `n` (1-based) by the SysV ABI at function entry.
-fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
+fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool, mem: sys::Nofault) -> Option<u64> {
     Some(match n {
         1 => regs.rdi,
         2 => regs.rsi,
@@ -841,7 +854,7 @@ fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
             } else {
                 regs.sp + 8
             };
-            return crate::sys::read_u64_nofault(base + 8 * (n as u64 - 7));
+            return mem.read_u64(base + 8 * (n as u64 - 7));
         }
     })
 }
@@ -854,6 +867,8 @@ struct At<'a> {
     regs: &'a PtRegs,
     after_prologue: bool,
     entry: &'a [u64],
+    /// How this hit reads memory (decided once per hit).
+    mem: sys::Nofault,
 }
 
 /// Probe path: an argument's value before its store: the base, then the dereferences.
@@ -863,16 +878,16 @@ fn fetch_value(f: &Fetch, at: At<'_>) -> Option<u64> {
     let regs = at.regs;
     let mut v = match f.base {
         Base::Reg(r) => reg_value(regs, r),
-        Base::Arg(k) => fetch_arg(k, regs, at.after_prologue)?,
+        Base::Arg(k) => fetch_arg(k, regs, at.after_prologue, at.mem)?,
         Base::Retval => regs.rax,
         Base::Entry(k) => at.entry.get(k as usize).copied()?,
-        Base::Stack(k) => sys::read_u64_nofault(regs.sp.wrapping_add(8 * u64::from(k)))?,
+        Base::Stack(k) => at.mem.read_u64(regs.sp.wrapping_add(8 * u64::from(k)))?,
         Base::StackPtr => regs.sp,
         Base::Imm(v) => v,
         Base::Sym { .. } | Base::None => return None,
     };
     for &off in f.derefs.iter() {
-        v = sys::read_u64_nofault(v.wrapping_add(off as u64))?;
+        v = at.mem.read_u64(v.wrapping_add(off as u64))?;
     }
     Some(v)
 }
@@ -895,14 +910,14 @@ fn strings_size(tk: &TraceKprobe, at_: At<'_>) -> usize {
         let at = v.wrapping_add(off as u64);
         for k in 0..u64::from(count) {
             let addr = if array {
-                match sys::read_u64_nofault(at.wrapping_add(8 * k)) {
+                match at_.mem.read_u64(at.wrapping_add(8 * k)) {
                     Some(p) => p,
                     None => continue,
                 }
             } else {
                 at
             };
-            total += sys::strnlen_nofault(addr, MAX_STRING_SIZE).unwrap_or(0);
+            total += at_.mem.strnlen(addr, MAX_STRING_SIZE).unwrap_or(0);
         }
     }
     total
@@ -925,13 +940,13 @@ fn with_bytes<R>(words: &[AtomicU64], f: impl FnOnce(&mut [u8]) -> R) -> R {
 /// Probe path: read the string at `addr` into `data[*used..]`, bounded by `MAX_STRING_SIZE`
 /// and the room left; returns its data_loc (0 when it cannot be read or there is no room).
 #[inline(never)]
-fn store_string(data: &mut [u8], used: &mut usize, addr: u64) -> u64 {
+fn store_string(data: &mut [u8], used: &mut usize, addr: u64, mem: sys::Nofault) -> u64 {
     let start = *used;
     let cap = MAX_STRING_SIZE.min(data.len().saturating_sub(start));
     let Some(buf) = data.get_mut(start..start + cap).filter(|b| !b.is_empty()) else {
         return 0;
     };
-    let len = match sys::strncpy_nofault(addr, buf) {
+    let len = match mem.strncpy(addr, buf) {
         Some(n) if buf[n - 1] == 0 => n,
         // No NUL in the first `cap` bytes: cut, as strncpy_from_kernel_nofault().
         Some(_) => {
@@ -984,7 +999,7 @@ fn store_arg(
             };
             let len = size as usize * count as usize;
             let got = with_bytes(words, |b| {
-                sys::read_nofault(v.wrapping_add(off as u64), &mut b[..len])
+                at.mem.read(v.wrapping_add(off as u64), &mut b[..len])
             });
             if got < len {
                 for w in words {
@@ -995,8 +1010,9 @@ fn store_arg(
             true
         }
         Store::Str { off } => {
-            let loc = fetch_value(f, at)
-                .map_or(0, |v| store_string(data, used, v.wrapping_add(off as u64)));
+            let loc = fetch_value(f, at).map_or(0, |v| {
+                store_string(data, used, v.wrapping_add(off as u64), at.mem)
+            });
             put(0, loc);
             true
         }
@@ -1007,10 +1023,12 @@ fn store_arg(
                 }
                 return false;
             };
+            let mem = at.mem;
             let at = v.wrapping_add(off as u64);
             for k in 0..count as usize {
-                let loc = sys::read_u64_nofault(at.wrapping_add(8 * k as u64))
-                    .map_or(0, |p| store_string(data, used, p));
+                let loc = mem
+                    .read_u64(at.wrapping_add(8 * k as u64))
+                    .map_or(0, |p| store_string(data, used, p, mem));
                 put(k, loc);
             }
             true
@@ -1026,6 +1044,7 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
         regs,
         after_prologue: tk.after_prologue.load(Ordering::Relaxed),
         entry: &[],
+        mem: tk.nofault(),
     };
     write_event(tk, at, p.addr(), None);
     0
@@ -1035,9 +1054,14 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
 fn kretprobe_entry_handler(ri: &mut KretprobeInstance, regs: &mut PtRegs) -> i32 {
     // SAFETY: the kretprobe's `data` holds the leaked TraceKprobe, set before registration.
     let tk = unsafe { &*(ri.rp.data.load(Ordering::Relaxed) as *const TraceKprobe) };
+    let mem = if tk.entry_args.iter().any(|&n| n > 6) {
+        sys::Nofault::now()
+    } else {
+        sys::Nofault::SYSCALL
+    };
     for (slot, &n) in ri.data.iter_mut().zip(&tk.entry_args) {
         // An argument on the stack that cannot be read is saved as 0.
-        *slot = fetch_arg(n, regs, false).unwrap_or(0);
+        *slot = fetch_arg(n, regs, false, mem).unwrap_or(0);
     }
     0
 }
@@ -1050,6 +1074,7 @@ fn kretprobe_dispatcher(ri: &KretprobeInstance, regs: &PtRegs) -> i32 {
         regs,
         after_prologue: false,
         entry: &ri.data[..tk.entry_args.len().min(ri.data.len())],
+        mem: tk.nofault(),
     };
     write_event(tk, at, ri.func, Some(ri.ret_addr));
     0
