@@ -1429,16 +1429,19 @@ mod tests {
         assert_eq!(sys::strnlen_nofault(end - 3, MAX_STRING_SIZE), None);
         assert_eq!(sys::strnlen_nofault(end - 3, 2), Some(2), "cut at max");
         assert_eq!(sys::strnlen_nofault(8, 16), None, "NULL page");
-        let mut data = [0xaau8; 8];
-        let mut used = 0;
-        assert_eq!(store_string(&mut data, &mut used, end - 6), 3 << 32);
-        assert_eq!((&data[..3], used), (&b"ab\0"[..], 3));
-        assert_eq!(store_string(&mut data, &mut used, end - 3), 0, "fault");
-        // Cut to the room left, with a NUL.
-        let mut small = [0xaau8; 2];
-        let mut used = 0;
-        assert_eq!(store_string(&mut small, &mut used, end - 3), 2 << 32);
-        assert_eq!(small, *b"x\0");
+        // By system call, and with plain loads when this process has them.
+        for mem in [sys::Nofault::SYSCALL, sys::Nofault::now()] {
+            let mut data = [0xaau8; 8];
+            let mut used = 0;
+            assert_eq!(store_string(&mut data, &mut used, end - 6, mem), 3 << 32);
+            assert_eq!((&data[..3], used), (&b"ab\0"[..], 3));
+            assert_eq!(store_string(&mut data, &mut used, end - 3, mem), 0, "fault");
+            // Cut to the room left, with a NUL.
+            let mut small = [0xaau8; 2];
+            let mut used = 0;
+            assert_eq!(store_string(&mut small, &mut used, end - 3, mem), 2 << 32);
+            assert_eq!(small, *b"x\0");
+        }
         // SAFETY: the mapping made above, no longer used.
         unsafe { libc::munmap(page as *mut libc::c_void, 8192) };
     }
