@@ -366,7 +366,8 @@ FT_ROWS=("ftprobe function tracer (-F target)" "ftprobe kprobe on the ftrace sit
 	"ftprobe return event on the site (r target ret=\$retval)"
 	"ftprobe record, function tracer (-F target, default options)"
 	"ftprobe kprobe on the site, a u64 read from memory (x=%di v=+0(%sp):u64)"
-	"ftprobe kprobe on the site, a 32-byte string read from memory (x=%di s=@hit_str:string)")
+	"ftprobe kprobe on the site, a 32-byte string read from memory (x=%di s=@hit_str:string)"
+	"ftprobe kprobe on the site, 7 register args (the string row's record size)")
 # A 2M-hit run records up to 96 MB; a ring that size keeps events from being dropped.
 FT="$FTPROBE trace --buffer-size-kb 262144 -o /dev/null"
 if ((FT_OK)); then
@@ -383,6 +384,9 @@ if ((FT_OK)); then
 	# (a word at %sp), and hit.c's 32-byte global string.
 	row "${FT_ROWS[7]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di v=+0(%sp):u64' -- "$W/hit-fentry" @N@
 	row "${FT_ROWS[8]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di s=@hit_str:string' -- "$W/hit-fentry" @N@
+	# The same record size as the string row (10 words), registers only: what the string's
+	# bytes cost in the ring, apart from reading them.
+	row "${FT_ROWS[9]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di y=%si z=%dx w=%cx u=%r8 t=%r9 r=%ax' -- "$W/hit-fentry" @N@
 else
 	for r in "${FT_ROWS[@]}"; do skip "$r" "$FT_REASON"; done
 fi
