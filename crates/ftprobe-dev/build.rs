@@ -71,6 +71,7 @@ fn main() {
         "c/own_malloc.c",
         "c/libc_mallocs.c",
         "c/sigmasks.c",
+        "c/nofault.c",
         "c/sigearly.c",
         "c/slowctor.c",
         "c/dlopen_lib.c",
@@ -346,6 +347,9 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         // indirect: no site flags; calls and jumps through memory (vtables, a GOT call,
         // jump tables, an rsp-based operand) and faults through bad pointers.
         ("indirect", &[], &[]),
+        // nofault: bad pointers for fetch args, and the program's own faults (sites by
+        // patchable entries; nofault_int3 below: the same without, for int3 probes).
+        ("nofault", patchable.cflags(), &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(
@@ -356,6 +360,9 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         );
         link(&[&obj], &fixtures.join(name), &[ldflags]);
     }
+    let obj = objs.join("nofault_int3.o");
+    compile(&c_dir.join("nofault.c"), &obj, &[BASE_CFLAGS], &[]);
+    link(&[&obj], &fixtures.join("nofault_int3"), &[&["-pthread"]]);
     // attach_target: a running multithreaded program for `trace -p` (NOP5 sites in
     // __mcount_loc).
     let fl = Flavour::FentryNop;

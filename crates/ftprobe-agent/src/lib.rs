@@ -366,6 +366,10 @@ fn start(config: &AgentConfig, mode: &Mode) -> Result<(), StartError> {
         }
     };
     sigtrap::start();
+    // Fetch args read memory with plain loads once an event needs it (`uaccess`): preloaded,
+    // the interposers keep ftprobe's fault handler and see the program's actions and masks;
+    // attached, they do not (README: what a program that changes them later risks).
+    ftprobe::arch::x86_64::uaccess::set_handlers_kept();
     for e in skipped {
         say!("ftprobe-agent: skipped an object: {e}");
     }

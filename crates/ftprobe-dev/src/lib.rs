@@ -380,6 +380,19 @@ pub fn sigmasks_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sigmasks")
 }
 
+/// Path of `nofault MODE [N]` (`-fpatchable-function-entry=5`, see `c/nofault.c`): bad
+/// pointers (NULL, unmapped, `PROT_NONE`, a string running into a hole, non-canonical, past a
+/// file's end) passed to `take(t, s, p)`, which never reads through them; and the program's
+/// own faults (`handler`, `altstack`, `overflow`, `die`) next to those calls.
+pub fn nofault_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("nofault")
+}
+
+/// [`nofault_fixture`] built without site flags: a probe on `take` is an int3 probe.
+pub fn nofault_int3_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("nofault_int3")
+}
+
 /// Path of `probepath MODE [ARGS]` (`-fpatchable-function-entry=5`, see
 /// `c/probepath.c`): what a probe must not change in a program (errno, SIGTRAP dispositions
 /// and flags, faults in XOL slots, non-local exits out of signal handlers, a slow `dlopen`).
