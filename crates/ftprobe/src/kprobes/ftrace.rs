@@ -14,7 +14,7 @@
 //! enabled probes, or another ops on the same site (the function tracer, a user's ops),
 //! fall back to the shared path, [`kprobe_ftrace_handler`] looking the probes up by address;
 //! switching between the two is a retarget of the site's call, live, in one `text_poke`
-//! batch. Both run the same code ([`run_probes`]), so the semantics are the same.
+//! batch. The per-site callback is [`run_probes`] written for one probe: the same semantics.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -205,8 +205,9 @@ unsafe extern "C" fn kprobe_ftrace_handler(
 }
 
 /// Probe path: the per-site callback of a site with one enabled probe, `data` that probe
-/// (set by [`arm`]): [`run_probes`] on it alone. Its ops is the IPMODIFY one iff the probe
-/// has a post_handler (`wants_ipmodify` of a single enabled probe).
+/// (set by [`arm`]): [`run_probes`] for that probe alone, written for one probe (one load
+/// of its flags, no loops). Its ops is the IPMODIFY one iff the probe has a post_handler
+/// (`wants_ipmodify` of a single enabled probe), so the post_handler runs iff it has one.
 unsafe extern "C" fn kprobe_ftrace_direct(
     ip: u64,
     _parent_ip: u64,
@@ -216,7 +217,33 @@ unsafe extern "C" fn kprobe_ftrace_direct(
     // SAFETY: `arm` sets the data of a per-site callback to a registered probe, which is
     // `&'static` (registration takes `&'static Kprobe`).
     let p: &'static Kprobe = unsafe { &*(data as *const Kprobe) };
-    run_probes(ip, std::slice::from_ref(&p), p.post_handler.is_some(), regs);
+    let t = probe_state::this_thread();
+    let sp = probe_state::stack_pointer();
+    let _ = t.enter(Entry::Here(sp));
+    if p.is_disabled() {
+        return;
+    }
+    if !t.kprobe.get().is_null() {
+        p.note_missed();
+        return;
+    }
+    t.kprobe_sp.set(sp);
+    t.kprobe.set(p as *const Kprobe);
+    let orig_ip = regs.ip;
+    regs.ip = ip + 1;
+    let ip_changed = match p.pre_handler {
+        Some(pre) => pre(p, regs) != 0,
+        None => false,
+    };
+    if !ip_changed {
+        if let Some(post) = p.post_handler {
+            regs.ip = ip + SITE_LEN;
+            post(p, regs, 0);
+        }
+        regs.ip = orig_ip;
+    }
+    t.kprobe.set(std::ptr::null());
+    t.kprobe_sp.set(0);
 }
 
 /// Probe path: the kprobes at `ip` (`kprobe_ftrace_handler()`'s body):
@@ -228,7 +255,8 @@ unsafe extern "C" fn kprobe_ftrace_direct(
 ///   otherwise, if the ops is the IPMODIFY one, `regs.ip = addr + 5` while the post_handlers
 ///   run; then the original `regs.ip` (the return address of the site's call) is restored.
 ///
-/// Disabled probes are skipped.
+/// Disabled probes are skipped. [`kprobe_ftrace_direct`] is this for one probe: keep them
+/// in step.
 #[inline(always)]
 fn run_probes(ip: u64, probes: &[&'static Kprobe], is_ipmodify_ops: bool, regs: &mut PtRegs) {
     let t = probe_state::this_thread();
