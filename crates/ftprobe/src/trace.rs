@@ -365,6 +365,14 @@ pub fn event_section() -> Option<EventSection> {
             return Some(EventSection { t, level });
         }
     }
+    event_section_slow(t, sp)
+}
+
+/// [`event_section`] without a claimed ring (or with tracing off): out of line, so that its
+/// locals stay out of the common case's frame (probes may run on small signal stacks).
+#[cold]
+#[inline(never)]
+fn event_section_slow(t: &'static ThreadState, sp: u64) -> Option<EventSection> {
     let w = ring_of(t)?;
     let level = begin_section(t, w, sp)?;
     Some(EventSection { t, level })

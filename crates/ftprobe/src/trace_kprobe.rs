@@ -1080,28 +1080,7 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
         0
     };
     if let (Some(words), None) = (tk.regs_only.as_deref(), ret_ip) {
-        const N: usize = std::mem::size_of::<PtRegs>() / 8;
-        // SAFETY: PtRegs is repr(C) and made only of u64 fields: the layout of [u64; N].
-        let regs = unsafe { &*(at.regs as *const PtRegs as *const [u64; N]) };
-        let written = w.write_with(
-            rtype::KPROBE,
-            crate::record::kprobe_aux(cpu, tk.id),
-            head + words.len(),
-            |slots| {
-                slots[0].store(tsc, Ordering::Relaxed);
-                slots[1].store(addr, Ordering::Relaxed);
-                // The fault mask: a register cannot fault.
-                for s in slots.iter().take(head).skip(2) {
-                    s.store(0, Ordering::Relaxed);
-                }
-                for (s, &i) in slots.iter().skip(head).zip(words) {
-                    s.store(
-                        regs.get(i as usize).copied().unwrap_or(0),
-                        Ordering::Relaxed,
-                    );
-                }
-            },
-        );
+        let written = write_regs_record(w, tk, at.regs, words, (tsc, cpu, addr));
         drop(section);
         if !written {
             tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
@@ -1147,6 +1126,42 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     if !written {
         tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Probe path: the record of an event whose arguments are all registers (`regs_only`): the
+/// head (tsc, address, a zero fault mask), then each argument's `pt_regs` word. Out of line,
+/// so that its frame and the general path's are not added up in the dispatcher's.
+#[inline(never)]
+fn write_regs_record(
+    w: crate::ring::SectionWriter<'static>,
+    tk: &TraceKprobe,
+    regs: &PtRegs,
+    words: &[u8],
+    (tsc, cpu, addr): (u64, u32, u64),
+) -> bool {
+    const N: usize = std::mem::size_of::<PtRegs>() / 8;
+    // SAFETY: PtRegs is repr(C) and made only of u64 fields: the layout of [u64; N].
+    let regs = unsafe { &*(regs as *const PtRegs as *const [u64; N]) };
+    let head = tk.head_words;
+    w.write_with(
+        rtype::KPROBE,
+        crate::record::kprobe_aux(cpu, tk.id),
+        head + words.len(),
+        |slots| {
+            slots[0].store(tsc, Ordering::Relaxed);
+            slots[1].store(addr, Ordering::Relaxed);
+            // The fault mask: a register cannot fault.
+            for s in slots.iter().take(head).skip(2) {
+                s.store(0, Ordering::Relaxed);
+            }
+            for (s, &i) in slots.iter().skip(head).zip(words) {
+                s.store(
+                    regs.get(i as usize).copied().unwrap_or(0),
+                    Ordering::Relaxed,
+                );
+            }
+        },
+    )
 }
 
 /// One argument of a record, decoded (see the module docs for the layout).
