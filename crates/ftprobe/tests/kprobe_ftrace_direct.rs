@@ -272,9 +272,77 @@ fn live_switches() {
     );
 }
 
+/// pre_handler that calls the probed function: the inner hit finds a kprobe running on the
+/// thread and counts `nmissed` (the kernel's `kprobe_ftrace_handler()`).
+fn calls_probed(p: &Kprobe, _regs: &mut PtRegs) -> i32 {
+    p.data.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: a plain C function of two integers.
+    assert_eq!(unsafe { fx_mul(3, 4) }, 12);
+    0
+}
+
+/// pre_handler that claims it changed regs.ip (returns 1) without changing it: regs.ip
+/// stays at addr + 1, where a real int3 would leave it, and no post_handler runs.
+fn claims_ip_changed(p: &Kprobe, regs: &mut PtRegs) -> i32 {
+    assert_eq!(regs.ip, p.addr() + 1);
+    p.data.fetch_add(1, Ordering::Relaxed);
+    regs.ip = p.addr() + 5;
+    1
+}
+
+/// The kernel's `kprobe_ftrace_handler()` semantics the same on both paths: recursion
+/// counted in `nmissed`, a pre_handler's non-zero return skipping the post_handler.
+fn same_semantics_on_both_paths() {
+    for per_site in [true, false] {
+        kprobes::set_per_site_trampolines(per_site).unwrap();
+        let p = leak(Kprobe::new(
+            KprobeTarget::Symbol {
+                module: None,
+                name: "fx_mul".to_owned(),
+                offset: 0,
+            },
+            Some(calls_probed),
+            None,
+        ));
+        kprobes::register_kprobe(p).unwrap();
+        assert_eq!(site(p.addr()).0, per_site);
+        for i in 0..10 {
+            // SAFETY: a plain C function of two integers.
+            assert_eq!(unsafe { fx_mul(i, 2) }, 2 * i);
+        }
+        kprobes::unregister_kprobe(p).unwrap();
+        assert_eq!(pre_hits(p), 10, "per_site {per_site}: the outer calls");
+        assert_eq!(
+            p.nmissed(),
+            10,
+            "per_site {per_site}: the handler's own calls"
+        );
+
+        let q = leak(Kprobe::new(
+            KprobeTarget::Symbol {
+                module: None,
+                name: "fx_mul".to_owned(),
+                offset: 0,
+            },
+            Some(claims_ip_changed),
+            Some(count_post as _),
+        ));
+        kprobes::register_kprobe(q).unwrap();
+        assert_eq!(site(q.addr()).0, per_site);
+        // regs.ip = addr + 5 kept: the thread resumes after the site, the body runs.
+        // SAFETY: a plain C function of two integers.
+        assert_eq!(unsafe { fx_mul(6, 7) }, 42);
+        kprobes::unregister_kprobe(q).unwrap();
+        assert_eq!((pre_hits(q), post_hits(q)), (1, 0), "per_site {per_site}");
+    }
+    kprobes::set_per_site_trampolines(true).unwrap();
+    println!("test same_semantics_on_both_paths ... ok");
+}
+
 fn main() {
     // SAFETY: first thing in main, single-threaded.
     unsafe { ftrace::init() }.expect("ftrace::init");
     phases();
+    same_semantics_on_both_paths();
     live_switches();
 }
