@@ -1,20 +1,23 @@
 //! Per-site trampolines for kprobes on ftrace sites: a site whose only user is one enabled
 //! kprobe calls a trampoline of its own (the record's `FTRACE_FL_TRAMP`, and a call target no
 //! other site shares); a second probe, another `ftrace_ops` (a counting one, or the function
-//! tracer) or disabling the probe moves the site to the shared path or to its NOP, and
-//! undoing it returns to the same per-site trampoline. Every hit counts exactly, checked
+//! tracer, its records counted) or disabling the probe moves the site to the shared path or
+//! to its NOP, and undoing it returns to the same per-site trampoline. Every hit counts exactly, checked
 //! against the calling threads' own counters: per phase with the threads stopped between
 //! phases, and across hundreds of live switches while threads call the function throughout.
 //! The existing kprobes tests (one probe per site) run through the per-site path too.
 //! `harness = false`: ftrace::init needs a single thread.
 
 use std::cell::Cell;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ftprobe::ftrace::{self, FtraceOps, PtRegs, FTRACE_FL_ENABLED, FTRACE_FL_TRAMP};
 use ftprobe::function_tracer::{self, FUNCTION_OPS};
 use ftprobe::kprobes::{self, Kprobe, KprobeTarget};
+use ftprobe::ring::{RingConfig, SharedRings};
+use ftprobe::trace::{self, rtype};
 use ftprobe_dev::fxsites::{fx_add, fx_mul};
 
 const THREADS: usize = 4;
@@ -82,7 +85,7 @@ fn run_threads(calls: u64) -> u64 {
     threads.into_iter().map(|t| t.join().unwrap()).sum()
 }
 
-fn phases() {
+fn phases(reader: &SharedRings) {
     let p1 = probe("fx_mul", false);
     kprobes::register_kprobe(p1).unwrap();
     let ip = p1.addr();
@@ -153,10 +156,21 @@ fn phases() {
     assert_eq!(site(ip), (true, Some(t1)), "ops removed: per-site again");
     check("p1 after ops", None, false);
 
-    // The function tracer (recording, without a buffer its events are counted lost).
+    // The function tracer, recording into the rings: one record per call, and p1's hits.
     function_tracer::start(None, &["fx_mul".to_owned()], &[]).unwrap();
     assert!(!site(ip).0, "probe + function tracer: shared path");
-    check("p1 + function tracer", None, false);
+    let n = run_threads(5_000);
+    e1.set(e1.get() + n);
+    assert_eq!(pre_hits(p1), e1.get(), "p1 + function tracer: p1");
+    let mut funcs = 0u64;
+    for r in 0..reader.claimed() {
+        reader.reader(r).unwrap().drain(|t, _| {
+            if t == rtype::FUNC {
+                funcs += 1;
+            }
+        });
+    }
+    assert_eq!(funcs, n, "p1 + function tracer: the tracer's records");
     ftrace::unregister_ftrace_function(&FUNCTION_OPS).unwrap();
     assert_eq!(site(ip), (true, Some(t1)));
 
@@ -342,7 +356,16 @@ fn same_semantics_on_both_paths() {
 fn main() {
     // SAFETY: first thing in main, single-threaded.
     unsafe { ftrace::init() }.expect("ftrace::init");
-    phases();
+    // Rings for the function tracer's records (only its phase writes any).
+    let (rings, fd) = SharedRings::create(RingConfig {
+        nr_rings: 8,
+        ring_bytes: 1 << 22,
+        budget_bytes: 0,
+    })
+    .unwrap();
+    let reader = SharedRings::attach(fd.as_fd()).unwrap();
+    assert!(trace::set_buffer(rings));
+    phases(&reader);
     same_semantics_on_both_paths();
     live_switches();
 }
