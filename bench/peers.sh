@@ -394,9 +394,10 @@ fi
 # (hits++, as the XRay and Frida rows), on fx_add (patchable site at +0, lea at +5). Base: the
 # same binary with nothing armed. Adding a mechanism: a HIT_MODE in hit_api.rs and a line here.
 API_ROWS=("ftprobe API: ftrace_ops, counting callback (fx_add)" "ftprobe API: kprobe on the ftrace site, counting pre_handler (fx_add+0)"
+	"ftprobe API: kprobe on the ftrace site, shared path (lookup by address, as with several probes)"
 	"ftprobe API: int3 kprobe, boosted, counting pre_handler (fx_add+5, lea)" "ftprobe API: int3 kprobe with a post_handler (fx_add+5, lea)")
-API_MODES=(ftrace-ops kprobe-site int3 int3-post)
-API_N=("$NFAST" "$NFAST" "$NSLOW" "$NSLOW")
+API_MODES=(ftrace-ops kprobe-site kprobe-site-shared int3 int3-post)
+API_N=("$NFAST" "$NFAST" "$NFAST" "$NSLOW" "$NSLOW")
 for i in "${!API_ROWS[@]}"; do
 	if ((!FT_OK)); then
 		skip "${API_ROWS[$i]}" "$FT_REASON"

@@ -352,6 +352,10 @@ fn start(config: &AgentConfig, mode: &Mode) -> Result<(), StartError> {
     let skipped = match mode {
         Mode::Preloaded => {
             say_early_status();
+            // Loaded at startup, the agent's TLS block is static too: the probe path finds
+            // its thread state at a fixed offset from the thread pointer, without a
+            // `__tls_get_addr` call per hit (two per kprobe event).
+            trace::fix_thread_state_offset();
             // SAFETY: we run from .init_array, before main; ftrace::init refuses if other
             // threads run. The biases are the dynamic linker's own (dl_iterate_phdr).
             unsafe { ftrace::init_objects(&objects) }?

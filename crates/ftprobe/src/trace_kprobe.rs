@@ -115,6 +115,11 @@ pub struct TraceKprobe {
     dynamic: bool,
     /// Some argument reads memory ([`Fetch::reads_memory`]).
     reads_memory: bool,
+    /// Every argument is a register's value (`%REG`, `$arg1`-`$arg6`, no dereference, no
+    /// array) of an entry event: the `pt_regs` word of each, which `write_event` copies
+    /// straight into the record (nothing can fault: the mask is 0), without the general
+    /// per-argument program. The record is the same.
+    regs_only: Option<Box<[u8]>>,
     /// Whether the site stands after the prologue (stack arguments are above `rbp`); set
     /// each time the probe is armed (its object may be loaded later).
     after_prologue: AtomicBool,
@@ -629,6 +634,7 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         fixed_words: args.iter().map(|a| a.store.words()).sum(),
         dynamic: args.iter().any(|a| a.store.is_dynamic()),
         reads_memory: args.iter().any(Fetch::reads_memory),
+        regs_only: if rp.is_none() { regs_only(&args) } else { None },
         args,
         after_prologue: AtomicBool::new(false),
         pending: AtomicBool::new(pending),
@@ -835,6 +841,25 @@ fn reg_value(regs: &PtRegs, r: crate::events::Reg) -> u64 {
     // [u64; WORDS]; the reference is valid for the call.
     let words = unsafe { &*(regs as *const PtRegs as *const [u64; WORDS]) };
     words.get(r.pt_regs_offset() / 8).copied().unwrap_or(0)
+}
+
+/// The `pt_regs` word of each argument when every one is a register's value with nothing
+/// to dereference (see `TraceKprobe::regs_only`).
+fn regs_only(args: &[Fetch]) -> Option<Box<[u8]>> {
+    const ARG_REGS: [Reg; 6] = [Reg::Di, Reg::Si, Reg::Dx, Reg::Cx, Reg::R8, Reg::R9];
+    args.iter()
+        .map(|f| {
+            if f.store != Store::Raw || !f.derefs.is_empty() {
+                return None;
+            }
+            let r = match f.base {
+                Base::Reg(r) => r,
+                Base::Arg(n @ 1..=6) => ARG_REGS[n as usize - 1],
+                _ => return None,
+            };
+            u8::try_from(r.pt_regs_offset() / 8).ok()
+        })
+        .collect()
 }
 
 /// Probe path: read argument `n` (1-based) by the SysV ABI at function entry.
@@ -1099,6 +1124,14 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     } else {
         0
     };
+    if let (Some(words), None) = (tk.regs_only.as_deref(), ret_ip) {
+        let written = write_regs_record(w, tk, at.regs, words, (tsc, cpu, addr));
+        drop(section);
+        if !written {
+            tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
+        }
+        return;
+    }
     // Stored straight into the ring: a stack buffer for 128 arguments overflowed small
     // stacks (a sigaltstack of a few KiB).
     let written = w.write_with(
@@ -1138,6 +1171,42 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     if !written {
         tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Probe path: the record of an event whose arguments are all registers (`regs_only`): the
+/// head (tsc, address, a zero fault mask), then each argument's `pt_regs` word. Out of line,
+/// so that its frame and the general path's are not added up in the dispatcher's.
+#[inline(never)]
+fn write_regs_record(
+    w: crate::ring::SectionWriter<'static>,
+    tk: &TraceKprobe,
+    regs: &PtRegs,
+    words: &[u8],
+    (tsc, cpu, addr): (u64, u32, u64),
+) -> bool {
+    const N: usize = std::mem::size_of::<PtRegs>() / 8;
+    // SAFETY: PtRegs is repr(C) and made only of u64 fields: the layout of [u64; N].
+    let regs = unsafe { &*(regs as *const PtRegs as *const [u64; N]) };
+    let head = tk.head_words;
+    w.write_with(
+        rtype::KPROBE,
+        crate::record::kprobe_aux(cpu, tk.id),
+        head + words.len(),
+        |slots| {
+            slots[0].store(tsc, Ordering::Relaxed);
+            slots[1].store(addr, Ordering::Relaxed);
+            // The fault mask: a register cannot fault.
+            for s in slots.iter().take(head).skip(2) {
+                s.store(0, Ordering::Relaxed);
+            }
+            for (s, &i) in slots.iter().skip(head).zip(words) {
+                s.store(
+                    regs.get(i as usize).copied().unwrap_or(0),
+                    Ordering::Relaxed,
+                );
+            }
+        },
+    )
 }
 
 /// One argument of a record, decoded (see the module docs for the layout).
