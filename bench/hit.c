@@ -5,6 +5,8 @@
 #include <time.h>
 
 volatile long sink;
+/* For the string fetch arg rows: 32 characters (33 bytes with the NUL). */
+char hit_str[] = "0123456789abcdef0123456789abcdef";
 
 __attribute__((noinline)) long target(long x)
 {

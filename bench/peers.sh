@@ -23,6 +23,10 @@
 # builds if there are any, else the debug ones `cargo test` made), writes nothing into the
 # tree. A peer that cannot run prints "skipped: REASON" in its row; the script never fails
 # because of one. It exits 1 when one of ftprobe's own rows could not run.
+# PEERS_ROWS=REGEX (env): only ftprobe's CLI rows whose names match, one pass, printed as a
+# table on stdout, nothing written into the tree (to measure a few rows without loading the
+# machine for the whole harness), e.g. PEERS_ROWS='2 args|from memory|string' bench/peers.sh.
+# The ftprobe binaries are taken from $CARGO_TARGET_DIR when it is set.
 set -u -o pipefail
 
 QUICK=0
@@ -37,14 +41,15 @@ esac
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
-FTPROBE=$ROOT/target/release/ftprobe
-HIT_API=$ROOT/target/release/examples/hit_api
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+FTPROBE=$TARGET/release/ftprobe
+HIT_API=$TARGET/release/examples/hit_api
 BENCHMARKS=$ROOT/BENCHMARKS.md
 BEGIN_MARK="<!-- BEGIN bench/peers.sh -->"
 END_MARK="<!-- END bench/peers.sh -->"
 # Full run: the whole harness twice (two passes of this script), both written into
 # BENCHMARKS.md with the relative difference of each row's medians between them.
-if ((!QUICK)) && [[ -z ${PEERS_PASS_OUT:-} ]]; then
+if ((!QUICK)) && [[ -z ${PEERS_PASS_OUT:-} && -z ${PEERS_ROWS:-} ]]; then
 	D=$(mktemp -d /tmp/ftprobe-peers-runs.XXXXXX)
 	for p in 1 2; do
 		echo "peers: ==== full run $p of 2" >&2
@@ -150,6 +155,7 @@ ROW_NAME=() ROW_NS=() ROW_MIN=() ROW_MAX=() ROW_LOOP=() ROW_NOTE=() ROW_CMD=()
 declare -A BASE_SLOPE BASE_MIN BASE_MAX BASE_LOOP
 
 skip() { # NAME REASON (one line in the table: newlines and '|' replaced)
+	[[ -n ${PEERS_ROWS:-} && ! $1 =~ $PEERS_ROWS ]] && return
 	local why
 	why=$(printf '%s' "$2" | tr '\n|' ' /')
 	ROW_NAME+=("$1") ROW_NS+=("") ROW_MIN+=("") ROW_MAX+=("") ROW_LOOP+=("") ROW_NOTE+=("skipped: $why") ROW_CMD+=("")
@@ -247,6 +253,7 @@ per_hit() { # BIN N2 CMD...
 row() { # NAME BIN N2 CMD...
 	local name=$1 bin=$2 n2=$3 s m lo hi l bw bl rc
 	shift 3
+	[[ -n ${PEERS_ROWS:-} && ! $name =~ $PEERS_ROWS ]] && return
 	log "$name"
 	if [[ -n ${FIXED_BASE:-} ]] && ! base_slope "$bin" "$n2"; then
 		skip "$name" "untraced $bin failed"
@@ -336,13 +343,19 @@ if ((QUICK)); then
 	# Release builds if there are any, else the debug ones `cargo test --workspace` leaves;
 	# each binary on its own (./demo.sh builds a release ftprobe but not the example).
 	for d in debug release; do
-		[[ -x $ROOT/target/$d/ftprobe ]] && FTPROBE=$ROOT/target/$d/ftprobe
-		[[ -x $ROOT/target/$d/examples/hit_api ]] && HIT_API=$ROOT/target/$d/examples/hit_api
+		[[ -x $TARGET/$d/ftprobe ]] && FTPROBE=$TARGET/$d/ftprobe
+		[[ -x $TARGET/$d/examples/hit_api ]] && HIT_API=$TARGET/$d/examples/hit_api
 	done
 	[[ -x $FTPROBE ]] || { FT_OK=0 FT_REASON="$FTPROBE not built (--quick builds nothing)"; }
 else
 	log "cargo build --release"
-	if ! (cd "$ROOT" && cargo build --release -q && cargo build --release -q -p ftprobe --example hit_api) >"$W/cargo.log" 2>&1; then
+	# PEERS_ROWS: the CLI rows need the CLI and the agent only.
+	if [[ -n ${PEERS_ROWS:-} ]]; then
+		BUILD=(cargo build --release -q -p ftprobe-cli -p ftprobe-agent)
+	else
+		BUILD=(eval "cargo build --release -q && cargo build --release -q -p ftprobe --example hit_api")
+	fi
+	if ! (cd "$ROOT" && "${BUILD[@]}") >"$W/cargo.log" 2>&1; then
 		[[ -x $FTPROBE ]] && log "cargo build failed; using the existing $FTPROBE" ||
 			{ FT_OK=0 FT_REASON="cargo build --release failed: $(tail -n 1 "$W/cargo.log")"; }
 	fi
@@ -351,7 +364,10 @@ FT_ROWS=("ftprobe function tracer (-F target)" "ftprobe kprobe on the ftrace sit
 	"ftprobe kprobe on the site, 2 args (x=%di y=\$arg1)" "ftprobe int3 kprobe (p target+$INT3_OFF, $INT3_INSN)"
 	"ftprobe function_graph (-t function_graph -F target), per call = entry + exit record"
 	"ftprobe return event on the site (r target ret=\$retval)"
-	"ftprobe record, function tracer (-F target, default options)")
+	"ftprobe record, function tracer (-F target, default options)"
+	"ftprobe kprobe on the site, a u64 read from memory (x=%di v=+0(%sp):u64)"
+	"ftprobe kprobe on the site, a 32-byte string read from memory (x=%di s=@hit_str:string)"
+	"ftprobe kprobe on the site, 7 register args (the string row's record size)")
 # A 2M-hit run records up to 96 MB; a ring that size keeps events from being dropped.
 FT="$FTPROBE trace --buffer-size-kb 262144 -o /dev/null"
 if ((FT_OK)); then
@@ -363,6 +379,14 @@ if ((FT_OK)); then
 	row "${FT_ROWS[5]}" "$W/hit-fentry" "$NFAST" $FT -e 'r target ret=$retval' -- "$W/hit-fentry" @N@
 	# record: the raw records to a data directory (rotated to .old by the next run), no text.
 	row "${FT_ROWS[6]}" "$W/hit-fentry" "$NFAST" "$FTPROBE" record -d "$W/hit-rec.data" -F target -- "$W/hit-fentry" @N@
+	# Fetch args that read memory (plain loads, faults resumed by ftprobe's SIGSEGV handler):
+	# next to the 2-arg row, one register arg and one read from memory: the return address
+	# (a word at %sp), and hit.c's 32-byte global string.
+	row "${FT_ROWS[7]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di v=+0(%sp):u64' -- "$W/hit-fentry" @N@
+	row "${FT_ROWS[8]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di s=@hit_str:string' -- "$W/hit-fentry" @N@
+	# The same record size as the string row (10 words), registers only: what the string's
+	# bytes cost in the ring, apart from reading them.
+	row "${FT_ROWS[9]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di y=%si z=%dx w=%cx u=%r8 t=%r9 r=%ax' -- "$W/hit-fentry" @N@
 else
 	for r in "${FT_ROWS[@]}"; do skip "$r" "$FT_REASON"; done
 fi
@@ -370,9 +394,10 @@ fi
 # (hits++, as the XRay and Frida rows), on fx_add (patchable site at +0, lea at +5). Base: the
 # same binary with nothing armed. Adding a mechanism: a HIT_MODE in hit_api.rs and a line here.
 API_ROWS=("ftprobe API: ftrace_ops, counting callback (fx_add)" "ftprobe API: kprobe on the ftrace site, counting pre_handler (fx_add+0)"
+	"ftprobe API: kprobe on the ftrace site, shared path (lookup by address, as with several probes)"
 	"ftprobe API: int3 kprobe, boosted, counting pre_handler (fx_add+5, lea)" "ftprobe API: int3 kprobe with a post_handler (fx_add+5, lea)")
-API_MODES=(ftrace-ops kprobe-site int3 int3-post)
-API_N=("$NFAST" "$NFAST" "$NSLOW" "$NSLOW")
+API_MODES=(ftrace-ops kprobe-site kprobe-site-shared int3 int3-post)
+API_N=("$NFAST" "$NFAST" "$NFAST" "$NSLOW" "$NSLOW")
 for i in "${!API_ROWS[@]}"; do
 	if ((!FT_OK)); then
 		skip "${API_ROWS[$i]}" "$FT_REASON"
@@ -382,6 +407,17 @@ for i in "${!API_ROWS[@]}"; do
 		row "${API_ROWS[$i]}" "$HIT_API" "${API_N[$i]}" env HIT_MODE="${API_MODES[$i]}" "$HIT_API" @N@
 	fi
 done
+
+if [[ -n ${PEERS_ROWS:-} ]]; then
+	echo "| row | ns/hit, wall (median) | wall min-max | ns/hit, in program | command |"
+	echo "|---|---:|---:|---:|---|"
+	for i in "${!ROW_NAME[@]}"; do
+		printf '| %s | %s | %s to %s | %s | `%s` |\n' "${ROW_NAME[$i]}" "${ROW_NS[$i]}" "${ROW_MIN[$i]}" \
+			"${ROW_MAX[$i]}" "${ROW_LOOP[$i]}" "${ROW_CMD[$i]}${ROW_NOTE[$i]}"
+	done
+	echo "(RUNS=$RUNS, N1=$N1; $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs; $(uname -r))"
+	exit 0
+fi
 
 # ---- kernel uprobes through tracefs -------------------------------------------------------
 # File offset of target+OFF in BIN, through the PT_LOAD program headers.

@@ -71,6 +71,7 @@ fn main() {
         "c/own_malloc.c",
         "c/libc_mallocs.c",
         "c/sigmasks.c",
+        "c/nofault.c",
         "c/sigearly.c",
         "c/slowctor.c",
         "c/dlopen_lib.c",
@@ -91,6 +92,9 @@ fn main() {
         "c/optlibc.c",
         "c/optrefuse.c",
         "c/optunwind.cc",
+        "c/indirect.c",
+        "c/indirect_zoo.c",
+        "c/indirect_cxx.cc",
         "lua/tables.lua",
         "rust/calls_rs.rs",
     ] {
@@ -211,6 +215,20 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
             .arg("-o")
             .arg(fixtures.join(name)));
     }
+
+    // indirect_cxx: C++ virtual calls kept indirect (-fno-devirtualize), no site flags.
+    let obj = objs.join("indirect_cxx.o");
+    run(Command::new("g++")
+        .args(BASE_CFLAGS)
+        .arg("-fno-devirtualize")
+        .arg("-c")
+        .arg(c_dir.join("indirect_cxx.cc"))
+        .arg("-o")
+        .arg(&obj));
+    run(Command::new("g++")
+        .arg(&obj)
+        .arg("-o")
+        .arg(fixtures.join("indirect_cxx")));
 
     // names: C++ overloads and two static C functions of the same name (-mfentry sites),
     // for the readers' names.
@@ -341,6 +359,12 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         // refuse, beside one it may optimize).
         ("optlibc", &[], &["-ldl"]),
         ("optrefuse", &[], &["-pthread"]),
+        // indirect: no site flags; calls and jumps through memory (vtables, a GOT call,
+        // jump tables, an rsp-based operand) and faults through bad pointers.
+        ("indirect", &[], &[]),
+        // nofault: bad pointers for fetch args, and the program's own faults (sites by
+        // patchable entries; nofault_int3 below: the same without, for int3 probes).
+        ("nofault", patchable.cflags(), &["-pthread"]),
     ] {
         let obj = objs.join(format!("{name}.o"));
         compile(
@@ -351,6 +375,9 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         );
         link(&[&obj], &fixtures.join(name), &[ldflags]);
     }
+    let obj = objs.join("nofault_int3.o");
+    compile(&c_dir.join("nofault.c"), &obj, &[BASE_CFLAGS], &[]);
+    link(&[&obj], &fixtures.join("nofault_int3"), &[&["-pthread"]]);
     // attach_target: a running multithreaded program for `trace -p` (NOP5 sites in
     // __mcount_loc).
     let fl = Flavour::FentryNop;
@@ -542,6 +569,14 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
     );
     let zoo = objs.join("insn_zoo.o");
     compile(&c_dir.join("insn_zoo.c"), &zoo, &[&["-O2", "-fPIC"]], &[]);
+    // Calls and jumps through memory, for the engine's int3 kprobe tests.
+    let izoo = objs.join("indirect_zoo.o");
+    compile(
+        &c_dir.join("indirect_zoo.c"),
+        &izoo,
+        &[&["-O2", "-fPIC"]],
+        &[],
+    );
     let lib = out_dir.join("libfxsites.a");
     let _ = fs::remove_file(&lib);
     run(Command::new("ar")
@@ -551,7 +586,8 @@ fn build_fxsites(c_dir: &Path, objs: &Path, out_dir: &Path) {
         .arg(&cet)
         .arg(&pg)
         .arg(&graph)
-        .arg(&zoo));
+        .arg(&zoo)
+        .arg(&izoo));
     println!("cargo:rustc-link-search=native={}", out_dir.display());
     println!("cargo:rustc-link-lib=static=fxsites");
 }

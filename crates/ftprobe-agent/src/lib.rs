@@ -352,6 +352,10 @@ fn start(config: &AgentConfig, mode: &Mode) -> Result<(), StartError> {
     let skipped = match mode {
         Mode::Preloaded => {
             say_early_status();
+            // Loaded at startup, the agent's TLS block is static too: the probe path finds
+            // its thread state at a fixed offset from the thread pointer, without a
+            // `__tls_get_addr` call per hit (two per kprobe event).
+            trace::fix_thread_state_offset();
             // SAFETY: we run from .init_array, before main; ftrace::init refuses if other
             // threads run. The biases are the dynamic linker's own (dl_iterate_phdr).
             unsafe { ftrace::init_objects(&objects) }?
@@ -366,6 +370,10 @@ fn start(config: &AgentConfig, mode: &Mode) -> Result<(), StartError> {
         }
     };
     sigtrap::start();
+    // Fetch args read memory with plain loads once an event needs it (`uaccess`): preloaded,
+    // the interposers keep ftprobe's fault handler and see the program's actions and masks;
+    // attached, they do not (README: what a program that changes them later risks).
+    ftprobe::arch::x86_64::uaccess::set_handlers_kept();
     for e in skipped {
         say!("ftprobe-agent: skipped an object: {e}");
     }

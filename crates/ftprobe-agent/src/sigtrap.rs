@@ -39,8 +39,16 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use ftprobe::arch::x86_64::text_poke;
+use ftprobe::arch::x86_64::{text_poke, uaccess};
 use ftprobe::trace;
+
+/// The thread's mask may have changed: the fault-safe reads ask the kernel for it again
+/// before they use plain loads (`uaccess`: a fault with SIGSEGV or SIGBUS blocked kills).
+fn mask_changed() {
+    if uaccess::enabled() {
+        uaccess::forget_thread_mask();
+    }
+}
 
 /// An exported C function of the C library's signature that does what `$body` says with
 /// its arguments (most interposers are such one-liners over a shared implementation).
@@ -331,6 +339,10 @@ unsafe fn sigaction_impl(
         if let Some((_, had)) = new {
             note_installed(sig, had);
         }
+        // SAFETY: the caller passes null or a valid sigaction.
+        if let Some(a) = unsafe { act.as_ref() } {
+            uaccess::note_action(sig, a);
+        }
     }
     r
 }
@@ -431,6 +443,7 @@ pub unsafe extern "C" fn sigset(sig: libc::c_int, disp: libc::sighandler_t) -> l
     }
     // SAFETY: libc's sigset, of this type.
     let r = unsafe { std::mem::transmute::<usize, SignalFn>(f)(sig, disp) };
+    mask_changed();
     if r != libc::SIG_ERR && disp != SIG_HOLD {
         note_installed(sig, false);
     }
@@ -507,7 +520,9 @@ pub unsafe extern "C" fn sighold(sig: libc::c_int) -> libc::c_int {
         return enosys();
     }
     // SAFETY: libc's sighold, of this type.
-    unsafe { std::mem::transmute::<usize, IntFn>(f)(sig) }
+    let r = unsafe { std::mem::transmute::<usize, IntFn>(f)(sig) };
+    mask_changed();
+    r
 }
 
 /// Forward a mask change to `which`, with SIGTRAP taken out of what gets blocked.
@@ -538,7 +553,9 @@ unsafe fn mask_without_sigtrap(
         unsafe { without_sigtrap(set) }
     };
     // SAFETY: forwarded, with our copy of the set if any.
-    unsafe { f(how, either(&copy, set), old) }
+    let r = unsafe { f(how, either(&copy, set), old) };
+    mask_changed();
+    r
 }
 
 interposer! {
@@ -571,7 +588,9 @@ pub unsafe extern "C" fn sigblock(mask: libc::c_int) -> libc::c_int {
         return enosys();
     }
     // SAFETY: libc's sigblock, of this type.
-    unsafe { std::mem::transmute::<usize, IntFn>(f)(bsd_mask_without_sigtrap(mask)) }
+    let r = unsafe { std::mem::transmute::<usize, IntFn>(f)(bsd_mask_without_sigtrap(mask)) };
+    mask_changed();
+    r
 }
 
 /// Interposed `sigsetmask(3)`.
@@ -585,7 +604,9 @@ pub unsafe extern "C" fn sigsetmask(mask: libc::c_int) -> libc::c_int {
         return enosys();
     }
     // SAFETY: libc's sigsetmask, of this type.
-    unsafe { std::mem::transmute::<usize, IntFn>(f)(bsd_mask_without_sigtrap(mask)) }
+    let r = unsafe { std::mem::transmute::<usize, IntFn>(f)(bsd_mask_without_sigtrap(mask)) };
+    mask_changed();
+    r
 }
 
 // ---- temporary masks ----------------------------------------------------------------------
@@ -600,8 +621,12 @@ unsafe fn sigsuspend_impl(set: *const libc::sigset_t) -> libc::c_int {
     type F = unsafe extern "C" fn(*const libc::sigset_t) -> libc::c_int;
     // SAFETY: the caller passes a valid set.
     let copy = unsafe { without_sigtrap(set) };
+    // Handlers run under the temporary mask meanwhile, and the thread's comes back after.
+    mask_changed();
     // SAFETY: libc's sigsuspend, of type F, with our copy of the set if any.
-    unsafe { std::mem::transmute::<usize, F>(f)(either(&copy, set)) }
+    let r = unsafe { std::mem::transmute::<usize, F>(f)(either(&copy, set)) };
+    mask_changed();
+    r
 }
 
 interposer! {
@@ -630,8 +655,11 @@ unsafe fn sigpause_impl(sig_or_mask: libc::c_int, is_sig: libc::c_int) -> libc::
     } else {
         sig_or_mask
     };
+    mask_changed();
     // SAFETY: glibc's __sigpause, of type F.
-    unsafe { std::mem::transmute::<usize, F>(f)(arg, is_sig) }
+    let r = unsafe { std::mem::transmute::<usize, F>(f)(arg, is_sig) };
+    mask_changed();
+    r
 }
 
 interposer! {
@@ -663,8 +691,11 @@ macro_rules! temporary_mask {
             // SAFETY: the caller passes null or a valid set.
             let copy = unsafe { without_sigtrap($set) };
             let $set = either(&copy, $set);
+            mask_changed();
             // SAFETY: the C library's function of this name, of type F.
-            unsafe { std::mem::transmute::<usize, F>(f)($($a),*) }
+            let r = unsafe { std::mem::transmute::<usize, F>(f)($($a),*) };
+            mask_changed();
+            r
         }
     };
 }
@@ -770,6 +801,8 @@ unsafe fn longjmp_impl(which: Next, env: *mut JmpBufTag, val: libc::c_int) -> ! 
     if e.mask_was_saved != 0 && text_poke::installed() {
         set_sigtrap(&mut e.saved_mask, false);
     }
+    // A jump out of a handler leaves its mask, or restores the saved one.
+    mask_changed();
     let f = next(which);
     if f == 0 {
         // SAFETY: abort has no preconditions; there is no way to jump without the C library.
@@ -827,6 +860,7 @@ pub unsafe extern "C" fn setcontext(ucp: *mut libc::ucontext_t) -> libc::c_int {
         return enosys();
     }
     type F = unsafe extern "C" fn(*mut libc::ucontext_t) -> libc::c_int;
+    mask_changed();
     // SAFETY: glibc's setcontext, of type F.
     unsafe { std::mem::transmute::<usize, F>(f)(ucp) }
 }
@@ -850,8 +884,12 @@ pub unsafe extern "C" fn swapcontext(
         return enosys();
     }
     type F = unsafe extern "C" fn(*mut libc::ucontext_t, *mut libc::ucontext_t) -> libc::c_int;
+    mask_changed();
     // SAFETY: glibc's swapcontext, of type F.
-    unsafe { std::mem::transmute::<usize, F>(f)(oucp, ucp) }
+    let r = unsafe { std::mem::transmute::<usize, F>(f)(oucp, ucp) };
+    // Back in `oucp`'s context, under its mask.
+    mask_changed();
+    r
 }
 
 /// Interposed `sigaltstack(2)`: return hooks keep the thread's signal stack (to tell its

@@ -43,7 +43,7 @@ __asm__(
     "zoo_cpuid:\n push %rbx\n xor %eax,%eax\n cpuid\n pop %rbx\n lea 7(%rdi),%rax\n ret\n"
     " .size zoo_cpuid,.-zoo_cpuid\n"
 
-    /* refused: syscall, call and jmp through memory, int3 */
+    /* refused: syscall, int3 (call and jmp through memory are emulated: planned, never run) */
     ".globl zoo_refused\n .type zoo_refused,@function\n"
     "zoo_refused:\n mov $39,%eax\n syscall\n call *zoo_ptr(%rip)\n jmp *zoo_ptr(%rip)\n int3\n ret\n"
     " .size zoo_refused,.-zoo_refused\n");

@@ -354,6 +354,27 @@ pub fn own_sigtrap_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("own_sigtrap")
 }
 
+/// Path of `indirect [N]` / `indirect faults N` (no site flags, `c/indirect.c`): indirect
+/// calls and jumps through memory at known offsets (`callv+7` `call *(%rax)`, `ops_call+4`
+/// `call *0x18(%rdi)`, `gotcall+4` `call *labs@GOTPCREL(%rip)`, `jtab+10`
+/// `jmp *(%rax,%rcx,8)`, `jtab_nt+10` its `notrack` form, `callsp+21` `call *0x18(%rsp)`),
+/// each called N times (default 5), the counts and results printed; `faults N`: N calls of
+/// `callv` through a NULL vtable pointer, a PROT_NONE vtable, a NULL vtable entry, a
+/// PROT_EXEC vtable (faults where protection keys make it execute-only) and a non-canonical
+/// vtable entry, each fault caught by its SIGSEGV handler (`si_code`, `si_addr`, the PC and
+/// the return address printed) and left by `siglongjmp`. Exits 3.
+pub fn indirect_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("indirect")
+}
+
+/// Path of `indirect_cxx [N]` (C++, `-fno-devirtualize`, no site flags,
+/// `c/indirect_cxx.cc`): N shapes of three classes; `total` (extern "C") makes one virtual
+/// call per shape (`call *OFF(%reg)` through the vtable) and is called 3 times; prints
+/// `virtual_calls=3N rect=R square=S tri=T sum=X`. Exits 3.
+pub fn indirect_cxx_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("indirect_cxx")
+}
+
 /// Path of `own_malloc [N]` (`-fpatchable-function-entry=5`): defines its own `malloc`,
 /// `calloc`, `realloc`, `free` (and the aligned ones) over a static arena, handing out blocks
 /// 8 bytes past a 16-byte boundary; counts every call, and the calls made before `main` or
@@ -383,6 +404,19 @@ pub fn libc_mallocs_fixture() -> PathBuf {
 /// before the same work; `selftrap` does the work, then kills itself with `raise(SIGTRAP)`.
 pub fn sigmasks_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sigmasks")
+}
+
+/// Path of `nofault MODE [N]` (`-fpatchable-function-entry=5`, see `c/nofault.c`): bad
+/// pointers (NULL, unmapped, `PROT_NONE`, a string running into a hole, non-canonical, past a
+/// file's end) passed to `take(t, s, p)`, which never reads through them; and the program's
+/// own faults (`handler`, `altstack`, `overflow`, `die`) next to those calls.
+pub fn nofault_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("nofault")
+}
+
+/// [`nofault_fixture`] built without site flags: a probe on `take` is an int3 probe.
+pub fn nofault_int3_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("nofault_int3")
 }
 
 /// Path of `probepath MODE [ARGS]` (`-fpatchable-function-entry=5`, see
@@ -530,6 +564,23 @@ pub mod fxsites {
         pub fn fx_pg_mul(a: i64, b: i64) -> i64;
     }
 
+    /// Calls and jumps through memory (`c/indirect_zoo.c`, assembly, no sites), for int3
+    /// kprobes on them.
+    pub mod izoo {
+        extern "C" {
+            /// `(*obj)[0](obj)`: a virtual call, `call *(%rax)` at +7.
+            pub fn izoo_callv(obj: *const *const usize) -> i64;
+            /// `f(x)` through `call *0x18(%rsp)` at +21, with `decoy` at `0x10(%rsp)`.
+            pub fn izoo_callsp(
+                f: extern "C" fn(i64) -> i64,
+                x: i64,
+                decoy: extern "C" fn(i64) -> i64,
+            ) -> i64;
+            /// `100 * (i + 1)` for `i` in 0..3, through `jmp *(%rax,%rcx,8)` at +10.
+            pub fn izoo_jtab(i: i64) -> i64;
+        }
+    }
+
     /// The instruction zoo (`c/insn_zoo.c`, assembly, no sites): one function per class of
     /// instruction an int3 kprobe emulates or refuses.
     pub mod zoo {
@@ -550,7 +601,7 @@ pub mod fxsites {
             pub fn zoo_cpuid(x: i64) -> i64;
             /// `zoo_data + 1` (42): RIP-relative `mov` and `cmpq $imm` after the displacement.
             pub fn zoo_riprel() -> i64;
-            /// Never called: `syscall`, `call *mem`, `jmp *mem`, `int3`, to be refused.
+            /// Never called: `syscall` and `int3` (refused), `call *mem` and `jmp *mem`.
             pub fn zoo_refused();
         }
     }

@@ -2,7 +2,9 @@
 //! untraced (NOP5), an empty callback through its direct trampoline, an empty callback with
 //! SAVE_REGS, two empty callbacks through the list function, the function tracer recording
 //! (tsc, ip, parent_ip) into a ring, a kprobe on the site with an empty pre_handler, and a
-//! kprobe event recording two arguments. Each figure is the median of 11 runs of 2M
+//! kprobe event recording two arguments; each kprobe row twice: through the site's per-site
+//! trampoline (the default for a site with one probe) and through the shared kprobes ops
+//! with its lookup by address (`kprobes::set_per_site_trampolines(false)`). Each figure is the median of 11 runs of 2M
 //! calls, minus the untraced median of the same run.
 //!
 //! `cargo bench -p ftprobe --bench ftrace_hit`
@@ -80,7 +82,12 @@ fn main() {
         None,
     )));
     kprobes::register_kprobe(kp).unwrap();
-    rows.push(("kprobe on the site, empty pre_handler", median(|| {})));
+    let direct = ftrace::record(kp.addr()).unwrap().flags & ftrace::FTRACE_FL_TRAMP != 0;
+    assert!(direct, "one probe on the site: per-site trampoline");
+    rows.push(("kprobe on the site, per-site trampoline", median(|| {})));
+    kprobes::set_per_site_trampolines(false).unwrap();
+    rows.push(("kprobe on the site, shared path (lookup)", median(|| {})));
+    kprobes::set_per_site_trampolines(true).unwrap();
     kprobes::unregister_kprobe(kp).unwrap();
 
     // Records go into a 128 MiB ring, drained between runs (as the CLI does).
@@ -93,7 +100,15 @@ fn main() {
             records += r.drain(|_, _| {});
         }
     });
-    rows.push(("kprobe event, 2 args recorded (48 B)", ev));
+    rows.push(("kprobe event, 2 args (48 B), per-site", ev));
+    kprobes::set_per_site_trampolines(false).unwrap();
+    let ev = median(|| {
+        if let Some(mut r) = reader_view.reader(0) {
+            records += r.drain(|_, _| {});
+        }
+    });
+    rows.push(("kprobe event, 2 args (48 B), shared path", ev));
+    kprobes::set_per_site_trampolines(true).unwrap();
     kprobes::unregister_kprobe(tk.kp).unwrap();
     if let Some(mut r) = reader_view.reader(0) {
         records += r.drain(|_, _| {});

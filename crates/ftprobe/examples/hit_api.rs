@@ -7,7 +7,10 @@
 //! The mechanism comes from `$HIT_MODE`:
 //! - unset or `none`: nothing armed (the untraced base of every row here);
 //! - `ftrace-ops`: an `ftrace_ops` with an empty callback, filtered to `fx_add`;
-//! - `kprobe-site`: a kprobe at `fx_add+0` (on the ftrace site), empty `pre_handler`;
+//! - `kprobe-site`: a kprobe at `fx_add+0` (on the ftrace site), counting `pre_handler`: the
+//!   site calls a per-site trampoline that carries the probe;
+//! - `kprobe-site-shared`: the same through the shared kprobes `ftrace_ops` and its lookup by
+//!   address (`kprobes::set_per_site_trampolines(false)`), as a site with several probes;
 //! - `int3`: a kprobe at `fx_add+5` (int3, boosted: one trap), empty `pre_handler`;
 //! - `int3-post`: the same with an empty `post_handler` (single-stepped out of line: two traps).
 //!
@@ -65,10 +68,15 @@ fn arm(mode: &str) -> Result<(), String> {
             ftrace::register_ftrace_function(&COUNT_OPS).map_err(|e| e.to_string())
         }
         "kprobe-site" => kprobe_at(0, false),
+        "kprobe-site-shared" => {
+            kprobes::set_per_site_trampolines(false).map_err(|e| e.to_string())?;
+            kprobe_at(0, false)
+        }
         "int3" => kprobe_at(5, false),
         "int3-post" => kprobe_at(5, true),
         m => Err(format!(
-            "unknown HIT_MODE {m:?} (none, ftrace-ops, kprobe-site, int3, int3-post)"
+            "unknown HIT_MODE {m:?} (none, ftrace-ops, kprobe-site, kprobe-site-shared, int3, \
+             int3-post)"
         )),
     }
 }

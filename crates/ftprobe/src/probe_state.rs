@@ -102,6 +102,9 @@ pub(crate) struct ThreadState {
     /// This thread's signal stack as last asked (`ftrace::fgraph_unwind`): `(known, lo,
     /// hi)`, `lo == hi` when it has none.
     pub alt_stack: Cell<(bool, u64, u64)>,
+    /// Whether this thread's mask blocks SIGSEGV or SIGBUS, as last asked of the kernel
+    /// (`arch::x86_64::uaccess`; `MASK_UNKNOWN` until asked, and after the program changed it).
+    pub fault_mask: Cell<u8>,
 }
 
 thread_local! {
@@ -125,6 +128,7 @@ impl ThreadState {
         program_trap_pending: Cell::new(false),
         fgraph: Cell::new(std::ptr::null_mut()),
         alt_stack: Cell::new((false, 0, 0)),
+        fault_mask: Cell::new(crate::arch::x86_64::uaccess::MASK_UNKNOWN),
     };
 }
 
@@ -150,6 +154,7 @@ pub(crate) unsafe fn reset_this_thread() {
     t.program_trap_pending.set(false);
     t.fgraph.set(std::ptr::null_mut());
     t.alt_stack.set((false, 0, 0));
+    t.fault_mask.set(crate::arch::x86_64::uaccess::MASK_UNKNOWN);
 }
 
 /// [`STATE`]'s offset from the thread pointer, once [`fix_thread_state_offset`] ran

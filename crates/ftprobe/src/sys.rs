@@ -6,6 +6,8 @@
 
 use std::io;
 
+use crate::arch::x86_64::uaccess;
+
 /// A failed system call: which call, and the `errno` it returned.
 #[derive(Debug, thiserror::Error)]
 #[error("{call} failed")]
@@ -418,12 +420,83 @@ unsafe fn vm_read_self(
     }
 }
 
-/// Read a word of this process's memory without faulting: `process_vm_readv` on our own pid,
-/// which returns an error for an unmapped address instead of raising SIGSEGV. *Probe path*:
-/// one raw syscall (~0.3 µs, `errno` untouched); `None` for a bad address. Out of line: its iovecs stay off the
+/// Read a word of this process's memory without faulting; `None` for a bad address.
+/// *Probe path*, `errno` untouched. A plain load whose fault ftprobe's handler turns into
+/// `None` when it can ([`uaccess::usable`]); else `process_vm_readv` on our own pid, which
+/// returns an error for an unmapped address instead of raising SIGSEGV (one raw syscall,
+/// ~0.3-1.3 µs).
+#[inline]
+pub fn read_u64_nofault(addr: u64) -> Option<u64> {
+    Nofault::now().read_u64(addr)
+}
+
+/// How fault-safe reads are made, decided once (per probe hit: [`Nofault::now`] checks
+/// the thread's state, a few loads): plain loads whose faults ftprobe's handler resumes
+/// (`uaccess`), or `process_vm_readv`. The free functions ([`read_nofault`] and siblings)
+/// decide at each call. *Probe path*.
+#[derive(Clone, Copy, Debug)]
+pub struct Nofault {
+    loads: bool,
+}
+
+impl Nofault {
+    /// By `process_vm_readv` (also for a caller that reads nothing).
+    pub const SYSCALL: Nofault = Nofault { loads: false };
+
+    /// The way that is safe on this thread now ([`uaccess::usable`]).
+    #[inline]
+    pub fn now() -> Nofault {
+        Nofault {
+            loads: uaccess::usable(),
+        }
+    }
+
+    /// [`read_u64_nofault`].
+    #[inline]
+    pub fn read_u64(self, addr: u64) -> Option<u64> {
+        if self.loads {
+            return uaccess::read_u64_nofault(addr);
+        }
+        read_u64_syscall(addr)
+    }
+
+    /// [`read_nofault`].
+    #[inline]
+    pub fn read(self, addr: u64, buf: &mut [u8]) -> usize {
+        if self.loads {
+            return uaccess::copy_nofault(addr, buf);
+        }
+        read_pieces_syscall(addr, buf)
+    }
+
+    /// [`strncpy_nofault`].
+    #[inline]
+    pub fn strncpy(self, addr: u64, buf: &mut [u8]) -> Option<usize> {
+        if self.loads {
+            return uaccess::strncpy_nofault(addr, buf);
+        }
+        let got = read_pieces_syscall(addr, buf);
+        match buf[..got].iter().position(|&c| c == 0) {
+            Some(nul) => Some(nul + 1),
+            None if got == buf.len() => Some(got),
+            None => None,
+        }
+    }
+
+    /// [`strnlen_nofault`].
+    #[inline]
+    pub fn strnlen(self, addr: u64, max: usize) -> Option<usize> {
+        if self.loads {
+            return uaccess::strnlen_nofault(addr, max).map(|n| n.min(max));
+        }
+        strnlen_syscall(addr, max)
+    }
+}
+
+/// [`read_u64_nofault`] by `process_vm_readv`. Out of line: its iovecs stay off the
 /// callers' frames.
 #[inline(never)]
-pub fn read_u64_nofault(addr: u64) -> Option<u64> {
+fn read_u64_syscall(addr: u64) -> Option<u64> {
     let mut v = 0u64;
     let local = libc::iovec {
         iov_base: (&mut v as *mut u64).cast(),
@@ -448,11 +521,27 @@ const NOFAULT_PIECE: u64 = 4096;
 /// Read `buf.len()` bytes of this process's memory at `addr` without faulting; returns how
 /// many bytes, from the start, could be read (`buf.len()` when all of them). The range is
 /// split at 4 KiB boundaries, so a range that runs into an unmapped page yields its mapped
-/// prefix. *Probe path*: one `process_vm_readv` per two 4 KiB pieces (one for up to 4 KiB),
-/// 48 bytes of iovecs on the stack.
-#[inline(never)]
+/// prefix. *Probe path*: plain loads whose fault ftprobe's handler stops the copy at
+/// ([`uaccess::usable`]); else one `process_vm_readv` per two 4 KiB pieces (one for up to
+/// 4 KiB), 48 bytes of iovecs on the stack.
+#[inline]
 pub fn read_nofault(addr: u64, buf: &mut [u8]) -> usize {
+    Nofault::now().read(addr, buf)
+}
+
+#[inline(never)]
+fn read_pieces_syscall(addr: u64, buf: &mut [u8]) -> usize {
     read_pieces(addr, buf)
+}
+
+/// Copy the NUL-terminated string at `addr` into `buf`, NUL included, at most `buf.len()`
+/// bytes (the kernel's `strncpy_from_user_nofault()`): the bytes copied (the last is the
+/// NUL, unless all of `buf` was filled without one), or `None` when a byte before the NUL
+/// (and before `buf.len()`) cannot be read. *Probe path*: as [`read_nofault`], but the
+/// plain loads stop at the NUL (the system call reads all of `buf` that is mapped).
+#[inline]
+pub fn strncpy_nofault(addr: u64, buf: &mut [u8]) -> Option<usize> {
+    Nofault::now().strncpy(addr, buf)
 }
 
 #[inline(always)]
@@ -497,9 +586,16 @@ fn read_pieces(addr: u64, buf: &mut [u8]) -> usize {
 /// The length of the NUL-terminated string at `addr`, NUL included, as the kernel's
 /// `fetch_store_strlen()` counts it: at most `max` (a string with no NUL in its first `max`
 /// bytes counts `max`); `None` when a byte before the NUL (and before `max`) cannot be read.
-/// *Probe path*: reads 64 bytes at a time into a stack buffer, one `process_vm_readv` each.
-#[inline(never)]
+/// *Probe path*: plain loads, 8 bytes at a time, whose fault ftprobe's handler stops
+/// ([`uaccess::usable`]); else 64 bytes at a time into a stack buffer, one
+/// `process_vm_readv` each.
+#[inline]
 pub fn strnlen_nofault(addr: u64, max: usize) -> Option<usize> {
+    Nofault::now().strnlen(addr, max)
+}
+
+#[inline(never)]
+fn strnlen_syscall(addr: u64, max: usize) -> Option<usize> {
     let mut chunk = [0u8; 64];
     let mut len = 0usize;
     while len < max {

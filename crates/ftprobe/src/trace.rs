@@ -165,9 +165,25 @@ fn ring_of(t: &ThreadState) -> Option<RingWriter<'static>> {
     if TRACING_OFF.load(std::sync::atomic::Ordering::Relaxed) {
         return None;
     }
-    match t.ring.get() {
-        ThreadRing::Claimed(w) => Some(w),
-        _ => no_ring(t),
+    match claimed_writer(t) {
+        Some(w) => Some(w),
+        None => no_ring(t),
+    }
+}
+
+/// Probe path: the thread's writer, if it has claimed a ring. Reads the writer's fields in
+/// place: `Cell::get` copies the whole enum through the stack (with vector registers), and
+/// reading the copy back costs store-forwarding round trips on every event.
+#[inline(always)]
+fn claimed_writer(t: &ThreadState) -> Option<RingWriter<'static>> {
+    // SAFETY: a shared reference to the cell's contents, used only to copy the writer out
+    // before anything else runs on this thread. A signal handler that interrupts this
+    // thread changes `ring` only from `Unclaimed`/`NoneFree` to `Claimed` (its first
+    // event's claim; `Ended` is set at the thread's end, outside any probe), so a `Claimed`
+    // value seen here is not written while the copy is made.
+    match unsafe { &*t.ring.as_ptr() } {
+        ThreadRing::Claimed(w) => Some(*w),
+        _ => None,
     }
 }
 
@@ -317,10 +333,7 @@ impl EventSection {
     /// The writer, inside the section.
     #[inline(always)]
     pub fn writer(&self) -> Option<SectionWriter<'static>> {
-        match self.t.ring.get() {
-            ThreadRing::Claimed(w) => Some(w.in_section()),
-            _ => None,
-        }
+        claimed_writer(self.t).map(RingWriter::in_section)
     }
 }
 
@@ -328,7 +341,7 @@ impl Drop for EventSection {
     #[inline(always)]
     fn drop(&mut self) {
         // The ring a section began on stays the thread's until the thread ends.
-        if let ThreadRing::Claimed(w) = self.t.ring.get() {
+        if let Some(w) = claimed_writer(self.t) {
             end_section(self.t, w, self.level);
         }
     }
@@ -344,6 +357,22 @@ pub fn event_section() -> Option<EventSection> {
     let t = probe_state::this_thread();
     let sp = stack_pointer();
     let _ = t.enter(Entry::Here(sp));
+    // The common case on its own: merged with `no_ring`'s result (returned through memory),
+    // the writer went through two copies on the stack before its first use.
+    if !TRACING_OFF.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Some(w) = claimed_writer(t) {
+            let level = begin_section(t, w, sp)?;
+            return Some(EventSection { t, level });
+        }
+    }
+    event_section_slow(t, sp)
+}
+
+/// [`event_section`] without a claimed ring (or with tracing off): out of line, so that its
+/// locals stay out of the common case's frame (probes may run on small signal stacks).
+#[cold]
+#[inline(never)]
+fn event_section_slow(t: &'static ThreadState, sp: u64) -> Option<EventSection> {
     let w = ring_of(t)?;
     let level = begin_section(t, w, sp)?;
     Some(EventSection { t, level })

@@ -24,8 +24,9 @@
 //! value `+8`; `+0(%di):string` stores the string at `%di`; `+0(%di):string[N]` reads N
 //! pointers at `%di`, `%di+8`, ... and stores the string each points to; `symstr` keeps its
 //! dereference (it symbolizes the loaded value). Every memory read is fault-safe
-//! ([`sys::read_nofault`], [`sys::read_u64_nofault`]): a bad pointer marks the argument
-//! `(fault)` and the program runs on. In one process user and kernel memory are the same:
+//! ([`sys::read_nofault`], [`sys::read_u64_nofault`], [`sys::strncpy_nofault`]: plain loads
+//! whose faults ftprobe's handler resumes, `arch::x86_64::uaccess`, or `process_vm_readv`
+//! where that is not safe): a bad pointer marks the argument `(fault)` and the program runs on. In one process user and kernel memory are the same:
 //! `ustring` and `+uOFFS` read as `string` and `+OFFS`.
 //!
 //! # Record layout
@@ -112,6 +113,13 @@ pub struct TraceKprobe {
     fixed_words: usize,
     /// Some argument is a string read from memory: records have a data area.
     dynamic: bool,
+    /// Some argument reads memory ([`Fetch::reads_memory`]).
+    reads_memory: bool,
+    /// Every argument is a register's value (`%REG`, `$arg1`-`$arg6`, no dereference, no
+    /// array) of an entry event: the `pt_regs` word of each, which `write_event` copies
+    /// straight into the record (nothing can fault: the mask is 0), without the general
+    /// per-argument program. The record is the same.
+    regs_only: Option<Box<[u8]>>,
     /// Whether the site stands after the prologue (stack arguments are above `rbp`); set
     /// each time the probe is armed (its object may be loaded later).
     after_prologue: AtomicBool,
@@ -130,6 +138,16 @@ impl TraceKprobe {
     /// counter) cost ~14 ns here.
     pub fn dropped(&self) -> u64 {
         self.dropped_counter().load(Ordering::Relaxed)
+    }
+
+    /// Probe path: how this hit reads memory, if the event reads any.
+    #[inline(always)]
+    fn nofault(&self) -> sys::Nofault {
+        if self.reads_memory {
+            sys::Nofault::now()
+        } else {
+            sys::Nofault::SYSCALL
+        }
     }
 
     fn dropped_counter(&self) -> &AtomicU64 {
@@ -202,6 +220,20 @@ struct Fetch {
     /// Offsets of the dereferences between the base and the store, innermost first.
     derefs: Box<[i64]>,
     store: Store,
+}
+
+impl Fetch {
+    /// Whether the argument reads memory on a hit: a dereference, a store from memory, a
+    /// stack slot (`$stackN`, `$argN` for N > 6).
+    fn reads_memory(&self) -> bool {
+        !self.derefs.is_empty()
+            || matches!(
+                self.store,
+                Store::Mem { .. } | Store::Str { .. } | Store::StrArray { .. }
+            )
+            || matches!(self.base, Base::Stack(_))
+            || matches!(self.base, Base::Arg(n) if n > 6)
+    }
 }
 
 /// `op` as a base and its dereferences (appended to `derefs`, innermost first); `Err` names
@@ -570,6 +602,12 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         ProbeKind::Kretprobe { maxactive } => Some(maxactive.unwrap_or(0)),
         _ => None,
     };
+    if args.iter().any(Fetch::reads_memory) {
+        // Memory is read with plain loads whose faults ftprobe's SIGSEGV/SIGBUS handler
+        // turns into `(fault)`; when that handler cannot be made the one in place, reads
+        // stay on `process_vm_readv` (slower, as safe).
+        crate::arch::x86_64::uaccess::enable();
+    }
     let entry = entry_args(&args, &def);
     let (kp, rp): (&'static Kprobe, Option<&'static Kretprobe>) = match maxactive {
         None => (
@@ -595,6 +633,8 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         head_words: record_head_words(args.len()) + usize::from(rp.is_some()),
         fixed_words: args.iter().map(|a| a.store.words()).sum(),
         dynamic: args.iter().any(|a| a.store.is_dynamic()),
+        reads_memory: args.iter().any(Fetch::reads_memory),
+        regs_only: if rp.is_none() { regs_only(&args) } else { None },
         args,
         after_prologue: AtomicBool::new(false),
         pending: AtomicBool::new(pending),
@@ -803,8 +843,27 @@ fn reg_value(regs: &PtRegs, r: crate::events::Reg) -> u64 {
     words.get(r.pt_regs_offset() / 8).copied().unwrap_or(0)
 }
 
+/// The `pt_regs` word of each argument when every one is a register's value with nothing
+/// to dereference (see `TraceKprobe::regs_only`).
+fn regs_only(args: &[Fetch]) -> Option<Box<[u8]>> {
+    const ARG_REGS: [Reg; 6] = [Reg::Di, Reg::Si, Reg::Dx, Reg::Cx, Reg::R8, Reg::R9];
+    args.iter()
+        .map(|f| {
+            if f.store != Store::Raw || !f.derefs.is_empty() {
+                return None;
+            }
+            let r = match f.base {
+                Base::Reg(r) => r,
+                Base::Arg(n @ 1..=6) => ARG_REGS[n as usize - 1],
+                _ => return None,
+            };
+            u8::try_from(r.pt_regs_offset() / 8).ok()
+        })
+        .collect()
+}
+
 /// Probe path: read argument `n` (1-based) by the SysV ABI at function entry.
-fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
+fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool, mem: sys::Nofault) -> Option<u64> {
     Some(match n {
         1 => regs.rdi,
         2 => regs.rsi,
@@ -820,7 +879,7 @@ fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool) -> Option<u64> {
             } else {
                 regs.sp + 8
             };
-            return crate::sys::read_u64_nofault(base + 8 * (n as u64 - 7));
+            return mem.read_u64(base + 8 * (n as u64 - 7));
         }
     })
 }
@@ -833,6 +892,8 @@ struct At<'a> {
     regs: &'a PtRegs,
     after_prologue: bool,
     entry: &'a [u64],
+    /// How this hit reads memory (decided once per hit).
+    mem: sys::Nofault,
 }
 
 /// Probe path: an argument's value before its store: the base, then the dereferences.
@@ -842,16 +903,16 @@ fn fetch_value(f: &Fetch, at: At<'_>) -> Option<u64> {
     let regs = at.regs;
     let mut v = match f.base {
         Base::Reg(r) => reg_value(regs, r),
-        Base::Arg(k) => fetch_arg(k, regs, at.after_prologue)?,
+        Base::Arg(k) => fetch_arg(k, regs, at.after_prologue, at.mem)?,
         Base::Retval => regs.rax,
         Base::Entry(k) => at.entry.get(k as usize).copied()?,
-        Base::Stack(k) => sys::read_u64_nofault(regs.sp.wrapping_add(8 * u64::from(k)))?,
+        Base::Stack(k) => at.mem.read_u64(regs.sp.wrapping_add(8 * u64::from(k)))?,
         Base::StackPtr => regs.sp,
         Base::Imm(v) => v,
         Base::Sym { .. } | Base::None => return None,
     };
     for &off in f.derefs.iter() {
-        v = sys::read_u64_nofault(v.wrapping_add(off as u64))?;
+        v = at.mem.read_u64(v.wrapping_add(off as u64))?;
     }
     Some(v)
 }
@@ -874,14 +935,14 @@ fn strings_size(tk: &TraceKprobe, at_: At<'_>) -> usize {
         let at = v.wrapping_add(off as u64);
         for k in 0..u64::from(count) {
             let addr = if array {
-                match sys::read_u64_nofault(at.wrapping_add(8 * k)) {
+                match at_.mem.read_u64(at.wrapping_add(8 * k)) {
                     Some(p) => p,
                     None => continue,
                 }
             } else {
                 at
             };
-            total += sys::strnlen_nofault(addr, MAX_STRING_SIZE).unwrap_or(0);
+            total += at_.mem.strnlen(addr, MAX_STRING_SIZE).unwrap_or(0);
         }
     }
     total
@@ -904,17 +965,16 @@ fn with_bytes<R>(words: &[AtomicU64], f: impl FnOnce(&mut [u8]) -> R) -> R {
 /// Probe path: read the string at `addr` into `data[*used..]`, bounded by `MAX_STRING_SIZE`
 /// and the room left; returns its data_loc (0 when it cannot be read or there is no room).
 #[inline(never)]
-fn store_string(data: &mut [u8], used: &mut usize, addr: u64) -> u64 {
+fn store_string(data: &mut [u8], used: &mut usize, addr: u64, mem: sys::Nofault) -> u64 {
     let start = *used;
     let cap = MAX_STRING_SIZE.min(data.len().saturating_sub(start));
     let Some(buf) = data.get_mut(start..start + cap).filter(|b| !b.is_empty()) else {
         return 0;
     };
-    let got = sys::read_nofault(addr, buf);
-    let len = match buf[..got].iter().position(|&c| c == 0) {
-        Some(nul) => nul + 1,
+    let len = match mem.strncpy(addr, buf) {
+        Some(n) if buf[n - 1] == 0 => n,
         // No NUL in the first `cap` bytes: cut, as strncpy_from_kernel_nofault().
-        None if got == cap => {
+        Some(_) => {
             buf[cap - 1] = 0;
             cap
         }
@@ -964,7 +1024,7 @@ fn store_arg(
             };
             let len = size as usize * count as usize;
             let got = with_bytes(words, |b| {
-                sys::read_nofault(v.wrapping_add(off as u64), &mut b[..len])
+                at.mem.read(v.wrapping_add(off as u64), &mut b[..len])
             });
             if got < len {
                 for w in words {
@@ -975,8 +1035,9 @@ fn store_arg(
             true
         }
         Store::Str { off } => {
-            let loc = fetch_value(f, at)
-                .map_or(0, |v| store_string(data, used, v.wrapping_add(off as u64)));
+            let loc = fetch_value(f, at).map_or(0, |v| {
+                store_string(data, used, v.wrapping_add(off as u64), at.mem)
+            });
             put(0, loc);
             true
         }
@@ -987,10 +1048,12 @@ fn store_arg(
                 }
                 return false;
             };
+            let mem = at.mem;
             let at = v.wrapping_add(off as u64);
             for k in 0..count as usize {
-                let loc = sys::read_u64_nofault(at.wrapping_add(8 * k as u64))
-                    .map_or(0, |p| store_string(data, used, p));
+                let loc = mem
+                    .read_u64(at.wrapping_add(8 * k as u64))
+                    .map_or(0, |p| store_string(data, used, p, mem));
                 put(k, loc);
             }
             true
@@ -1006,6 +1069,7 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
         regs,
         after_prologue: tk.after_prologue.load(Ordering::Relaxed),
         entry: &[],
+        mem: tk.nofault(),
     };
     write_event(tk, at, p.addr(), None);
     0
@@ -1015,9 +1079,14 @@ fn kprobe_dispatcher(p: &Kprobe, regs: &mut PtRegs) -> i32 {
 fn kretprobe_entry_handler(ri: &mut KretprobeInstance, regs: &mut PtRegs) -> i32 {
     // SAFETY: the kretprobe's `data` holds the leaked TraceKprobe, set before registration.
     let tk = unsafe { &*(ri.rp.data.load(Ordering::Relaxed) as *const TraceKprobe) };
+    let mem = if tk.entry_args.iter().any(|&n| n > 6) {
+        sys::Nofault::now()
+    } else {
+        sys::Nofault::SYSCALL
+    };
     for (slot, &n) in ri.data.iter_mut().zip(&tk.entry_args) {
         // An argument on the stack that cannot be read is saved as 0.
-        *slot = fetch_arg(n, regs, false).unwrap_or(0);
+        *slot = fetch_arg(n, regs, false, mem).unwrap_or(0);
     }
     0
 }
@@ -1030,6 +1099,7 @@ fn kretprobe_dispatcher(ri: &KretprobeInstance, regs: &PtRegs) -> i32 {
         regs,
         after_prologue: false,
         entry: &ri.data[..tk.entry_args.len().min(ri.data.len())],
+        mem: tk.nofault(),
     };
     write_event(tk, at, ri.func, Some(ri.ret_addr));
     0
@@ -1054,6 +1124,14 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     } else {
         0
     };
+    if let (Some(words), None) = (tk.regs_only.as_deref(), ret_ip) {
+        let written = write_regs_record(w, tk, at.regs, words, (tsc, cpu, addr));
+        drop(section);
+        if !written {
+            tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
+        }
+        return;
+    }
     // Stored straight into the ring: a stack buffer for 128 arguments overflowed small
     // stacks (a sigaltstack of a few KiB).
     let written = w.write_with(
@@ -1093,6 +1171,42 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     if !written {
         tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Probe path: the record of an event whose arguments are all registers (`regs_only`): the
+/// head (tsc, address, a zero fault mask), then each argument's `pt_regs` word. Out of line,
+/// so that its frame and the general path's are not added up in the dispatcher's.
+#[inline(never)]
+fn write_regs_record(
+    w: crate::ring::SectionWriter<'static>,
+    tk: &TraceKprobe,
+    regs: &PtRegs,
+    words: &[u8],
+    (tsc, cpu, addr): (u64, u32, u64),
+) -> bool {
+    const N: usize = std::mem::size_of::<PtRegs>() / 8;
+    // SAFETY: PtRegs is repr(C) and made only of u64 fields: the layout of [u64; N].
+    let regs = unsafe { &*(regs as *const PtRegs as *const [u64; N]) };
+    let head = tk.head_words;
+    w.write_with(
+        rtype::KPROBE,
+        crate::record::kprobe_aux(cpu, tk.id),
+        head + words.len(),
+        |slots| {
+            slots[0].store(tsc, Ordering::Relaxed);
+            slots[1].store(addr, Ordering::Relaxed);
+            // The fault mask: a register cannot fault.
+            for s in slots.iter().take(head).skip(2) {
+                s.store(0, Ordering::Relaxed);
+            }
+            for (s, &i) in slots.iter().skip(head).zip(words) {
+                s.store(
+                    regs.get(i as usize).copied().unwrap_or(0),
+                    Ordering::Relaxed,
+                );
+            }
+        },
+    )
 }
 
 /// One argument of a record, decoded (see the module docs for the layout).
@@ -1384,16 +1498,19 @@ mod tests {
         assert_eq!(sys::strnlen_nofault(end - 3, MAX_STRING_SIZE), None);
         assert_eq!(sys::strnlen_nofault(end - 3, 2), Some(2), "cut at max");
         assert_eq!(sys::strnlen_nofault(8, 16), None, "NULL page");
-        let mut data = [0xaau8; 8];
-        let mut used = 0;
-        assert_eq!(store_string(&mut data, &mut used, end - 6), 3 << 32);
-        assert_eq!((&data[..3], used), (&b"ab\0"[..], 3));
-        assert_eq!(store_string(&mut data, &mut used, end - 3), 0, "fault");
-        // Cut to the room left, with a NUL.
-        let mut small = [0xaau8; 2];
-        let mut used = 0;
-        assert_eq!(store_string(&mut small, &mut used, end - 3), 2 << 32);
-        assert_eq!(small, *b"x\0");
+        // By system call, and with plain loads when this process has them.
+        for mem in [sys::Nofault::SYSCALL, sys::Nofault::now()] {
+            let mut data = [0xaau8; 8];
+            let mut used = 0;
+            assert_eq!(store_string(&mut data, &mut used, end - 6, mem), 3 << 32);
+            assert_eq!((&data[..3], used), (&b"ab\0"[..], 3));
+            assert_eq!(store_string(&mut data, &mut used, end - 3, mem), 0, "fault");
+            // Cut to the room left, with a NUL.
+            let mut small = [0xaau8; 2];
+            let mut used = 0;
+            assert_eq!(store_string(&mut small, &mut used, end - 3, mem), 2 << 32);
+            assert_eq!(small, *b"x\0");
+        }
         // SAFETY: the mapping made above, no longer used.
         unsafe { libc::munmap(page as *mut libc::c_void, 8192) };
     }

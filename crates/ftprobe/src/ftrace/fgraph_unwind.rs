@@ -149,7 +149,7 @@ fn known_stack_of(a: u64) -> u64 {
 /// "disabled" and restores it at `sigreturn`, past any interposer): it is still that stack.
 /// A thread whose first question is asked inside such a handler, or a program that calls
 /// the system call itself, keeps a stale answer until its next `sigaltstack` call.
-fn alt_stack() -> Option<(u64, u64)> {
+pub(crate) fn alt_stack() -> Option<(u64, u64)> {
     let (known, lo, hi) = probe_state::this_thread().alt_stack.get();
     if known {
         return (lo < hi).then_some((lo, hi));

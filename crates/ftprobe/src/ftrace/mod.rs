@@ -25,7 +25,7 @@ pub use objects::{
     symbol_at_or_gone, text_range, SymbolAddr,
 };
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -64,6 +64,9 @@ pub const FTRACE_FL_IPMODIFY: u64 = 1 << 26;
 pub const FTRACE_FL_DIRECT: u64 = 1 << 27;
 /// The site stands after `push %rbp; mov %rsp,%rbp` (`-pg` mcount).
 pub const FTRACE_FL_AFTER_PROLOGUE: u64 = 1 << 28;
+/// The site calls a trampoline of its own: its only ops set a per-site callback for it
+/// ([`ftrace_set_direct_ip`]; the kernel's per-ops trampolines and direct calls).
+pub const FTRACE_FL_TRAMP: u64 = 1 << 29;
 
 const _: () = assert!(std::mem::size_of::<DynFtrace>() == 16);
 
@@ -91,6 +94,12 @@ pub const FTRACE_OPS_FL_RECURSION: u32 = 1 << 2;
 pub type FtraceFunc =
     unsafe extern "C" fn(ip: u64, parent_ip: u64, op: &FtraceOps, regs: &mut PtRegs);
 
+/// A per-site callback ([`ftrace_set_direct_ip`]): `func(ip, parent_ip, data, regs)`, where
+/// `data` is the word given for the site, which the site's own trampoline carries (no
+/// lookup on a hit). Same rules as [`FtraceFunc`].
+pub type FtraceDirectFunc =
+    unsafe extern "C" fn(ip: u64, parent_ip: u64, data: *const (), regs: &mut PtRegs);
+
 /// A set of callbacks on a set of functions (`struct ftrace_ops`). Made in a `static`.
 pub struct FtraceOps {
     /// The callback.
@@ -106,12 +115,17 @@ pub struct FtraceOps {
     missed: AtomicU64,
 }
 
+/// Per-site callbacks of an ops: site -> (data, func).
+type DirectMap = BTreeMap<u64, (usize, FtraceDirectFunc)>;
+
 #[derive(Default)]
 struct Filters {
     filter: Vec<FilterEntry>,
     notrace: Vec<FilterEntry>,
     /// Site addresses added by [`ftrace_set_filter_ip`], sorted.
     ips: Vec<u64>,
+    /// Per-site callbacks ([`ftrace_set_direct_ip`]).
+    direct: DirectMap,
 }
 
 impl FtraceOps {
@@ -125,6 +139,7 @@ impl FtraceOps {
                 filter: Vec::new(),
                 notrace: Vec::new(),
                 ips: Vec::new(),
+                direct: BTreeMap::new(),
             }),
             hash: AtomicPtr::new(std::ptr::null_mut()),
             registered: AtomicBool::new(false),
@@ -1065,6 +1080,61 @@ pub fn ftrace_set_filter_ip(
     Ok(())
 }
 
+/// Give (or with `None`, take back) the site at `ip` a callback of its own for `ops`: while
+/// `ops` is the only ops that wants the site, the site calls a trampoline made for it that
+/// calls `func(ip, parent_ip, data, regs)` directly, with `data` in the trampoline's data
+/// slot; otherwise (no ops, or several, which share the list function) the entry is unused
+/// and `ops.func` serves the site as usual. The kernel's per-ops trampolines and direct
+/// calls (`ftrace_ops` with a single function gets a trampoline of its own): kprobes give a
+/// site with a single probe a trampoline that carries the probe. `data` must stay valid for
+/// as long as a thread may run such a trampoline: forever (trampolines are never freed).
+/// `func` runs without ftrace's recursion guard, whatever the ops' flags: it guards itself.
+///
+/// A registered ops' site is retargeted at once, live (one `text_poke` batch); on error
+/// nothing changes. `ip` must be a site's first byte (else `NoSite`).
+pub fn ftrace_set_direct_ip(
+    ops: &'static FtraceOps,
+    ip: u64,
+    direct: Option<(*const (), FtraceDirectFunc)>,
+) -> Result<(), FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    if st.index_of(ip).is_none() {
+        return Err(FtraceError::NoSite(ip));
+    }
+    let old = {
+        let mut f = ops.lock_filters();
+        match direct {
+            Some((data, func)) => f.direct.insert(ip, (data as usize, func)),
+            None => f.direct.remove(&ip),
+        }
+    };
+    if !ops.is_registered() {
+        return Ok(());
+    }
+    if let Err(e) = st.update_sites() {
+        let mut f = ops.lock_filters();
+        match old {
+            Some(d) => f.direct.insert(ip, d),
+            None => f.direct.remove(&ip),
+        };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Where the site at `ip` calls now: its trampoline, or `None` when it is a NOP (or no site).
+pub fn site_call_target(ip: u64) -> Option<u64> {
+    let g = lock();
+    let st = g.as_ref()?;
+    let i = st.index_of(ip)?;
+    let b = st.current[i];
+    (b[0] == 0xe8).then(|| {
+        let rel = i32::from_le_bytes([b[1], b[2], b[3], b[4]]);
+        ip.wrapping_add(SITE_LEN).wrapping_add(rel as i64 as u64)
+    })
+}
+
 /// Start calling `ops` on the functions its filter selects (`register_ftrace_function()`).
 /// On error nothing changed: no site is patched, the ops is not registered.
 pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceError> {
@@ -1354,6 +1424,15 @@ impl State {
                 (op, h.as_slice(), 0)
             })
             .collect();
+        // The per-site callbacks of each registered ops that has any (`ftrace_set_direct_ip`).
+        let directs: Vec<(&'static FtraceOps, DirectMap)> = self
+            .registered
+            .iter()
+            .filter_map(|&op| {
+                let f = op.lock_filters();
+                (!f.direct.is_empty()).then(|| (op, f.direct.clone()))
+            })
+            .collect();
         // The last trampoline looked up: neighbouring sites almost always want the same one.
         let mut last_tramp: Option<((usize, Variant, usize, usize), u64)> = None;
         for i in 0..n {
@@ -1388,11 +1467,26 @@ impl State {
                     parent: ParentAt::of(self.meta[i].place),
                     xray: self.meta[i].kind == SiteKind::XraySled,
                 };
-                let (ops_ptr, func): (*const (), TrampolineFunc) = match (count, only) {
-                    (1, Some(op)) if op.flags & FTRACE_OPS_FL_RECURSION != 0 => {
+                let direct = match (count, only) {
+                    (1, Some(op)) => directs
+                        .iter()
+                        .find(|(o, _)| std::ptr::eq(*o, op))
+                        .and_then(|(_, d)| d.get(&ip).copied()),
+                    _ => None,
+                };
+                let (ops_ptr, func): (*const (), TrampolineFunc) = match (count, only, direct) {
+                    // A per-site callback guards itself against recursion, whatever the
+                    // ops' flags (the kprobes ops have no RECURSION).
+                    (_, _, Some((data, f))) => (
+                        data as *const (),
+                        // SAFETY: FtraceDirectFunc and TrampolineFunc have the same ABI: the
+                        // reference parameter is passed as the pointer the trampoline holds.
+                        unsafe { std::mem::transmute::<FtraceDirectFunc, TrampolineFunc>(f) },
+                    ),
+                    (1, Some(op), None) if op.flags & FTRACE_OPS_FL_RECURSION != 0 => {
                         (op as *const FtraceOps as *const (), ftrace_ops_assist_func)
                     }
-                    (1, Some(op)) => (
+                    (1, Some(op), None) => (
                         op as *const FtraceOps as *const (),
                         // SAFETY: FtraceFunc and TrampolineFunc have the same ABI: the two
                         // reference parameters are passed as the pointers the trampoline holds.
@@ -1403,7 +1497,8 @@ impl State {
                 flags |= FTRACE_FL_ENABLED
                     | if save_regs { FTRACE_FL_REGS } else { 0 }
                     | if ipmodify { FTRACE_FL_IPMODIFY } else { 0 }
-                    | if count == 1 { FTRACE_FL_DIRECT } else { 0 };
+                    | if count == 1 { FTRACE_FL_DIRECT } else { 0 }
+                    | if direct.is_some() { FTRACE_FL_TRAMP } else { 0 };
                 let obj = self.meta[i].obj;
                 let key = (obj, variant, ops_ptr as usize, func as usize);
                 let tramp = match last_tramp {

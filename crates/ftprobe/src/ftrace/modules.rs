@@ -177,6 +177,7 @@ pub fn unload_objects(objs: &[LoadedObject]) -> Result<Vec<(u64, u64)>, FtraceEr
         let mut f = op.lock_filters();
         let had = f.ips.len();
         f.ips.retain(|ip| !in_gone(*ip));
+        f.direct.retain(|ip, _| !in_gone(*ip));
         if had > 0 && f.ips.is_empty() && f.filter.is_empty() && f.notrace.is_empty() {
             emptied.push(op);
         }

@@ -10,6 +10,22 @@
 //! on the thread (a handler hit another probe) counts `nmissed` and the instruction runs
 //! without handlers, as the kernel's `reenter_kprobe()`.
 //!
+//! A `call`/`jmp` through memory (`call *(%rax)`, `call *foo@GOTPCREL(%rip)`,
+//! `jmp *(%rax,%rcx,8)`) is emulated too, as uprobes accepts them: the handler computes the
+//! operand's address from the interrupted registers (before the push, for `%rsp`-based
+//! operands), reads the target with [`crate::sys::read_u64_nofault`], then pushes and jumps
+//! as the instruction would. When that read fails the program must get exactly the fault it
+//! would have had: the thread goes to the instruction's *fault slot*, the instruction
+//! relocated followed by `jmp addr+len`, which faults at its first byte, and [`abort_xol`]
+//! shows the fault at the probed instruction. The race: memory mapped by another thread
+//! between the failed read and the copy's own access lets the copy succeed; a `call` then
+//! returns through the slot's `jmp` (its callee sees a return address in the slot) and
+//! on, and the hit runs no post_handler. And one difference while the read is a
+//! `process_vm_readv`: that ignores memory protection keys, so a target in memory the
+//! thread's PKRU denies is read and the call made, where the CPU would fault (a read by the
+//! thread itself, in the handler, fails there and takes the fault slot, which runs with the
+//! thread's own PKRU).
+//!
 //! Everything reached from [`handle_trap`] is async-signal-safe: published tables read with
 //! atomics, no allocation, no lock.
 
@@ -34,7 +50,9 @@ struct Armed {
     /// XOL slot ending with `int3` (0 when emulated): used with post_handlers, or when the
     /// instruction may not be boosted.
     slot_step: u64,
-    /// XOL slot ending with `jmp addr+len` (0 when not boostable).
+    /// XOL slot ending with `jmp addr+len` (0 when not boostable). For an emulated
+    /// `call`/`jmp` through memory: its fault slot, where the thread goes when the read of
+    /// the operand fails (see the module docs).
     slot_boost: u64,
     /// The relocated instructions of the probe's optprobe detour, while it is (being)
     /// optimized: a hit of the int3 continues there instead of in a slot (the kernel's
@@ -355,9 +373,31 @@ pub(super) fn arm(
             c.slots.insert(key, (slot_step, slot_boost));
             publish_slots(&mut c);
         }
+    } else if let XolPlan::Emulate {
+        insn: Emulate::CallMem { .. } | Emulate::JmpMem { .. },
+        ..
+    } = plan
+    {
+        let off = (addr - func.addr) as usize;
+        let key = (addr, code[off..off + len as usize].to_vec());
+        if let Some(&(_, fault)) = c.slots.get(&key) {
+            slot_boost = fault;
+        } else {
+            let (fault, copy_len) = fault_slot(&code, func.addr, addr, len)?;
+            slot_boost = fault;
+            c.all_slots.push(Slot {
+                start: fault,
+                end: fault + copy_len as u64,
+                addr,
+                next: addr + len as u64,
+                step: false,
+            });
+            c.slots.insert(key, (0, fault));
+            publish_slots(&mut c);
+        }
     }
     ft::make_code_writable(addr)?;
-    if slot_step != 0 {
+    if slot_step != 0 || slot_boost != 0 {
         // A fault in a slot is shown at the probed instruction, and resets the slot state.
         text_poke::install_fault_handlers(abort_xol).map_err(|e| KprobeError::Ftrace(e.into()))?;
         // An asynchronous signal in a slot is shown at the probed instruction too.
@@ -436,6 +476,44 @@ fn xol_slot(code: &[u8], func_addr: u64, addr: u64, boost: bool) -> Result<u64, 
     })?;
     planned.expect("alloc_code_near calls make")?;
     Ok(slot)
+}
+
+/// Make the fault slot of an emulated `call`/`jmp` through memory near `addr`: the
+/// instruction (RIP-relative operand fixed up), then `jmp addr+len`. Returns the slot and the
+/// length of the copy.
+fn fault_slot(
+    code: &[u8],
+    func_addr: u64,
+    addr: u64,
+    len: u8,
+) -> Result<(u64, usize), KprobeError> {
+    let mut planned: Option<Result<usize, KprobeError>> = None;
+    let slot = ft::alloc_code_near(addr, 15 + 5, |slot| {
+        let copy = insn::mem_branch_copy(code, func_addr, addr, slot).map_err(KprobeError::from);
+        let back = copy.as_ref().ok().and_then(|c| {
+            crate::arch::x86_64::nops::call_rel32(slot + c.len() as u64, addr + len as u64)
+        });
+        match (copy, back) {
+            (Ok(mut bytes), Some(mut jmp)) => {
+                planned = Some(Ok(bytes.len()));
+                jmp[0] = 0xe9; // jmp rel32: same encoding as call but the opcode
+                bytes.extend_from_slice(&jmp);
+                bytes
+            }
+            (Err(e), _) => {
+                planned = Some(Err(e));
+                vec![INT3]
+            }
+            (Ok(_), None) => {
+                planned = Some(Err(KprobeError::from(insn::InsnError::OutOfReach {
+                    target: addr + len as u64,
+                })));
+                vec![INT3]
+            }
+        }
+    })?;
+    let copy_len = planned.expect("alloc_code_near calls make")?;
+    Ok((slot, copy_len))
 }
 
 /// Put the original byte back (the slot stays: a thread may still be in it).
@@ -536,8 +614,19 @@ fn gp(regs: &mut PtRegs, r: GpReg) -> &mut u64 {
     }
 }
 
-/// Execute an emulated instruction on `regs` (the kernel's `int3_emulate_*`).
-fn emulate(e: &Emulate, addr: u64, len: u64, regs: &mut PtRegs) {
+/// The target of a `call`/`jmp` through `mem`, read without faulting; `None` when it cannot
+/// be read, or is not canonical (48-bit): the CPU raises #GP at the instruction itself then,
+/// before any push, which the fault slot reproduces exactly (a target above 47 bits on a
+/// 5-level-paging machine takes the slot too, where it works).
+fn mem_target(mem: insn::MemOperand, regs: &mut PtRegs) -> Option<u64> {
+    let at = mem.address(|r| *gp(regs, r));
+    crate::sys::read_u64_nofault(at).filter(|&to| ((to as i64) << 16) >> 16 == to as i64)
+}
+
+/// Execute an emulated instruction on `regs` (the kernel's `int3_emulate_*`). Returns false,
+/// with `regs` unchanged, when a `call`/`jmp` through memory cannot read its target: the
+/// caller runs the instruction from its fault slot instead.
+fn emulate(e: &Emulate, addr: u64, len: u64, regs: &mut PtRegs) -> bool {
     let next = addr + len;
     let push = |regs: &mut PtRegs, v: u64| {
         regs.sp -= 8;
@@ -580,8 +669,23 @@ fn emulate(e: &Emulate, addr: u64, len: u64, regs: &mut PtRegs) {
             to
         }
         Emulate::JmpReg { reg } => *gp(regs, reg),
+        Emulate::CallMem { mem } => {
+            // The operand's address from the registers before the push (`call *8(%rsp)`).
+            let Some(to) = mem_target(mem, regs) else {
+                return false;
+            };
+            push(regs, next);
+            to
+        }
+        Emulate::JmpMem { mem } => {
+            let Some(to) = mem_target(mem, regs) else {
+                return false;
+            };
+            to
+        }
         Emulate::Nop => next,
     };
+    true
 }
 
 fn run_post(probes: &[&'static Kprobe], regs: &mut PtRegs, t: &probe_state::ThreadState) {
@@ -687,7 +791,17 @@ fn hit(a: &Armed, uc: &mut libc::ucontext_t, st: &probe_state::ThreadState) {
     }
     match &a.plan {
         XolPlan::Emulate { insn, .. } => {
-            emulate(insn, a.addr, a.len as u64, &mut regs);
+            if !emulate(insn, a.addr, a.len as u64, &mut regs) {
+                // A call/jmp through memory whose target cannot be read: the instruction
+                // itself, from its fault slot, raises the fault the program would have had
+                // (shown at addr by `abort_xol`). No post_handler: the instruction faults.
+                regs.ip = a.slot_boost;
+                if !reentered {
+                    clear(st);
+                }
+                from_regs(&mut uc.uc_mcontext.gregs, &regs);
+                return;
+            }
             if !reentered {
                 if has_post {
                     run_post(probes, &mut regs, st);

@@ -604,6 +604,17 @@ pub fn objects_unloaded(objs: &[crate::process::LoadedObject]) -> Result<usize, 
     Ok(n)
 }
 
+/// Turn per-site trampolines for probes on ftrace sites on or off (on by default): with them,
+/// a site whose only user is one enabled kprobe calls a trampoline of its own that carries
+/// the probe, so a hit needs no lookup; without them every site probe goes through the shared
+/// kprobes `ftrace_ops` and its lookup by address (as several probes on one address, or a
+/// probe next to another `ftrace_ops`, always do). Armed sites are retargeted at once. For
+/// comparisons and tests.
+pub fn set_per_site_trampolines(on: bool) -> Result<(), KprobeError> {
+    let t = lock();
+    ftrace::set_per_site(&t.probes, on).map_err(Into::into)
+}
+
 /// Whether `p` is registered (armed, disabled or GONE).
 pub fn is_registered(p: &'static Kprobe) -> bool {
     lock()

@@ -5,8 +5,8 @@
 //! `prepare_emulation`, `can_boost`, `prepare_singlestep`) this module decides, from the bytes
 //! alone, one of three things:
 //!
-//! * **emulate** it in the trap handler: relative and register-indirect branches, calls,
-//!   returns, `loop`/`jrcxz`, NOPs. These change `rip` in ways that a copy running elsewhere
+//! * **emulate** it in the trap handler: relative, register-indirect and memory-indirect
+//!   branches and calls, returns, `loop`/`jrcxz`, NOPs. These change `rip` in ways that a copy running elsewhere
 //!   would get wrong, and emulating them costs nothing;
 //! * **execute a copy** in an XOL slot within +-2 GB of the probe, with a RIP-relative
 //!   displacement rewritten so the copy reads the same memory; the slot ends with a `jmp` back
@@ -25,7 +25,8 @@
 //! | `ret`, `ret imm16` | emulated | kprobes `prepare_emulation` (c2, c3) |
 //! | `call reg`, `jmp reg` | emulated | kprobes `prepare_emulation` (ff /2, ff /4 with mod = 3) |
 //! | NOPs (`90`, `66 90`, `0f 1f /0`), `endbr64`/`endbr32` | emulated as "skip" | uprobes `branch_setup_xol_ops` (x86_nops, `90`) |
-//! | `call`/`jmp` through memory | refused | kprobes `prepare_emulation`: memory operand is -EOPNOTSUPP ("TODO"); uprobes executes them out of line with a scratch register and fixes the return address, not done here |
+//! | `call`/`jmp` through memory (`ff /2`, `ff /4`: vtables, `-fno-plt` GOT calls, jump tables) | emulated: the target is read fault-safely in the handler; if that read fails the instruction runs from a *fault slot* (below) | kprobes `prepare_emulation`: memory operand is -EOPNOTSUPP ("TODO"); uprobes accepts them (`branch_setup_xol_ops` leaves them to XOL with a scratch register and fixes the return address) |
+//! | the same with an `fs`/`gs` prefix or an address-size prefix (67) | refused | the emulation reads without a segment base; kprobes `prepare_emulation` refuses `addr_bytes != 8` |
 //! | far `call`/`jmp`/`ret`, `iret` | refused | kprobes `prepare_emulation` (9a, ea, ff /3, ff /5, cf); it emulates `lret` as a near `ret`, which we do not copy |
 //! | `int3`, `int n`, `int1`, `ud0/1/2` | refused | kprobes `can_probe` (`is_exception_insn`), `__copy_instruction` (int3) |
 //! | `syscall`, `sysenter`, `sysret`, `sysexit` | refused | uprobes `good_2byte_insns` (0f 05, 0f 34, 0f 07, 0f 35): uprobes does not probe a `syscall` in user space, and neither do we |
@@ -53,6 +54,17 @@
 //! * the kernel never boosts on a preemptible kernel (a task could sleep inside the slot); here
 //!   the caller waits for quiescence before freeing a slot (DESIGN.md section 4);
 //! * we do not boost when the `jmp rel32` back cannot reach `addr + len` from the slot.
+//!
+//! **Fault slots.** An emulated `call *mem` / `jmp *mem` computes the operand's address from
+//! the interrupted registers and reads the target without faulting. When the read fails (or
+//! the target is not canonical: #GP at the instruction, before any push), the program must
+//! get exactly the fault the instruction would have raised: the handler sends the
+//! thread to a slot holding the instruction itself ([`mem_branch_copy`], RIP-relative fixed
+//! up) followed by a `jmp addr+len`; the copy faults at the slot's first byte and the fault
+//! handler shows it at the probed instruction, as for any XOL slot. One race is left: memory
+//! mapped by another thread between the read and the copy's own access makes the copy
+//! succeed; a `call` then returns into the slot's `jmp` (the callee sees the slot as its
+//! return address) and on to `addr + len`, and post_handlers do not run for that hit.
 //!
 //! A probe with a post_handler is never boosted: [`XolPlan::Xol`]'s `boostable` says whether it
 //! *may* be, the caller decides.
@@ -153,8 +165,53 @@ pub enum Emulate {
         /// The register holding the target.
         reg: GpReg,
     },
+    /// `call *mem`: read the callee at [`MemOperand::address`] (from the registers before
+    /// the push: `call *0x18(%rsp)` reads the old `rsp + 0x18`) without faulting; push
+    /// `addr + len`; `rip = callee`. When the read fails the instruction is run from its
+    /// fault slot instead, so the program gets the fault it would have had (see
+    /// [`mem_branch_copy`]).
+    CallMem {
+        /// The operand holding the callee.
+        mem: MemOperand,
+    },
+    /// `jmp *mem`: `rip = [mem]`, read as for [`Emulate::CallMem`].
+    JmpMem {
+        /// The operand holding the target.
+        mem: MemOperand,
+    },
     /// `rip = addr + len`: the instruction has no effect (a NOP or ENDBR), no slot needed.
     Nop,
+}
+
+/// The memory operand of an emulated `call *mem` / `jmp *mem`: `[base + index * scale +
+/// disp]`, 64-bit addressing (an address-size prefix is refused), no segment base (`fs`/`gs`
+/// prefixes are refused). A RIP-relative operand has neither register and its `disp` is the
+/// absolute address, resolved at plan time from the probed instruction's address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemOperand {
+    /// The base register, if any.
+    pub base: Option<GpReg>,
+    /// The index register, if any.
+    pub index: Option<GpReg>,
+    /// The index's scale: 1, 2, 4 or 8.
+    pub scale: u8,
+    /// The displacement, sign-extended (two's complement), or the absolute address of a
+    /// RIP-relative operand.
+    pub disp: u64,
+}
+
+impl MemOperand {
+    /// The effective address for the register values `reg` gives (wrapping, as the CPU).
+    pub fn address(&self, mut reg: impl FnMut(GpReg) -> u64) -> u64 {
+        let mut ea = self.disp;
+        if let Some(b) = self.base {
+            ea = ea.wrapping_add(reg(b));
+        }
+        if let Some(i) = self.index {
+            ea = ea.wrapping_add(reg(i).wrapping_mul(u64::from(self.scale)));
+        }
+        ea
+    }
 }
 
 /// The sixteen `jcc` conditions, in opcode order (`70`+n, `0f 80`+n).
@@ -727,12 +784,15 @@ const WHY_FAR: &str = "far transfer loads cs (kernel prepare_emulation refuses 9
                        ff /3, ff /5)";
 const WHY_FAR_RET: &str = "far return loads cs (the kernel emulates lret as a near ret, \
                            which is wrong for user space; refused)";
-const WHY_CALL_MEM: &str = "indirect call through memory is not emulated (kernel \
-                            prepare_emulation: ff /2 with a memory operand is -EOPNOTSUPP)";
-const WHY_JMP_MEM: &str = "indirect jmp through memory is not emulated (kernel \
-                           prepare_emulation: ff /4 with a memory operand is -EOPNOTSUPP)";
+const WHY_CALL_MEM: &str = "indirect call through a memory operand this emulation cannot \
+                            address";
+const WHY_JMP_MEM: &str = "indirect jmp through a memory operand this emulation cannot \
+                           address";
 const WHY_66_BRANCH: &str = "operand-size prefix on a branch: Intel ignores it, AMD \
                              truncates rip to 16 bits (uprobes branch_setup_xol_ops refuses it)";
+const WHY_SEG_INDIRECT: &str = "fs/gs segment prefix on an indirect branch through memory: \
+                                the emulation reads without the segment base (uprobes runs \
+                                these out of line; refused here)";
 const WHY_67_INDIRECT: &str = "address-size prefix on an indirect branch (kernel \
                                prepare_emulation refuses addr_bytes != 8)";
 const WHY_VM: &str = "virtualization instruction (kernel prepare_emulation refuses VMX \
@@ -836,11 +896,19 @@ fn branch(insn: &Instruction, raw: &RawOpcode) -> Result<Emulate, InsnError> {
         },
         Code::Call_rm64 | Code::Jmp_rm64 => {
             let call = code == Code::Call_rm64;
-            if insn.op0_kind() != OpKind::Register {
-                return Err(refuse(insn, if call { WHY_CALL_MEM } else { WHY_JMP_MEM }));
-            }
             if raw.has_67 {
                 return Err(refuse(insn, WHY_67_INDIRECT));
+            }
+            if insn.op0_kind() == OpKind::Memory {
+                let mem = mem_operand(insn)?;
+                return Ok(if call {
+                    Emulate::CallMem { mem }
+                } else {
+                    Emulate::JmpMem { mem }
+                });
+            }
+            if insn.op0_kind() != OpKind::Register {
+                return Err(refuse(insn, if call { WHY_CALL_MEM } else { WHY_JMP_MEM }));
             }
             let reg =
                 GpReg::from_iced(insn.op0_register()).ok_or_else(|| refuse(insn, WHY_BRANCH))?;
@@ -875,6 +943,59 @@ fn branch(insn: &Instruction, raw: &RawOpcode) -> Result<Emulate, InsnError> {
         },
     };
     Ok(e)
+}
+
+/// The memory operand of `call *mem` / `jmp *mem` (64-bit addressing, checked by the caller).
+fn mem_operand(insn: &Instruction) -> Result<MemOperand, InsnError> {
+    let call = insn.code() == Code::Call_rm64;
+    let other = || refuse(insn, if call { WHY_CALL_MEM } else { WHY_JMP_MEM });
+    if matches!(insn.segment_prefix(), Register::FS | Register::GS) {
+        return Err(refuse(insn, WHY_SEG_INDIRECT));
+    }
+    if insn.is_ip_rel_memory_operand() {
+        if insn.memory_base() != Register::RIP {
+            return Err(other());
+        }
+        return Ok(MemOperand {
+            base: None,
+            index: None,
+            scale: 1,
+            disp: insn.ip_rel_memory_address(),
+        });
+    }
+    let reg = |r: Register| -> Result<Option<GpReg>, InsnError> {
+        match r {
+            Register::None => Ok(None),
+            r => GpReg::from_iced(r).map(Some).ok_or_else(other),
+        }
+    };
+    Ok(MemOperand {
+        base: reg(insn.memory_base())?,
+        index: reg(insn.memory_index())?,
+        scale: insn.memory_index_scale() as u8,
+        disp: insn.memory_displacement64(),
+    })
+}
+
+/// The bytes of the `call *mem` / `jmp *mem` at `addr` for its *fault slot* at `slot_addr`:
+/// the instruction as it is, a RIP-relative displacement rewritten so the copy reads the same
+/// memory. The caller appends a `jmp addr+len`. An emulated memory branch runs from that slot
+/// only when the handler's read of its operand failed: the copy then faults at its first
+/// byte, as the original would have, and the fault is shown at `addr` (uprobes'
+/// `arch_uprobe_abort_xol`); a `call` whose read succeeds there after all returns to the
+/// slot's `jmp` and on to `addr + len`.
+pub fn mem_branch_copy(
+    func_bytes: &[u8],
+    func_addr: u64,
+    addr: u64,
+    slot_addr: u64,
+) -> Result<Vec<u8>, InsnError> {
+    let found = find(func_bytes, func_addr, addr)?;
+    let mut code = found.bytes.to_vec();
+    if found.insn.is_ip_rel_memory_operand() {
+        relocate(&found, slot_addr, &mut code)?;
+    }
+    Ok(code)
 }
 
 /// The `loop` family in 64-bit mode: kind, and whether the count is `ecx`.
@@ -1173,6 +1294,135 @@ mod tests {
     }
 
     #[test]
+    fn branches_through_memory_are_emulated_with_their_operand() {
+        let m = |base, index, scale, disp| MemOperand {
+            base,
+            index,
+            scale,
+            disp,
+        };
+        use GpReg::*;
+        let cases: [(&[u8], &str, bool, MemOperand); 10] = [
+            // A virtual call: `mov (%rdi),%rax; call *(%rax)`.
+            (
+                &[0xff, 0x10],
+                "call qword ptr [rax]",
+                true,
+                m(Some(Rax), None, 1, 0),
+            ),
+            (
+                &[0xff, 0x50, 0x08],
+                "call qword ptr [rax+8]",
+                true,
+                m(Some(Rax), None, 1, 8),
+            ),
+            (
+                &[0xff, 0x57, 0x18],
+                "call qword ptr [rdi+0x18]",
+                true,
+                m(Some(Rdi), None, 1, 0x18),
+            ),
+            // -fno-plt: `call *foo@GOTPCREL(%rip)`, resolved to the absolute GOT slot
+            // (0x401006 + 0x2fe2).
+            (
+                &[0xff, 0x15, 0xe2, 0x2f, 0x00, 0x00],
+                "call qword ptr [rip+0x2fe2]",
+                true,
+                m(None, None, 1, 0x403fe8),
+            ),
+            // A negative displacement, sign-extended.
+            (
+                &[0xff, 0x25, 0xf0, 0xff, 0xff, 0xff],
+                "jmp qword ptr [rip-0x10]",
+                false,
+                m(None, None, 1, 0x400ff6),
+            ),
+            // rsp as the base (SIB): read before the push.
+            (
+                &[0xff, 0x54, 0x24, 0x18],
+                "call qword ptr [rsp+0x18]",
+                true,
+                m(Some(Rsp), None, 1, 0x18),
+            ),
+            // A jump table, with and without CET's notrack.
+            (
+                &[0xff, 0x24, 0xc8],
+                "jmp qword ptr [rax+rcx*8]",
+                false,
+                m(Some(Rax), Some(Rcx), 8, 0),
+            ),
+            (
+                &[0x3e, 0xff, 0x24, 0xc5, 0xf8, 0xff, 0xff, 0xff],
+                "notrack jmp qword ptr [rax*8-8]",
+                false,
+                m(None, Some(Rax), 8, (-8i64) as u64),
+            ),
+            // REX.B and REX.X: r13 base (needs a disp8), r14 index.
+            (
+                &[0x43, 0xff, 0x54, 0x75, 0x00],
+                "call qword ptr [r13+r14*2]",
+                true,
+                m(Some(R13), Some(R14), 2, 0),
+            ),
+            // A ds prefix is a no-op in 64-bit mode.
+            (
+                &[0x3e, 0xff, 0x12],
+                "notrack call qword ptr [rdx]",
+                true,
+                m(Some(Rdx), None, 1, 0),
+            ),
+        ];
+        for (bytes, text, call, mem) in cases {
+            assert_eq!(dis(bytes, A), text);
+            let want = if call {
+                Emulate::CallMem { mem }
+            } else {
+                Emulate::JmpMem { mem }
+            };
+            assert_eq!(emulated(bytes, A), want, "{text}");
+            // No slot of its own: the fault slot is the caller's (mem_branch_copy).
+            assert_eq!(slot_len(&plan1(bytes, A, A + 0x1000).unwrap()), 0);
+        }
+        // The effective address from register values.
+        let regs = |r: GpReg| match r {
+            Rax => 0x1000,
+            Rcx => 3,
+            Rsp => 0x7ff0,
+            _ => 0,
+        };
+        assert_eq!(m(Some(Rax), Some(Rcx), 8, 0).address(regs), 0x1018);
+        assert_eq!(m(Some(Rsp), None, 1, 0x18).address(regs), 0x8008);
+        assert_eq!(m(Some(Rax), None, 1, (-8i64) as u64).address(regs), 0xff8);
+        assert_eq!(m(None, None, 1, 0x403fe8).address(regs), 0x403fe8);
+        assert_eq!(m(None, Some(Rcx), 8, u64::MAX).address(regs), 23);
+    }
+
+    #[test]
+    fn fault_slot_copy_reads_the_same_memory() {
+        // 401000: ff 15 e2 2f 00 00   call *0x2fe2(%rip)   (reads 0x403fe8)
+        let call = [0xff, 0x15, 0xe2, 0x2f, 0x00, 0x00];
+        let slot = 0x500000;
+        let copy = mem_branch_copy(&call, A, A, slot).unwrap();
+        // 500000: ff 15 e2 3f f0 ff   call *-0xfc01e(%rip) (reads 0x403fe8)
+        assert_eq!(copy, [0xff, 0x15, 0xe2, 0x3f, 0xf0, 0xff]);
+        assert_eq!(dis(&copy, slot), "call qword ptr [rip-0xfc01e]");
+        let d = Decoder::with_ip(64, &copy, slot, DecoderOptions::NONE).decode();
+        assert_eq!(d.ip_rel_memory_address(), 0x403fe8);
+        // Register operands are copied as they are.
+        let jt = [0x3e, 0xff, 0x24, 0xc8];
+        assert_eq!(mem_branch_copy(&jt, A, A, slot).unwrap(), jt);
+        // Out of rel32 reach, and not a boundary.
+        assert_eq!(
+            mem_branch_copy(&call, A, A, 0x7f00_0000_0000),
+            Err(InsnError::OutOfReach { target: 0x403fe8 })
+        );
+        assert_eq!(
+            mem_branch_copy(&call, A, A + 1, slot),
+            Err(InsnError::NotBoundary)
+        );
+    }
+
+    #[test]
     fn nops_and_endbr_need_no_slot() {
         let cases: [(&[u8], &str); 5] = [
             (&[0x90], "nop"),
@@ -1400,6 +1650,22 @@ mod tests {
     fn refused_classes_say_why() {
         let cases: [(&[u8], &str, &str); 24] = [
             (&[0xcc], "int3", WHY_INT3),
+            (
+                &[0x64, 0xff, 0x10],
+                "call qword ptr fs:[rax]",
+                WHY_SEG_INDIRECT,
+            ),
+            (
+                &[0x65, 0xff, 0x24, 0x25, 0x10, 0, 0, 0],
+                "jmp qword ptr gs:[0x10]",
+                WHY_SEG_INDIRECT,
+            ),
+            (&[0x67, 0xff, 0x10], "call qword ptr [eax]", WHY_67_INDIRECT),
+            (
+                &[0x67, 0xff, 0x25, 0x10, 0, 0, 0],
+                "jmp qword ptr [eip+0x10]",
+                WHY_67_INDIRECT,
+            ),
             (&[0xcd, 0x80], "int 0x80", WHY_INT),
             (&[0xf1], "int1", WHY_INT),
             (&[0x0f, 0x0b], "ud2", WHY_UD),
@@ -1408,22 +1674,6 @@ mod tests {
             (&[0x0f, 0x05], "syscall", WHY_SYSCALL),
             (&[0x0f, 0x34], "sysenter", WHY_SYSCALL),
             (&[0x48, 0x0f, 0x07], "sysretq", WHY_SYSRET),
-            (
-                &[0xff, 0x15, 0xe2, 0x2f, 0x00, 0x00],
-                "call qword ptr [rip+0x2fe2]",
-                WHY_CALL_MEM,
-            ),
-            (&[0xff, 0x50, 0x08], "call qword ptr [rax+8]", WHY_CALL_MEM),
-            (
-                &[0xff, 0x25, 0xe2, 0x2f, 0x00, 0x00],
-                "jmp qword ptr [rip+0x2fe2]",
-                WHY_JMP_MEM,
-            ),
-            (
-                &[0x3e, 0xff, 0x24, 0xc5, 0, 0, 0, 0],
-                "notrack jmp qword ptr [rax*8]",
-                WHY_JMP_MEM,
-            ),
             (&[0xff, 0x18], "call far fword ptr [rax]", WHY_FAR),
             (&[0xff, 0x28], "jmp far fword ptr [rax]", WHY_FAR),
             (&[0xcb], "ret far", WHY_FAR_RET),

@@ -11,3 +11,4 @@ pub mod text_poke;
 pub mod tramp_area;
 pub mod tramp_signals;
 pub mod trampoline;
+pub mod uaccess;

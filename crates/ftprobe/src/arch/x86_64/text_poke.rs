@@ -281,6 +281,23 @@ pub fn install_fault_handlers(hook: FaultHook) -> Result<(), TextPokeError> {
     Ok(())
 }
 
+/// Make ftprobe's handler the one for SIGSEGV and SIGBUS, without a [`FaultHook`]: what the
+/// fault-safe reads need (`uaccess`: a fault at one of their loads resumes at its fixup).
+/// Idempotent.
+pub fn install_fault_signal_handlers() -> Result<(), TextPokeError> {
+    for sig in [libc::SIGSEGV, libc::SIGBUS] {
+        if !owns(sig) {
+            install(sig, fault_handler)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `h` (a `sa_sigaction` the kernel reported) is ftprobe's fault handler.
+pub fn is_fault_handler(h: libc::sighandler_t) -> bool {
+    h == fault_handler as *const () as usize
+}
+
 // ---- the program's other handlers while XOL slots exist ----------------------------------
 //
 // A boosted slot runs with every signal deliverable: an asynchronous signal (a timer's, one
@@ -736,6 +753,20 @@ static POKE_SEQ: AtomicU64 = AtomicU64::new(0);
 /// Probe path: the handler of the fault signals while XOL slots exist: a fault inside a slot
 /// is shown to the program at the probed instruction ([`FaultHook`]), then delivered.
 extern "C" fn fault_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // First, before anything else: a fault at a load of the fault-safe reads resumes at its
+    // fixup (the kernel's `fixup_exception()`), whatever the program's action is. Only a
+    // fault the kernel raised for the instruction (si_code > 0), not a kill(2).
+    // SAFETY: the kernel passes a valid siginfo_t and ucontext_t to an SA_SIGINFO handler;
+    // this thread's.
+    let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
+    // SAFETY: as above.
+    if unsafe { (*info).si_code } > 0 {
+        let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
+        if let Some(to) = super::uaccess::fixup(pc) {
+            uc.uc_mcontext.gregs[libc::REG_RIP as usize] = to as i64;
+            return;
+        }
+    }
     let errno = errno_slot();
     // SAFETY: this thread's errno.
     let saved = unsafe { *errno };
@@ -744,8 +775,7 @@ extern "C" fn fault_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *
     if h != libc::SIG_DFL && h != libc::SIG_IGN && !hook.is_null() {
         // SAFETY: FAULT_HOOK only ever holds a `FaultHook`.
         let hook: FaultHook = unsafe { std::mem::transmute::<*mut (), FaultHook>(hook) };
-        // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler.
-        hook(unsafe { &mut *(ctx as *mut libc::ucontext_t) });
+        hook(uc);
     }
     // SAFETY: as above.
     unsafe { *errno = saved };
@@ -923,6 +953,9 @@ fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
             8,
         )
     };
+    // The program's handler runs under a mask ftprobe set: the fault-safe reads ask the
+    // kernel for it again (and again after the handler, in `delivered`).
+    super::uaccess::forget_thread_mask();
     if sigframe::needs_interrupted_stack(act.sa_flags, uc) {
         // SAFETY: `info` and `ctx` are the kernel's frame of the handler this runs in, on the
         // signal stack; `h` is the program's handler for `sig`. Never returns: the thread
@@ -945,6 +978,7 @@ fn deliver(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
 /// longer running (`outer`: the one it interrupted, 0 if none), and a SIGTRAP held meanwhile
 /// is delivered now.
 fn delivered(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, outer: u64) {
+    super::uaccess::forget_thread_mask();
     if sig == libc::SIGTRAP {
         let st = probe_state::this_thread();
         st.program_trap_sp.set(outer);
