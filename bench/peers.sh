@@ -367,14 +367,16 @@ FT_ROWS=("ftprobe function tracer (-F target)" "ftprobe kprobe on the ftrace sit
 	"ftprobe record, function tracer (-F target, default options)"
 	"ftprobe kprobe on the site, a u64 read from memory (x=%di v=+0(%sp):u64)"
 	"ftprobe kprobe on the site, a 32-byte string read from memory (x=%di s=@hit_str:string)"
-	"ftprobe kprobe on the site, 7 register args (the string row's record size)")
+	"ftprobe kprobe on the site, 7 register args (the string row's record size)"
+	"ftprobe optprobe (p target+$INT3_OFF, $INT3_INSN, jump-optimized)"
+	"ftprobe optprobe, 2 args (p target+$INT3_OFF x=%di y=%si, jump-optimized)")
 # A 2M-hit run records up to 96 MB; a ring that size keeps events from being dropped.
 FT="$FTPROBE trace --buffer-size-kb 262144 -o /dev/null"
 if ((FT_OK)); then
 	row "${FT_ROWS[0]}" "$W/hit-fentry" "$NFAST" $FT -F target -- "$W/hit-fentry" @N@
 	row "${FT_ROWS[1]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target' -- "$W/hit-fentry" @N@
 	row "${FT_ROWS[2]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di y=$arg1' -- "$W/hit-fentry" @N@
-	row "${FT_ROWS[3]}" "$W/hit-plain" "$NSLOW" $FT -e "p target+$INT3_OFF" -- "$W/hit-plain" @N@
+	FTPROBE_KPROBES_OPTIMIZATION=0 row "${FT_ROWS[3]}" "$W/hit-plain" "$NSLOW" $FT -e "p target+$INT3_OFF" -- "$W/hit-plain" @N@
 	row "${FT_ROWS[4]}" "$W/hit-fentry" "$NFAST" $FT -t function_graph -F target -- "$W/hit-fentry" @N@
 	row "${FT_ROWS[5]}" "$W/hit-fentry" "$NFAST" $FT -e 'r target ret=$retval' -- "$W/hit-fentry" @N@
 	# record: the raw records to a data directory (rotated to .old by the next run), no text.
@@ -387,6 +389,8 @@ if ((FT_OK)); then
 	# The same record size as the string row (10 words), registers only: what the string's
 	# bytes cost in the ring, apart from reading them.
 	row "${FT_ROWS[9]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di y=%si z=%dx w=%cx u=%r8 t=%r9 r=%ax' -- "$W/hit-fentry" @N@
+	row "${FT_ROWS[10]}" "$W/hit-plain" "$NFAST" $FT -e "p target+$INT3_OFF" -- "$W/hit-plain" @N@
+	row "${FT_ROWS[11]}" "$W/hit-plain" "$NFAST" $FT -e "p target+$INT3_OFF x=%di y=%si" -- "$W/hit-plain" @N@
 else
 	for r in "${FT_ROWS[@]}"; do skip "$r" "$FT_REASON"; done
 fi
@@ -395,9 +399,10 @@ fi
 # same binary with nothing armed. Adding a mechanism: a HIT_MODE in hit_api.rs and a line here.
 API_ROWS=("ftprobe API: ftrace_ops, counting callback (fx_add)" "ftprobe API: kprobe on the ftrace site, counting pre_handler (fx_add+0)"
 	"ftprobe API: kprobe on the ftrace site, shared path (lookup by address, as with several probes)"
-	"ftprobe API: int3 kprobe, boosted, counting pre_handler (fx_add+5, lea)" "ftprobe API: int3 kprobe with a post_handler (fx_add+5, lea)")
-API_MODES=(ftrace-ops kprobe-site kprobe-site-shared int3 int3-post)
-API_N=("$NFAST" "$NFAST" "$NFAST" "$NSLOW" "$NSLOW")
+	"ftprobe API: int3 kprobe, boosted, counting pre_handler (fx_add+5, lea; optimization off)" "ftprobe API: int3 kprobe with a post_handler (fx_add+5, lea)"
+	"ftprobe API: optprobe, counting pre_handler (fx_add+5, lea, jump-optimized)")
+API_MODES=(ftrace-ops kprobe-site kprobe-site-shared int3 int3-post optprobe)
+API_N=("$NFAST" "$NFAST" "$NFAST" "$NSLOW" "$NSLOW" "$NFAST")
 for i in "${!API_ROWS[@]}"; do
 	if ((!FT_OK)); then
 		skip "${API_ROWS[$i]}" "$FT_REASON"

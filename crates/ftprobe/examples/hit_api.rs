@@ -11,7 +11,10 @@
 //!   site calls a per-site trampoline that carries the probe;
 //! - `kprobe-site-shared`: the same through the shared kprobes `ftrace_ops` and its lookup by
 //!   address (`kprobes::set_per_site_trampolines(false)`), as a site with several probes;
-//! - `int3`: a kprobe at `fx_add+5` (int3, boosted: one trap), empty `pre_handler`;
+//! - `int3`: a kprobe at `fx_add+5` (int3, boosted: one trap), counting `pre_handler`, with
+//!   jump optimization off (`kprobes::set_optimization(false)`);
+//! - `optprobe`: the same probe jump-optimized (`[OPTIMIZED]`: a `jmp` to a detour, no trap);
+//!   fails unless it was optimized;
 //! - `int3-post`: the same with an empty `post_handler` (single-stepped out of line: two traps).
 //!
 //! Every mode counts its hits and the program fails unless the count is N: a row cannot time
@@ -72,11 +75,22 @@ fn arm(mode: &str) -> Result<(), String> {
             kprobes::set_per_site_trampolines(false).map_err(|e| e.to_string())?;
             kprobe_at(0, false)
         }
-        "int3" => kprobe_at(5, false),
+        "int3" => {
+            kprobes::set_optimization(false).map_err(|e| e.to_string())?;
+            kprobe_at(5, false)
+        }
+        "optprobe" => {
+            kprobe_at(5, false)?;
+            let list = kprobes::list();
+            if !list.contains("[OPTIMIZED]") {
+                return Err(format!("fx_add+5 not optimized:\n{list}"));
+            }
+            Ok(())
+        }
         "int3-post" => kprobe_at(5, true),
         m => Err(format!(
             "unknown HIT_MODE {m:?} (none, ftrace-ops, kprobe-site, kprobe-site-shared, int3, \
-             int3-post)"
+             optprobe, int3-post)"
         )),
     }
 }

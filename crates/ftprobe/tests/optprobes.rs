@@ -185,7 +185,11 @@ fn flags_survive_and_regs_come_back() {
             let r = unsafe { opt_flags(a, b) };
             n += 1;
             assert_eq!(r, i64::from(a < b), "opt_flags({a}, {b})");
-            assert_eq!(SEEN[1].load(Ordering::Relaxed), u64::from(a < b), "regs.flags");
+            assert_eq!(
+                SEEN[1].load(Ordering::Relaxed),
+                u64::from(a < b),
+                "regs.flags"
+            );
             assert_eq!(SEEN[0].load(Ordering::Relaxed), p.addr() + 1, "regs.ip");
         }
     }
@@ -261,7 +265,11 @@ extern "C" fn blocking_callee() -> u32 {
 /// end of the range: optimized while a callee runs under it.
 fn calls_in_the_range() {
     for (name, f, optimizable) in [
-        ("opt_callmid", opt_callmid as unsafe extern "C" fn(_) -> _, false),
+        (
+            "opt_callmid",
+            opt_callmid as unsafe extern "C" fn(_) -> _,
+            false,
+        ),
         ("opt_calllast", opt_calllast, true),
     ] {
         GATE.store(false, Ordering::SeqCst);
@@ -280,10 +288,18 @@ fn calls_in_the_range() {
             kprobes::optimization_refused(p)
         );
         GATE.store(true, Ordering::SeqCst);
-        assert_eq!(t.join().unwrap(), 42, "{name}: the blocked call returned right");
+        assert_eq!(
+            t.join().unwrap(),
+            42,
+            "{name}: the blocked call returned right"
+        );
         // SAFETY: as above.
         assert_eq!(unsafe { f(blocking_callee) }, 42);
-        assert_eq!(p.data.load(Ordering::Relaxed), 1, "{name}: one hit after arming");
+        assert_eq!(
+            p.data.load(Ordering::Relaxed),
+            1,
+            "{name}: one hit after arming"
+        );
         kprobes::unregister_kprobe(p).unwrap();
     }
 }
@@ -326,9 +342,12 @@ fn a_thread_parked_in_the_range_keeps_the_int3() {
         );
         assert_ne!(p, libc::MAP_FAILED);
         let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = park_handler as usize;
+        act.sa_sigaction = park_handler as *const () as usize;
         act.sa_flags = libc::SA_SIGINFO;
-        assert_eq!(libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()), 0);
+        assert_eq!(
+            libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()),
+            0
+        );
         p as usize
     };
     PARK_PAGE.store(page, Ordering::SeqCst);
@@ -339,11 +358,18 @@ fn a_thread_parked_in_the_range_keeps_the_int3() {
     }
     let p = leak(Kprobe::new(sym("opt_park", 0), Some(count), None));
     kprobes::register_kprobe(p).unwrap();
-    assert!(!optimized(p), "optimized while a thread is stopped in the range");
+    assert!(
+        !optimized(p),
+        "optimized while a thread is stopped in the range"
+    );
     let why = kprobes::optimization_refused(p).unwrap();
     assert!(why.contains("thread"), "{why}");
     RELEASE.store(true, Ordering::SeqCst);
-    assert_eq!(t.join().unwrap(), 5, "the parked thread went on at its instruction");
+    assert_eq!(
+        t.join().unwrap(),
+        5,
+        "the parked thread went on at its instruction"
+    );
     kprobes::set_optimization(true).unwrap();
     assert!(optimized(p), "{:?}", kprobes::optimization_refused(p));
     // SAFETY: the page is readable now (and zero).
@@ -373,9 +399,16 @@ fn other_probes_unoptimize_and_reoptimize() {
     kprobes::register_kprobe(a).unwrap();
     assert!(optimized(a));
     call(3);
-    let b = leak(Kprobe::new(sym("opt_add", 0), Some(count), Some(count_post)));
+    let b = leak(Kprobe::new(
+        sym("opt_add", 0),
+        Some(count),
+        Some(count_post),
+    ));
     kprobes::register_kprobe(b).unwrap();
-    assert!(!optimized(a) && !optimized(b), "a post_handler keeps the int3");
+    assert!(
+        !optimized(a) && !optimized(b),
+        "a post_handler keeps the int3"
+    );
     call(3);
     kprobes::unregister_kprobe(b).unwrap();
     assert!(optimized(a));
@@ -435,8 +468,15 @@ fn ten_thousand_switches_under_eight_threads() {
     kprobes::unregister_kprobe(p).unwrap();
     kprobes::set_optimization(true).unwrap();
     println!("  {calls} calls, optimized in {switched_on} of 5000 tries");
-    assert_eq!(p.data.load(Ordering::Relaxed), calls, "every call counted once");
-    assert!(switched_on >= 500, "optimized in only {switched_on} of 5000 tries");
+    assert_eq!(
+        p.data.load(Ordering::Relaxed),
+        calls,
+        "every call counted once"
+    );
+    assert!(
+        switched_on >= 500,
+        "optimized in only {switched_on} of 5000 tries"
+    );
 }
 
 fn main() {
@@ -444,7 +484,10 @@ fn main() {
     unsafe { ftrace::init() }.expect("ftrace::init");
     kprobes::set_optimization(true).unwrap();
     let cases: &[(&str, fn())] = &[
-        ("flags_survive_and_regs_come_back", flags_survive_and_regs_come_back),
+        (
+            "flags_survive_and_regs_come_back",
+            flags_survive_and_regs_come_back,
+        ),
         ("vector_registers_survive", vector_registers_survive),
         ("refusals_stay_int3", refusals_stay_int3),
         ("calls_in_the_range", calls_in_the_range),
@@ -461,7 +504,10 @@ fn main() {
             ten_thousand_switches_under_eight_threads,
         ),
     ];
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
     let mut failed = 0;
     for (name, f) in cases {
         if !filter.is_empty() && !filter.iter().any(|x| name.contains(x.as_str())) {

@@ -484,7 +484,10 @@ fn arm(t: &Table, addr: u64) -> Result<(), KprobeError> {
         // A probe just before may have been kept from optimizing by this one (the kernel's
         // optimizer is kicked again when a probe goes away).
         for (a, probes) in t.probes.range(addr.saturating_sub(MAX_RANGE)..addr) {
-            if probes.iter().any(|p| !p.is_disabled() && p.flags() & KPROBE_FLAG_FTRACE == 0) {
+            if probes
+                .iter()
+                .any(|p| !p.is_disabled() && p.flags() & KPROBE_FLAG_FTRACE == 0)
+            {
                 opt::update(*a, probes)?;
             }
         }

@@ -28,8 +28,8 @@
 //!      use [`PROGRESS_NS`] of CPU time (`schedstat`) after it is first seen: wherever it
 //!      was in the range, it has left it (a few instructions, and no way back in);
 //!    - a thread still in the way after [`BUSY_WAIT`]: no optimization.
-//!    The kernel's equivalent is `synchronize_rcu_tasks()`.
-//! 3. Bytes 1..5 get the `jmp`'s rel32, every thread serializes (membarrier SYNC_CORE),
+//!
+//! The kernel's equivalent is `synchronize_rcu_tasks()`. 3. Bytes 1..5 get the `jmp`'s rel32, every thread serializes (membarrier SYNC_CORE),
 //! then byte 0 gets `e9`, serialize. Nothing may jump into the range (the function's and the
 //! whole object's direct branches are checked) or return into it (a call in the range is
 //! its last instruction), so no thread can reach the replaced bytes between 2 and 3.
@@ -456,10 +456,8 @@ fn threads_outside(forbidden: &[(u64, u64)], trap_pc: u64) -> bool {
         let path = format!("/proc/self/task/{tid}/syscall");
         let sched = format!("/proc/self/task/{tid}/schedstat");
         let mut ran_from: Option<u64> = None;
-        loop {
-            let Some((sp, pc)) = thread_sp_pc(&path) else {
-                break; // ended
-            };
+        // Until it has ended (None) or is out of the way.
+        while let Some((sp, pc)) = thread_sp_pc(&path) {
             if sp == 0 {
                 // Runnable (on CPU or preempted): the kernel gives no registers. Once it has
                 // run for PROGRESS of CPU time since first seen, it has left wherever it was
@@ -491,7 +489,10 @@ fn threads_outside(forbidden: &[(u64, u64)], trap_pc: u64) -> bool {
             }
             if std::time::Instant::now() > deadline {
                 if debug_refusals() {
-                    eprintln!("optprobe: thread {tid} sp {sp:#x} pc {pc:#x} in the way: {:?}", std::fs::read_to_string(&path));
+                    eprintln!(
+                        "optprobe: thread {tid} sp {sp:#x} pc {pc:#x} in the way: {:?}",
+                        std::fs::read_to_string(&path)
+                    );
                 }
                 return false;
             }
@@ -525,7 +526,10 @@ fn thread_sp_pc(path: &str) -> Option<(u64, u64)> {
     }
     let f: Vec<&str> = s.split_whitespace().collect();
     let hex = |x: &str| u64::from_str_radix(x.trim_start_matches("0x"), 16).ok();
-    match (f.len().checked_sub(2).and_then(|i| hex(f[i])), f.last().and_then(|x| hex(x))) {
+    match (
+        f.len().checked_sub(2).and_then(|i| hex(f[i])),
+        f.last().and_then(|x| hex(x)),
+    ) {
         (Some(sp), Some(pc)) => Some((sp, pc)),
         _ => Some((0, 0)),
     }
