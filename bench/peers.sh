@@ -389,8 +389,8 @@ if ((FT_OK)); then
 	# The same record size as the string row (10 words), registers only: what the string's
 	# bytes cost in the ring, apart from reading them.
 	row "${FT_ROWS[9]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target x=%di y=%si z=%dx w=%cx u=%r8 t=%r9 r=%ax' -- "$W/hit-fentry" @N@
-	row "${FT_ROWS[10]}" "$W/hit-plain" "$NFAST" $FT -e "p target+$INT3_OFF" -- "$W/hit-plain" @N@
-	row "${FT_ROWS[11]}" "$W/hit-plain" "$NFAST" $FT -e "p target+$INT3_OFF x=%di y=%si" -- "$W/hit-plain" @N@
+	FTPROBE_KPROBES_OPTIMIZATION=1 row "${FT_ROWS[10]}" "$W/hit-plain" "$NFAST" $FT -e "p target+$INT3_OFF" -- "$W/hit-plain" @N@
+	FTPROBE_KPROBES_OPTIMIZATION=1 row "${FT_ROWS[11]}" "$W/hit-plain" "$NFAST" $FT -e "p target+$INT3_OFF x=%di y=%si" -- "$W/hit-plain" @N@
 else
 	for r in "${FT_ROWS[@]}"; do skip "$r" "$FT_REASON"; done
 fi

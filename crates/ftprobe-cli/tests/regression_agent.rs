@@ -248,7 +248,11 @@ fn a_trap_that_ftprobe_could_not_take_is_reported() {
     let exe = exe.to_str().unwrap();
     let said = "killed by a trap that ftprobe could not take";
     let plain = untraced(&[exe, "raw"]);
-    let (out, text) = trace(&["-e", "p:w libc:write"], &[exe, "raw"]);
+    let (out, text) = trace_with_env(
+        Some(("FTPROBE_KPROBES_OPTIMIZATION", "1")),
+        &["-e", "p:w libc:write"],
+        &[exe, "raw"],
+    );
     assert!(
         text.lines()
             .any(|l| l.contains("write+0x0  libc") && l.contains("[OPTIMIZED]")),

@@ -80,6 +80,7 @@ fn arm(mode: &str) -> Result<(), String> {
             kprobe_at(5, false)
         }
         "optprobe" => {
+            kprobes::set_optimization(true).map_err(|e| e.to_string())?;
             kprobe_at(5, false)?;
             let list = kprobes::list();
             if !list.contains("[OPTIMIZED]") {

@@ -5,8 +5,8 @@
 //! A probe is optimized when every probe at its address is enabled-or-disabled without a
 //! post_handler (a post_handler needs the instruction stepped alone, as in the kernel), none
 //! is ftprobe's own (`KPROBE_FLAG_INTERNAL`), optimization is on ([`set_optimization`], the
-//! kernel's `debug.kprobes-optimization` sysctl; off from the start with the environment
-//! variable `FTPROBE_KPROBES_OPTIMIZATION=0`), the range passes `optprobe::analyze`, no
+//! kernel's `debug.kprobes-optimization` sysctl; on with the environment
+//! variable `FTPROBE_KPROBES_OPTIMIZATION=1`, off by default for now), the range passes `optprobe::analyze`, no
 //! other armed probe and no ftrace site is inside it, and no thread is inside it (below).
 //! Unlike the kernel's delayed optimizer, the switch happens when the probe is armed; a probe
 //! that could not be switched then (a thread in the way) stays an int3 probe until its
@@ -129,7 +129,11 @@ pub fn optimization_enabled() -> bool {
         1 => true,
         2 => false,
         _ => {
-            let off = std::env::var_os("FTPROBE_KPROBES_OPTIMIZATION").is_some_and(|v| v == "0");
+            // Off unless asked for (`FTPROBE_KPROBES_OPTIMIZATION=1`): an optimized probe
+            // still lets a program's asynchronous signal see a PC inside ftprobe's code and
+            // counts differently from the int3 probe when a handler leaves a hit by
+            // siglongjmp (tests regression_signals, regression_probe_path).
+            let off = std::env::var_os("FTPROBE_KPROBES_OPTIMIZATION").is_none_or(|v| v != "1");
             ENABLED.store(if off { 2 } else { 1 }, Ordering::Relaxed);
             // With it, optimization on or off, so the same calls in both.
             debug_refusals();
