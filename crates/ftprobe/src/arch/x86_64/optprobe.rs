@@ -30,7 +30,7 @@
 //! The trampoline is a copy of a template in a trampoline area (as the ftrace trampolines),
 //! with the same first four and last six instructions, so `tramp_signals` holds a program's
 //! signal while it runs exactly as for an ftrace trampoline. It saves every general register
-//! into a [`PtRegs`] (`flags` from `pushfq`, `sp` the stack pointer at the probe, `ip` left to
+//! into a [`PtRegs`](super::trampoline::PtRegs) (`flags` from `pushfq`, `sp` the stack pointer at the probe, `ip` left to
 //! the callback), the vector registers the handlers might clobber (`xmm0-15`; `ymm0-15` when
 //! the OS enables AVX; the whole x87/SSE/AVX/AVX-512 state by `xsave` when it enables
 //! AVX-512) then `vzeroupper` (the handlers' SSE code would otherwise run with dirty upper
