@@ -91,6 +91,38 @@ fn an_asynchronous_signal_never_sees_a_pc_inside_an_xol_slot() {
     assert_eq!(field(&plain, "outside"), 0, "{plain}");
 }
 
+/// The same timer over a loop whose probe is an optprobe (`hot_sp_loop+16`: a `jmp` to a
+/// detour over `add` and `cmp`): a tick that lands in the detour or its trampoline is shown
+/// as the program would be without ftprobe: at an instruction boundary of the function, with
+/// the stack pointer the function saved, its own `rdi`/`rax`, and the flags the instruction
+/// before left. Before this was fixed, a process without ftrace sites never held a signal in
+/// the optprobe trampoline (1085 of 1500 ticks saw a PC in it), and a tick in the detour's
+/// own instructions saw the stack pointer 128-144 bytes low (1168 of 1173).
+#[test]
+fn an_asynchronous_signal_in_an_optprobe_sees_the_program_registers() {
+    let exe = exe();
+    let cmd = [exe.as_str(), "regs", "1500"];
+    let (out, text) = trace(&["-e", "p:h hot_sp_loop+16"], &cmd);
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert!(
+        text.contains("hot_sp_loop+0x10  signals [OPTIMIZED]"),
+        "the probe is jump-optimized: {}",
+        &text[..text.len().min(600)]
+    );
+    let o = stdout(&out);
+    assert!(field(&o, "in_loop") > 300, "the timer hit the loop: {o}");
+    assert_eq!(field(&o, "sum_ok"), 1, "{o}");
+    for bad in ["bad_pc", "bad_sp", "bad_args", "bad_flags"] {
+        assert_eq!(field(&o, bad), 0, "{bad}: {o}");
+    }
+    assert!(hits(&text, "h") > 1000, "the probe was hit");
+    // Untraced, the handler's checks hold.
+    let plain = stdout(&untraced(&cmd));
+    for bad in ["bad_pc", "bad_sp", "bad_args", "bad_flags"] {
+        assert_eq!(field(&plain, bad), 0, "{bad}: {plain}");
+    }
+}
+
 /// While XOL slots exist ftprobe's wrapper stands in for every handler the program installs
 /// (`sigaction`, `signal`, `sigset`); the program must not see it: what `sigaction` reads
 /// back (handler, flags, mask), `SA_RESETHAND`'s reset, the previous handler `signal` and

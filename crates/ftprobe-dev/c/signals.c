@@ -12,6 +12,11 @@
  *                 the executable segments of every loaded object (dl_iterate_phdr: the
  *                 program, libc, the vdso, ...) while the main thread runs hot_loop for MS
  *                 milliseconds; prints how many ticks interrupted a PC outside all of them
+ *   regs MS       as pcs, with hot_sp_loop (an optprobe's detour, entry and exit, around
+ *                 hot_sp_loop+16): every tick that interrupted it checks what the program
+ *                 must see there: the PC at an instruction boundary, the stack pointer the
+ *                 function saved, rdi and rax in range, the flags the instruction before
+ *                 the PC left (ZF/CF/SF/OF); prints the ticks in it and the bad ones
  *   actions       installs handlers (sigaction with and without SA_SIGINFO, SA_RESETHAND,
  *                 signal, sigset) for SIGUSR1, SIGUSR2, SIGALRM and prints what sigaction
  *                 reads back before and after each is delivered
@@ -45,6 +50,16 @@ long hot_loop(long n);
 __asm__(".text\n .globl hot_loop\n .type hot_loop,@function\n"
         "hot_loop:\n xor %eax,%eax\n"
         "1: add $1,%rax\n cmp %rdi,%rax\n jne 1b\n ret\n .size hot_loop,.-hot_loop\n");
+
+/* long hot_sp_loop(long n): saves rsp and n, then counts rax up to n (n >= 1).
+ * Boundaries: +0 mov, +7 mov, +14 xor, +16 add, +20 cmp, +23 jne, +25 ret. */
+long hot_sp_loop(long n);
+extern const char hot_sp_loop_end[];
+volatile uintptr_t hot_sp, hot_n;
+__asm__(".text\n .globl hot_sp_loop\n .type hot_sp_loop,@function\n"
+        "hot_sp_loop:\n mov %rsp,hot_sp(%rip)\n mov %rdi,hot_n(%rip)\n xor %eax,%eax\n"
+        "1: add $1,%rax\n cmp %rdi,%rax\n jne 1b\n ret\n"
+        " .globl hot_sp_loop_end\nhot_sp_loop_end:\n .size hot_sp_loop,.-hot_sp_loop\n");
 
 /* ---- altstack ---------------------------------------------------------------------------- */
 
@@ -254,6 +269,54 @@ static int pcs_mode(int ms)
     return 0;
 }
 
+/* ---- regs -------------------------------------------------------------------------------- */
+
+static volatile long in_loop, bad_pc, bad_sp, bad_args, bad_flags;
+
+static void on_tick_regs(int s, siginfo_t *si, void *ucv)
+{
+    (void)s;
+    (void)si;
+    greg_t *g = ((ucontext_t *)ucv)->uc_mcontext.gregs;
+    uintptr_t pc = g[REG_RIP], lo = (uintptr_t)hot_sp_loop;
+    ticks++;
+    if (pc < lo || pc >= (uintptr_t)hot_sp_loop_end)
+        return;
+    in_loop++;
+    uintptr_t off = pc - lo, rax = g[REG_RAX], rdi = g[REG_RDI], fl = g[REG_EFL];
+    if (off != 0 && off != 7 && off != 14 && off != 16 && off != 20 && off != 23 && off != 25)
+        bad_pc++;
+    if (off >= 7 && (uintptr_t)g[REG_RSP] != hot_sp)
+        bad_sp++;
+    if (off >= 14 && (rdi != hot_n || (off >= 16 && rax > rdi)))
+        bad_args++;
+    int cf = fl & 1, zf = (fl >> 6) & 1, sf = (fl >> 7) & 1, of = (fl >> 11) & 1;
+    if (off == 20 && (cf || zf || sf || of))
+        bad_flags++; /* after add $1 to 0..n-1 */
+    if (off == 23 && (zf != (rax == rdi) || cf != (rax < rdi) || sf != cf || of))
+        bad_flags++; /* after cmp %rdi,%rax */
+}
+
+static int regs_mode(int ms)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_tick_regs;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigaction(SIGALRM, &sa, 0);
+    struct itimerval it = {{0, 1000}, {0, 1000}};
+    setitimer(ITIMER_REAL, &it, 0);
+    double end = now() + ms / 1000.0;
+    long sum = 0;
+    while (now() < end)
+        sum += hot_sp_loop(1000);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, 0);
+    printf("ticks=%ld in_loop=%ld bad_pc=%ld bad_sp=%ld bad_args=%ld bad_flags=%ld sum_ok=%d\n",
+           ticks, in_loop, bad_pc, bad_sp, bad_args, bad_flags, sum % 1000 == 0);
+    return 0;
+}
+
 /* ---- actions ----------------------------------------------------------------------------- */
 
 static volatile int got[65];
@@ -327,6 +390,8 @@ int main(int argc, char **argv)
         return actions_mode();
     if (!strcmp(mode, "pcs"))
         return pcs_mode(argc > 2 ? atoi(argv[2]) : 1500);
+    if (!strcmp(mode, "regs"))
+        return regs_mode(argc > 2 ? atoi(argv[2]) : 1500);
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;
 }

@@ -838,6 +838,81 @@ fn hit(a: &Armed, uc: &mut libc::ucontext_t, st: &probe_state::ThreadState) {
     from_regs(&mut uc.uc_mcontext.gregs, &regs);
 }
 
+/// How the first relocated instruction of an optprobe's detour runs alone, for a thread
+/// that a program's signal interrupted after the hit and before that instruction
+/// (`opt::on_program_signal`): as an int3 hit of the same probe would run it.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum FirstInsn {
+    /// From the probe's step slot, which ends with `int3` at `trap`.
+    Step { slot: u64, trap: u64 },
+    /// Emulated; `len` is the instruction's length.
+    Emulate { insn: Emulate, len: u8 },
+}
+
+/// How the instruction of the armed probe at `addr` runs alone (`None`: not armed, or no
+/// step slot).
+pub(super) fn first_insn(addr: u64) -> Option<FirstInsn> {
+    let c = lock();
+    let a = c.armed.get(&addr)?;
+    match &a.plan {
+        XolPlan::Xol { code, .. } if a.slot_step != 0 => Some(FirstInsn::Step {
+            slot: a.slot_step,
+            trap: a.slot_step + code.len() as u64,
+        }),
+        XolPlan::Emulate { insn, .. } => Some(FirstInsn::Emulate {
+            insn: *insn,
+            len: a.len,
+        }),
+        XolPlan::Xol { .. } => None,
+    }
+}
+
+/// Probe path: the thread of context `uc` stands at the first relocated instruction of the
+/// detour of the probe at `addr`, its hit done. Run that instruction alone, then go on at
+/// `resume` (the detour's next instruction): emulated at once (returns false), or from the
+/// step slot with the asynchronous signals and `held` (first mask word bits) blocked until
+/// the slot's trap, as after an int3 hit (returns true: the caller queues the held signal
+/// again, and it is delivered after the instruction).
+pub(super) fn run_alone(
+    uc: &mut libc::ucontext_t,
+    addr: u64,
+    first: FirstInsn,
+    resume: u64,
+    held: u64,
+) -> bool {
+    match first {
+        FirstInsn::Step { slot, trap } => {
+            let st = probe_state::this_thread();
+            if st.xol.get().addr != 0 {
+                return false;
+            }
+            let m = mask_word(&mut uc.uc_sigmask);
+            let added = (SLOT_BLOCKED | held) & !*m;
+            *m |= added;
+            st.xol.set(Xol {
+                addr,
+                next: resume,
+                slot,
+                slot_trap: trap,
+                post_due: false,
+                added_mask: added,
+            });
+            uc.uc_mcontext.gregs[libc::REG_RIP as usize] = slot as libc::greg_t;
+            true
+        }
+        FirstInsn::Emulate { insn, len } => {
+            let mut regs = to_regs(&uc.uc_mcontext.gregs);
+            if emulate(&insn, addr, u64::from(len), &mut regs) {
+                if regs.ip == addr + u64::from(len) {
+                    regs.ip = resume;
+                }
+                from_regs(&mut uc.uc_mcontext.gregs, &regs);
+            }
+            false
+        }
+    }
+}
+
 /// Probe path, a fault signal the kernel raised (`SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`):
 /// if the thread faulted inside an XOL slot, the program is shown the probed instruction's
 /// address instead (uprobes' `arch_uprobe_abort_xol`): the instruction's own address when it

@@ -5,8 +5,8 @@
 //! A probe is optimized when every probe at its address is enabled-or-disabled without a
 //! post_handler (a post_handler needs the instruction stepped alone, as in the kernel), none
 //! is ftprobe's own (`KPROBE_FLAG_INTERNAL`), optimization is on ([`set_optimization`], the
-//! kernel's `debug.kprobes-optimization` sysctl; on with the environment
-//! variable `FTPROBE_KPROBES_OPTIMIZATION=1`, off by default for now), the range passes `optprobe::analyze`, no
+//! kernel's `debug.kprobes-optimization` sysctl; off from the start with the environment
+//! variable `FTPROBE_KPROBES_OPTIMIZATION=0`), the range passes `optprobe::analyze`, no
 //! other armed probe and no ftrace site is inside it, and no thread is inside it (below).
 //! Unlike the kernel's delayed optimizer, the switch happens when the probe is armed; a probe
 //! that could not be switched then (a thread in the way) stays an int3 probe until its
@@ -48,9 +48,20 @@
 //! - A fault in a relocated instruction other than the first is shown to the program at the
 //!   detour's address (showing the original one would make a handler that returns run the
 //!   replaced bytes); an asynchronous signal is shown at the original instruction.
-//! - While a pre_handler runs, a program signal is held as in an ftrace trampoline
-//!   (`tramp_signals`); a program handler that runs in the detour's first bytes sees a stack
-//!   pointer 144 bytes below the probe's.
+//!
+//! # A program's signals
+//! A program's handler sees the thread as an int3 hit of the probe would let it (the
+//! kernel's uprobes: `uprobe_deny_signal` holds signals while the probed instruction runs out
+//! of line): in the trampoline (and the pre_handlers), the signal is held until it returns
+//! (`tramp_signals`; the process's trampoline patterns are made with the first optprobe
+//! trampoline); before the trampoline's call, the detour's own instructions are undone and
+//! the thread stands at the probed instruction with its own registers (the hit happens when
+//! the handler returns, never if it jumps out); after the call and before the first
+//! relocated instruction has run, the detour's own instructions are done and that instruction
+//! runs alone first (emulated, or from the probe's step slot with the signal held until its
+//! trap), so a handler never sees a hit whose instruction has not run
+//! ([`on_program_signal`]). In the relocated instructions the PC is shown at the original
+//! ones; a call relocated as several instructions is put back at its start.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
@@ -59,7 +70,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::{int3, published, Kprobe, KprobeError, KPROBE_FLAG_INTERNAL, KPROBE_FLAG_OPTIMIZED};
 use crate::arch::x86_64::nops::INT3;
 use crate::arch::x86_64::optprobe::{self as arch, VectorSave, DETOUR_BODY, DETOUR_CODE};
-use crate::arch::x86_64::text_poke;
+use crate::arch::x86_64::{text_poke, tramp_signals};
 use crate::ftrace::{self as ft, PtRegs};
 use crate::probe_state::{self, Entry};
 
@@ -79,6 +90,8 @@ struct Detour {
     end: u64,
     /// `(pc, shown)` sorted by pc (see `optprobe::detour_bytes`).
     map: Vec<(u64, u64)>,
+    /// How the first relocated instruction runs alone (`on_program_signal`).
+    first: Option<int3::FirstInsn>,
 }
 
 /// The optimized addresses.
@@ -129,11 +142,7 @@ pub fn optimization_enabled() -> bool {
         1 => true,
         2 => false,
         _ => {
-            // Off unless asked for (`FTPROBE_KPROBES_OPTIMIZATION=1`): an optimized probe
-            // still lets a program's asynchronous signal see a PC inside ftprobe's code and
-            // counts differently from the int3 probe when a handler leaves a hit by
-            // siglongjmp (tests regression_signals, regression_probe_path).
-            let off = std::env::var_os("FTPROBE_KPROBES_OPTIMIZATION").is_none_or(|v| v != "1");
+            let off = std::env::var_os("FTPROBE_KPROBES_OPTIMIZATION").is_some_and(|v| v == "0");
             ENABLED.store(if off { 2 } else { 1 }, Ordering::Relaxed);
             // With it, optimization on or off, so the same calls in both.
             debug_refusals();
@@ -273,12 +282,13 @@ fn try_optimize(addr: u64) -> Result<(), NotOptimized> {
     let range_bytes = code[off..off + (end - addr) as usize].to_vec();
     let mut orig = [0u8; 5];
     orig.copy_from_slice(&range_bytes[..5]);
+    let first = int3::first_insn(addr);
     let detour = {
         let mut st = lock();
         match st.detours.get(&(addr, range_bytes.clone())) {
             Some(d) => d.clone(),
             None => {
-                let d = make_detour(&mut st, v, &code, func.addr, &range, addr)?;
+                let d = make_detour(&mut st, v, &code, func.addr, &range, addr, first)?;
                 st.detours.insert((addr, range_bytes), d.clone());
                 st.all.push(d.clone());
                 publish(&mut st);
@@ -334,6 +344,7 @@ fn make_detour(
     func_addr: u64,
     range: &[arch::RangeInsn],
     addr: u64,
+    first: Option<int3::FirstInsn>,
 ) -> Result<Detour, NotOptimized> {
     let fail = |e: ft::FtraceError| NotOptimized::Failed(KprobeError::Ftrace(e));
     let op = Box::into_raw(Box::new(OptProbe { addr })) as u64;
@@ -348,6 +359,11 @@ fn make_detour(
     let mut fresh = st.tramps.is_empty();
     loop {
         if fresh {
+            // A program's signal in the trampoline is held until it returns, as in an
+            // ftrace trampoline: the patterns `tramp_signals` matches are made before the
+            // first copy exists (nothing else makes them when the process has no sites).
+            tramp_signals::prepare();
+            text_poke::set_signal_hook(on_program_signal);
             let t = ft::alloc_code_near(addr, tramp_len, |_| {
                 arch::instantiate(v, optimized_callback)
             })
@@ -375,6 +391,7 @@ fn make_detour(
                     start,
                     end: start + len as u64,
                     map,
+                    first,
                 })
             }
             Err(_) if !fresh => fresh = true,
@@ -670,6 +687,62 @@ fn shown_in(d: &Detour, pc: u64) -> u64 {
 /// Probe path: the address an asynchronous signal's handler is shown for a pc in a detour.
 pub(super) fn shown_pc(pc: u64) -> Option<u64> {
     detour_of(pc).map(|d| shown_in(d, pc))
+}
+
+/// Probe path: a program's asynchronous signal `sig` is about to be delivered to a thread
+/// whose context `uc` is in a detour (`text_poke`'s wrapper asks, after `tramp_signals`,
+/// which moves a context out of the trampoline to the detour's `call` or to its return
+/// address). The program must see what an int3 hit of the probe would let it see (the
+/// kernel's uprobes hold signals until the probed instruction has run out of line,
+/// `uprobe_deny_signal`): the thread before the hit at the probed instruction, or after the
+/// hit with the probed instruction done. So:
+/// - before the trampoline's call: the detour's own instructions are undone and the thread
+///   stands at the probed instruction with its own registers (the hit happens when the
+///   handler returns there, or never if it jumps out);
+/// - after the trampoline returned and before the first relocated instruction: the detour's
+///   own instructions are done for the thread, and that instruction runs alone (emulated, or
+///   from the probe's step slot with the signal held until its trap, which delivers it).
+///
+/// Returns whether the signal is held (the program's handler is not called now).
+pub(crate) fn on_program_signal(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uc: &mut libc::ucontext_t,
+) -> bool {
+    let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
+    let Some(d) = detour_of(pc) else {
+        return false;
+    };
+    let off = pc - d.start;
+    let g = &mut uc.uc_mcontext.gregs;
+    if arch::undo_entry(off, g) {
+        g[libc::REG_RIP as usize] = d.map[0].1 as libc::greg_t;
+        return false;
+    }
+    if arch::finish_exit(off, g) {
+        g[libc::REG_RIP as usize] = (d.start + DETOUR_BODY) as libc::greg_t;
+    } else if off > DETOUR_BODY {
+        // Inside a relocated instruction: a call relocated as several instructions is put
+        // back at its start (the program sees the call not made); the first relocated
+        // instruction's start is the place after the hit, handled below.
+        let i = d.map.partition_point(|&(at, _)| at <= pc) - 1;
+        if !arch::undo_partial_call(d.map[i].0, pc, g) || i != 1 {
+            return false;
+        }
+    } else if off != DETOUR_BODY {
+        return false;
+    }
+    // (The wrapper never sees the fault signals, nor SIGTRAP: a fault of the relocated
+    // instruction is `fault_pc`'s.)
+    let Some(first) = d.first else {
+        return false;
+    };
+    let resume = d.map.get(2).map_or(d.end, |&(at, _)| at);
+    if int3::run_alone(uc, d.map[0].1, first, resume, probe_state::bit(sig)) {
+        tramp_signals::queue_again(sig, info);
+        return true;
+    }
+    false
 }
 
 /// Probe path: the address a fault at `pc` in a detour is shown at: the probed instruction's

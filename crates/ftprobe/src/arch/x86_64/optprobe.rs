@@ -609,10 +609,101 @@ pub fn detour_bytes(
     Ok((out, map))
 }
 
+/// The arithmetic flags `sahf` loads from `ah` (SF, ZF, AF, PF, CF).
+const SAHF_FLAGS: u64 = 0xd5;
+/// The overflow flag, which the detour keeps in `al` (`seto`) and gives back by `add al, 0x7f`.
+const OF: u64 = 0x800;
+
+/// Probe path, a program's signal: for a context `off` bytes into a detour, at or before its
+/// `call` of the trampoline (the hit not started), undo what the detour's own instructions
+/// did (the red-zone skip, the saved `rax` and flags): the thread then stands as at the
+/// probed instruction, with its own registers; the caller sets the PC there. Returns false
+/// when `off` is not such a place, or the stack cannot be read (`g` unchanged).
+pub fn undo_entry(off: u64, g: &mut [libc::greg_t; 23]) -> bool {
+    let sp = g[libc::REG_RSP as usize] as u64;
+    let read = |at: u64| crate::sys::read_u64_nofault(at);
+    // Offsets: 8 lea rsp,[rsp-128]; 13 push rax; 14 lahf; 15 seto al; 18 push rax; 19 call.
+    let (rax, sp) = match off {
+        DETOUR_CODE => (None, sp),
+        13 => (None, sp + 128),
+        14 | 15 | 18 => (read(sp), sp + 136),
+        19 => (read(sp + 8), sp + 144),
+        _ => return false,
+    };
+    match (off, rax) {
+        (DETOUR_CODE | 13, _) => {}
+        (_, Some(v)) => g[libc::REG_RAX as usize] = v as libc::greg_t,
+        (_, None) => return false,
+    }
+    g[libc::REG_RSP as usize] = sp as libc::greg_t;
+    true
+}
+
+/// Probe path, a program's signal: for a context `off` bytes into a detour, after the
+/// trampoline returned (the hit done) and before the relocated instructions, do what the
+/// detour's remaining own instructions would (flags, `rax`, the red zone): the thread then
+/// stands at the first relocated instruction (`DETOUR_BODY`, which the caller sets), with
+/// its own registers. Returns false when `off` is not such a place, or the stack cannot be
+/// read (`g` unchanged).
+pub fn finish_exit(off: u64, g: &mut [libc::greg_t; 23]) -> bool {
+    let sp = g[libc::REG_RSP as usize] as u64;
+    let fl = g[libc::REG_EFL as usize] as u64;
+    let rax = g[libc::REG_RAX as usize] as u64;
+    let read = |at: u64| crate::sys::read_u64_nofault(at);
+    // `v`: the saved word (ah = the arithmetic flags, al = OF).
+    let restore = |v: u64, of: u64| (fl & !(SAHF_FLAGS | OF)) | ((v >> 8) & SAHF_FLAGS) | of;
+    let of_in = |v: u64| if v & 0xff == 1 { OF } else { 0 };
+    // Offsets: 24 pop rax; 25 add al,0x7f; 27 sahf; 28 pop rax; 29 lea rsp,[rsp+128]; 37.
+    let (fl, rax, sp) = match off {
+        DETOUR_RET => {
+            let (Some(v), Some(orig)) = (read(sp), read(sp + 8)) else {
+                return false;
+            };
+            (restore(v, of_in(v)), orig, sp + 144)
+        }
+        25 => match read(sp) {
+            Some(orig) => (restore(rax, of_in(rax)), orig, sp + 136),
+            None => return false,
+        },
+        27 => match read(sp) {
+            Some(orig) => (restore(rax, fl & OF), orig, sp + 136),
+            None => return false,
+        },
+        28 => match read(sp) {
+            Some(orig) => (fl, orig, sp + 136),
+            None => return false,
+        },
+        29 => (fl, rax, sp + 128),
+        _ => return false,
+    };
+    g[libc::REG_EFL as usize] = fl as libc::greg_t;
+    g[libc::REG_RAX as usize] = rax as libc::greg_t;
+    g[libc::REG_RSP as usize] = sp as libc::greg_t;
+    true
+}
+
+/// `lea rsp, [rsp-8]`: the first instruction of a relocated `call` (`push_imm64`).
+const LEA_RSP_MINUS_8: [u8; 5] = [0x48, 0x8d, 0x64, 0x24, 0xf8];
+
+/// Probe path, a program's signal: for a context at `pc` inside the relocated instruction
+/// that starts at `start` in a detour, when that is a `call` relocated as several
+/// instructions (the return address pushed by parts, then a `jmp`) and `pc` is past its
+/// first: undo the push, and put the thread back at `start` (the relocated call runs again
+/// from its beginning, writing the same return address). Returns whether it did.
+pub fn undo_partial_call(start: u64, pc: u64, g: &mut [libc::greg_t; 23]) -> bool {
+    let mut head = [0u8; 5];
+    if pc <= start || crate::sys::read_nofault(start, &mut head) != 5 || head != LEA_RSP_MINUS_8 {
+        return false;
+    }
+    g[libc::REG_RSP as usize] = (g[libc::REG_RSP as usize] as u64 + 8) as libc::greg_t;
+    g[libc::REG_RIP as usize] = start as libc::greg_t;
+    true
+}
+
 /// `lea rsp, [rsp-8]; mov dword [rsp], lo; mov dword [rsp+4], hi`: push a 64-bit value
 /// without touching a register or the flags.
 fn push_imm64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0xf8]);
+    out.extend_from_slice(&LEA_RSP_MINUS_8);
     out.extend_from_slice(&[0xc7, 0x04, 0x24]);
     out.extend_from_slice(&(v as u32).to_le_bytes());
     out.extend_from_slice(&[0xc7, 0x44, 0x24, 0x04]);
@@ -750,5 +841,72 @@ mod tests {
         assert_eq!(map[1], (0x9000 + body as u64, 0x1000));
         assert_eq!(map[2], (0x9000 + body as u64 + 1, 0x1001));
         assert_eq!(map.last().unwrap().1, 0x1006);
+    }
+
+    /// The detour's own instructions sit where `undo_entry` and `finish_exit` expect them.
+    #[test]
+    fn the_detour_own_instructions_are_where_the_signal_path_expects() {
+        let f = [0xb8, 1, 0, 0, 0, 0xc3];
+        let range = analyze(&f, 0x1000, 0x1000).unwrap();
+        let (bytes, _) = detour_bytes(&f, 0x1000, &range, 0x9000, 0x9800, 0).unwrap();
+        let code = &bytes[DETOUR_CODE as usize..DETOUR_BODY as usize];
+        let mut dec = Decoder::with_ip(64, code, 0x9000 + DETOUR_CODE, DecoderOptions::NONE);
+        let starts: Vec<u64> = dec.iter().map(|i| i.ip() - 0x9000).collect();
+        assert_eq!(starts, [8, 13, 14, 15, 18, 19, 24, 25, 27, 28, 29]);
+        assert_eq!(DETOUR_CALL as u64, 19);
+        assert_eq!(DETOUR_RET, 24);
+    }
+
+    /// What the detour saved (rax, then ah = the arithmetic flags and al = OF), on a stack
+    /// `sp0 - 144` (red zone and two words): `finish_exit` at its return address gives back
+    /// the thread's rax, flags and stack pointer; `undo_entry` at its call likewise.
+    #[test]
+    fn the_signal_path_undoes_and_finishes_the_detour() {
+        for (flags, of) in [
+            (0x246u64, false),
+            (0xa93, true),
+            (0x202, true),
+            (0x2d7, false),
+        ] {
+            let flags = flags | if of { OF } else { 0 };
+            let rax = 0x1122_3344_5566_7788u64;
+            let stack = vec![0u64; 24];
+            let top = stack.as_ptr() as u64 + 8 * 20;
+            let sp = top - 144;
+            let put = |a: u64, v: u64| {
+                // SAFETY: `a` is a word of `stack`, which lives to the end of the loop body.
+                unsafe { std::ptr::write_volatile(a as *mut u64, v) }
+            };
+            put(sp + 8, rax);
+            put(sp, (rax & !0xffff) | ((flags & 0xff) << 8) | u64::from(of));
+            let mut g = [0 as libc::greg_t; 23];
+            g[libc::REG_RSP as usize] = sp as i64;
+            g[libc::REG_RAX as usize] = 0x77;
+            g[libc::REG_EFL as usize] = 0x202 | 0x400; // DF set by the trampoline: kept
+            assert!(finish_exit(DETOUR_RET, &mut g));
+            assert_eq!(g[libc::REG_RSP as usize] as u64, top);
+            assert_eq!(g[libc::REG_RAX as usize] as u64, rax);
+            let got = g[libc::REG_EFL as usize] as u64;
+            assert_eq!(
+                got & (SAHF_FLAGS | OF),
+                flags & (SAHF_FLAGS | OF),
+                "{flags:#x}"
+            );
+            assert_eq!(got & 0x400, 0x400);
+            // At the call: the same two words; at the first push, rax alone.
+            let mut g = [0 as libc::greg_t; 23];
+            g[libc::REG_RSP as usize] = sp as i64;
+            g[libc::REG_RAX as usize] = 0x77;
+            assert!(undo_entry(19, &mut g));
+            assert_eq!(g[libc::REG_RSP as usize] as u64, top);
+            assert_eq!(g[libc::REG_RAX as usize] as u64, rax);
+            g[libc::REG_RSP as usize] = (sp + 8) as i64;
+            g[libc::REG_RAX as usize] = 0x77;
+            assert!(undo_entry(15, &mut g));
+            assert_eq!(g[libc::REG_RSP as usize] as u64, top);
+            assert_eq!(g[libc::REG_RAX as usize] as u64, rax);
+            assert!(!undo_entry(20, &mut g) && !finish_exit(DETOUR_BODY, &mut g));
+            drop(stack);
+        }
     }
 }

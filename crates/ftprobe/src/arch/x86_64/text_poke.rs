@@ -316,6 +316,18 @@ pub fn is_fault_handler(h: libc::sighandler_t) -> bool {
 pub type PcHook = fn(u64) -> u64;
 
 static PC_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Asked before a program's handler runs, after `tramp_signals`: whether the signal is held
+/// (optprobes' detours: `kprobes::opt::on_program_signal`). Probe path.
+pub type SignalHook = fn(libc::c_int, *mut libc::siginfo_t, &mut libc::ucontext_t) -> bool;
+
+static SIGNAL_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Install the [`SignalHook`] (before the first detour exists).
+pub fn set_signal_hook(hook: SignalHook) {
+    // Release pairs with the Acquire load in `held_for_trampoline`.
+    SIGNAL_HOOK.store(hook as *mut (), Ordering::Release);
+}
 /// [`wrap_program_handlers`] ran.
 static WRAPPING: AtomicBool = AtomicBool::new(false);
 /// Per signal: the kernel's action is (or was, before an `SA_RESETHAND` reset) ftprobe's
@@ -507,8 +519,8 @@ fn wrapped_default(sig: libc::c_int, h: libc::sighandler_t) {
     }
 }
 
-/// A signal in an ftrace trampoline waits until the trampoline is done (`tramp_signals`):
-/// whether it was held (the program's handler is then not called now). Out of line: its
+/// A signal in an ftrace trampoline waits until the trampoline is done (`tramp_signals`),
+/// one in an optprobe's detour as its [`SignalHook`] says: whether it was held (the program's handler is then not called now). Out of line: its
 /// frame is gone when the program's handler runs.
 #[inline(never)]
 fn held_for_trampoline(
@@ -517,9 +529,15 @@ fn held_for_trampoline(
     uc: &mut libc::ucontext_t,
     flags: libc::c_int,
 ) -> bool {
-    if super::tramp_signals::on_program_signal(sig, info, uc)
-        != super::tramp_signals::Verdict::Deferred
-    {
+    let held = super::tramp_signals::on_program_signal(sig, info, uc)
+        == super::tramp_signals::Verdict::Deferred
+        || {
+            let hook = SIGNAL_HOOK.load(Ordering::Acquire);
+            // SAFETY: SIGNAL_HOOK only ever holds a `SignalHook`.
+            !hook.is_null()
+                && unsafe { std::mem::transmute::<*mut (), SignalHook>(hook) }(sig, info, uc)
+        };
+    if !held {
         return false;
     }
     if flags & libc::SA_RESETHAND != 0 {

@@ -367,10 +367,16 @@ fn defer(
         // thread's stack (read just above): the epilogue pops it into the frame word.
         unsafe { std::ptr::write_volatile(slot as *mut u64, saved | 1) };
     }
-    let bit = crate::probe_state::bit(sig);
-    *mask_word(uc) |= bit;
-    // Blocked now too (the handler may run with SA_NODEFER): queued again, it waits.
-    let set = bit;
+    *mask_word(uc) |= crate::probe_state::bit(sig);
+    queue_again(sig, info);
+    Verdict::Deferred
+}
+
+/// Probe path: block `sig` in the running handler (it may run with `SA_NODEFER`) and queue
+/// it again to this thread with its own `siginfo`: it waits until the interrupted context's
+/// mask, which the caller made block it, is restored without it.
+pub fn queue_again(sig: libc::c_int, info: *mut libc::siginfo_t) {
+    let set = crate::probe_state::bit(sig);
     // SAFETY: rt_sigprocmask(SIG_BLOCK, &set, NULL, 8) reads 8 bytes of our own local.
     unsafe {
         sys::raw_syscall4(
@@ -405,7 +411,6 @@ fn defer(
             );
         }
     }
-    Verdict::Deferred
 }
 
 /// Probe path: ftprobe's SIGTRAP handler asks whether this trap is a trampoline's `int3` that
