@@ -200,6 +200,58 @@ fn a_program_without_handler_dies_of_its_fault_as_untraced() {
     }
 }
 
+/// A traced program's core dump holds the program, not ftprobe's rings: with an 8 GiB core
+/// limit the core of `die` was the whole 8 GiB (the rings' reserved space), and it filled a
+/// disk once. The rings are mapped `MADV_DONTDUMP`; the core is now within 32 MiB of the
+/// untraced one (the agent's code and data, trampolines, XOL slots).
+#[test]
+fn a_traced_program_core_holds_no_rings() {
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    if !pattern.trim_start().starts_with("core") {
+        eprintln!("skipped: core_pattern is {pattern:?}, not a file in the current directory");
+        return;
+    }
+    let limit = (8u64 << 30).to_string();
+    let core_bytes = |dir: &std::path::Path| -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("core"))
+            .map(|e| {
+                use std::os::unix::fs::MetadataExt;
+                e.metadata().unwrap().blocks() * 512
+            })
+            .sum()
+    };
+    let exe = nofault_fixture();
+    let plain_dir = tmp_dir("nofault-core-plain");
+    let mut c = Command::new(&exe);
+    c.args(["die", &limit]);
+    let plain = run_in(&plain_dir, c);
+    assert!(plain.status.core_dumped(), "{plain:?}");
+    let plain_size = core_bytes(&plain_dir);
+    let dir = tmp_dir("nofault-core-traced");
+    let mut c = ftprobe();
+    c.args(["trace", "-e", DEF, "-o"])
+        .arg(dir.join("trace.txt"))
+        .arg("--")
+        .arg(&exe)
+        .args(["die", &limit]);
+    let out = run_in(&dir, c);
+    let size = core_bytes(&dir);
+    let _ = std::fs::remove_dir_all(&plain_dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGSEGV), "{out:?}");
+    assert!(
+        size > 0,
+        "the traced program dumped core as the untraced one"
+    );
+    assert!(
+        size < plain_size + (32 << 20),
+        "core of the traced program: {size} bytes, untraced {plain_size}"
+    );
+}
+
 /// `trace -p`: the agent loaded into a running program installs the fault handler when the
 /// event is created; every read through the bad pointers `attach_window(0..N)` gets (fault),
 /// and the program ends as it does untraced (no EINTR, its own SIGUSR1s all delivered).

@@ -339,6 +339,11 @@ mod sys {
                 source: io::Error::last_os_error(),
             });
         }
+        // Not in a core dump of the process: a traced program that dies would otherwise dump
+        // every ring's reserved size (gigabytes); the events are the reader's, in the file.
+        // SAFETY: advice on the mapping just made; changes nothing of its contents. Failure
+        // (an old kernel) only leaves the rings in core dumps.
+        unsafe { libc::madvise(p, len, libc::MADV_DONTDUMP) };
         NonNull::new(p.cast()).ok_or(RingError::Syscall {
             call: "mmap",
             source: io::Error::from_raw_os_error(libc::EINVAL),
