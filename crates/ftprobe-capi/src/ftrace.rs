@@ -36,7 +36,7 @@ pub type ftrace_func_t = Option<
 >;
 
 /// A callback on a set of functions (the kernel's `struct ftrace_ops`). Zero-initialize it,
-/// set `func` (and `flags`, `private`); keep it alive and in place from its first use until
+/// set `func` (and `flags`, `private_`); keep it alive and in place from its first use until
 /// it is unregistered and no callback runs any more. Functions are those with an ftrace site
 /// (compiled with `-pg -mfentry`, `-fpatchable-function-entry=5` or
 /// `__attribute__((patchable_function_entry(5, 0)))`).
@@ -47,7 +47,8 @@ pub struct ftrace_ops {
     /// `FTRACE_OPS_FL_*`, read at the ops' first use ([`ftrace_set_filter`],
     /// [`ftrace_set_notrace`] or [`register_ftrace_function`]) and fixed from then on.
     pub flags: c_ulong,
-    /// For the callback's own use.
+    /// For the callback's own use (the kernel's `private`; `private_` in C, since `private`
+    /// is a C++ keyword).
     pub private: *mut c_void,
     /// The engine's; leave it NULL.
     pub ftprobe_private: *mut c_void,
