@@ -109,7 +109,13 @@ fn ferr(e: FtraceError) -> c_int {
 
 /// # Safety
 /// As [`ftrace_set_filter`].
-unsafe fn set(ops: *mut ftrace_ops, buf: *const c_char, len: c_int, reset: c_int, notrace: bool) -> c_int {
+unsafe fn set(
+    ops: *mut ftrace_ops,
+    buf: *const c_char,
+    len: c_int,
+    reset: c_int,
+    notrace: bool,
+) -> c_int {
     // SAFETY: forwarded contract.
     let e = match unsafe { engine_of(ops) } {
         Ok(e) => e,

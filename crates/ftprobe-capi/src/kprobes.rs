@@ -131,7 +131,11 @@ unsafe fn sync_out(p: *mut kprobe, e: &Kprobe) {
     // SAFETY: the caller's contract.
     unsafe {
         (*p).addr = e.addr() as *mut c_void;
-        (*p).flags = e.flags() & (KPROBE_FLAG_GONE | KPROBE_FLAG_DISABLED | KPROBE_FLAG_OPTIMIZED | KPROBE_FLAG_FTRACE);
+        (*p).flags = e.flags()
+            & (KPROBE_FLAG_GONE
+                | KPROBE_FLAG_DISABLED
+                | KPROBE_FLAG_OPTIMIZED
+                | KPROBE_FLAG_FTRACE);
     }
 }
 
@@ -413,7 +417,10 @@ pub unsafe extern "C" fn register_kretprobe(rp: *mut kretprobe) -> c_int {
         );
     }
     if c.kp.offset != 0 {
-        return kerr(KprobeError::NotFunctionEntry(format!("+{:#x}", c.kp.offset)));
+        return kerr(KprobeError::NotFunctionEntry(format!(
+            "+{:#x}",
+            c.kp.offset
+        )));
     }
     // SAFETY: `symbol_name` is a C string (the caller's contract).
     let target = match unsafe { target_of(c.kp.symbol_name, 0, c.kp.addr) } {
@@ -423,7 +430,8 @@ pub unsafe extern "C" fn register_kretprobe(rp: *mut kretprobe) -> c_int {
     let e: &'static Kretprobe = Box::leak(Box::new(Kretprobe::new(
         target,
         c.handler.map(|_| ret_shim as kp::KretprobeHandler),
-        c.entry_handler.map(|_| entry_shim as kp::KretprobeEntryHandler),
+        c.entry_handler
+            .map(|_| entry_shim as kp::KretprobeEntryHandler),
         c.maxactive.max(0) as u32,
     )));
     e.data.store(rp as u64, Ordering::Relaxed);

@@ -52,9 +52,27 @@ macro_rules! same_offsets {
 }
 
 same_offsets!(
-    r15 = r15, r14 = r14, r13 = r13, r12 = r12, bp = rbp, bx = rbx, r11 = r11, r10 = r10,
-    r9 = r9, r8 = r8, ax = rax, cx = rcx, dx = rdx, si = rsi, di = rdi, orig_ax = orig_rax,
-    ip = ip, cs = cs, flags = flags, sp = sp, ss = ss,
+    r15 = r15,
+    r14 = r14,
+    r13 = r13,
+    r12 = r12,
+    bp = rbp,
+    bx = rbx,
+    r11 = r11,
+    r10 = r10,
+    r9 = r9,
+    r8 = r8,
+    ax = rax,
+    cx = rcx,
+    dx = rdx,
+    si = rsi,
+    di = rdi,
+    orig_ax = orig_rax,
+    ip = ip,
+    cs = cs,
+    flags = flags,
+    sp = sp,
+    ss = ss,
 );
 
 /// The engine's registers as the C struct (same layout, checked above).

@@ -129,7 +129,11 @@ fn build(lang: Lang, link: Link) -> PathBuf {
         .output()
         .expect("run readelf");
     let needs_lib = String::from_utf8_lossy(&dynamic.stdout).contains("[libftprobe.so]");
-    assert_eq!(needs_lib, link == Link::Shared, "{exe:?} NEEDED libftprobe.so");
+    assert_eq!(
+        needs_lib,
+        link == Link::Shared,
+        "{exe:?} NEEDED libftprobe.so"
+    );
     exe
 }
 
