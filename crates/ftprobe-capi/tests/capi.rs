@@ -39,8 +39,9 @@ fn built_libdir() -> PathBuf {
 fn prefix() -> &'static Path {
     static PREFIX: OnceLock<PathBuf> = OnceLock::new();
     PREFIX.get_or_init(|| {
-        let prefix =
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capi-{}", std::process::id()));
+        // One fixed directory, emptied first: the libraries are large (the static one
+        // ~100 MB in a debug build), so runs do not pile up copies.
+        let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capi-prefix");
         let _ = std::fs::remove_dir_all(&prefix);
         let script = crate_dir().join("../../scripts/install-capi.sh");
         let out = Command::new("bash")
@@ -145,7 +146,7 @@ fn expected(n: u64) -> String {
          register_kprobe(symbol_name and addr) = -{einval} (-EINVAL)\n\
          add_site: ftrace, mul_plain: int3\n\
          kprobe add_site: hits={} sum_di={} sum_si={} nmissed=0\n\
-         kprobe mul_plain: pre={n} post={n} sum_di={s1} nmissed=0\n\
+         kprobe mul_plain: pre={} post={} sum_di={} nmissed=0\n\
          kretprobe sub_plain: entries={n} returns={n} sum_ax={} nmissed=0\n\
          ftrace_ops: traced_a={n} traced_b=0 other=0\n\
          ok\n",
@@ -153,6 +154,10 @@ fn expected(n: u64) -> String {
         n + 1,
         s1 + 1,
         2 * s1 + 1,
+        // N calls, and mul_plain(1000, 1) after registering the same struct again.
+        n + 1,
+        n + 1,
+        s1 + 1000,
         // sub_plain(10 i, i) = 9 i.
         9 * s1,
         enoent = libc_errno("ENOENT"),

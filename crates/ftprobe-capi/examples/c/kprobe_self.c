@@ -168,6 +168,19 @@ int main(int argc, char **argv) {
     check("unregister_ftrace_function", unregister_ftrace_function(&ops));
     call_all(1); /* after unregistering: nothing counts */
 
+    /* The same struct registered again (unregister_kprobe put its addr back to NULL), and a
+     * probe registered disabled: mul_plain counts once more, add_site does not. */
+    check("register_kprobe(mul_plain) again", register_kprobe(&kp_mul));
+    struct kprobe kp_off = {.symbol_name = "add_site", .pre_handler = add_pre,
+                            .flags = KPROBE_FLAG_DISABLED};
+    check("register_kprobe(add_site, disabled)", register_kprobe(&kp_off));
+    if (!(kp_off.flags & KPROBE_FLAG_DISABLED))
+        failed = 1;
+    mul_plain(1000, 1);
+    add_site(5, 5);
+    check("unregister_kprobe(mul_plain) again", unregister_kprobe(&kp_mul));
+    check("unregister_kprobe(add_site, disabled)", unregister_kprobe(&kp_off));
+
     uint64_t s1 = (uint64_t)(n * (n + 1) / 2);
     printf("kprobe add_site: hits=%llu sum_di=%llu sum_si=%llu nmissed=%lu\n",
            (unsigned long long)GET(add_hits), (unsigned long long)GET(add_sum_di),
@@ -185,9 +198,9 @@ int main(int argc, char **argv) {
     expect("add_site sum_di", GET(add_sum_di), s1 + 1);
     expect("add_site sum_si", GET(add_sum_si), 2 * s1 + 1);
     expect("add_site ip", GET(add_bad_ip), 0);
-    expect("mul_plain pre", GET(mul_pre), (uint64_t)n);
-    expect("mul_plain post", GET(mul_post), (uint64_t)n);
-    expect("mul_plain sum_di", GET(mul_sum_di), s1);
+    expect("mul_plain pre", GET(mul_pre), (uint64_t)n + 1);
+    expect("mul_plain post", GET(mul_post), (uint64_t)n + 1);
+    expect("mul_plain sum_di", GET(mul_sum_di), s1 + 1000);
     expect("mul_plain ip", GET(mul_bad_ip), 0);
     expect("sub_plain entries", GET(ret_entries), (uint64_t)n);
     expect("sub_plain returns", GET(ret_returns), (uint64_t)n);

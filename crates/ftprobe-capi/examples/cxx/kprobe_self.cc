@@ -156,6 +156,20 @@ int main(int argc, char **argv) {
     check("unregister_ftrace_function", unregister_ftrace_function(&ops));
     call_all(1);
 
+    // The same struct registered again (unregister_kprobe put its addr back to NULL), and a
+    // probe registered disabled: mul_plain counts once more, add_site does not.
+    check("register_kprobe(mul_plain) again", register_kprobe(&kp_mul));
+    kprobe kp_off{};
+    kp_off.symbol_name = "add_site";
+    kp_off.pre_handler = kp_add.pre_handler;
+    kp_off.flags = KPROBE_FLAG_DISABLED;
+    check("register_kprobe(add_site, disabled)", register_kprobe(&kp_off));
+    if (!(kp_off.flags & KPROBE_FLAG_DISABLED)) failed = true;
+    mul_plain(1000, 1);
+    add_site(5, 5);
+    check("unregister_kprobe(mul_plain) again", unregister_kprobe(&kp_mul));
+    check("unregister_kprobe(add_site, disabled)", unregister_kprobe(&kp_off));
+
     uint64_t s1 = static_cast<uint64_t>(n * (n + 1) / 2);
     std::printf("kprobe add_site: hits=%llu sum_di=%llu sum_si=%llu nmissed=%lu\n", get(add_hits),
                 get(add_sum_di), get(add_sum_si), kp_add.nmissed);
@@ -170,9 +184,9 @@ int main(int argc, char **argv) {
     expect("add_site sum_di", get(add_sum_di), s1 + 1);
     expect("add_site sum_si", get(add_sum_si), 2 * s1 + 1);
     expect("add_site ip", get(add_bad_ip), 0);
-    expect("mul_plain pre", get(mul_pre), static_cast<uint64_t>(n));
-    expect("mul_plain post", get(mul_post), static_cast<uint64_t>(n));
-    expect("mul_plain sum_di", get(mul_sum_di), s1);
+    expect("mul_plain pre", get(mul_pre), static_cast<uint64_t>(n) + 1);
+    expect("mul_plain post", get(mul_post), static_cast<uint64_t>(n) + 1);
+    expect("mul_plain sum_di", get(mul_sum_di), s1 + 1000);
     expect("mul_plain ip", get(mul_bad_ip), 0);
     expect("sub_plain entries", get(ret_entries), static_cast<uint64_t>(n));
     expect("sub_plain returns", get(ret_returns), static_cast<uint64_t>(n));
