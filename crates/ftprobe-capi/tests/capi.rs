@@ -1,0 +1,219 @@
+//! The C API as a C or C++ program uses it: install it (scripts/install-capi.sh, with the
+//! libraries this `cargo test` built) into a fresh prefix, build the examples
+//! (examples/c/kprobe_self.c, examples/cxx/kprobe_self.cc) with `-Wall -Wextra -Werror`
+//! against the installed header and library through pkg-config, shared and static, run
+//! them, and check what they print against counts worked out here from N (the programs
+//! check their handlers against their own calls too, and exit 1 on a mismatch).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Calls of each probed function in the examples' main loop.
+const N: u64 = 500;
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory cargo put this build's libraries in (`target/<profile>`): this test binary
+/// is in its `deps/`.
+fn built_libdir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf();
+    for lib in ["libftprobe_c.so", "libftprobe_c.a"] {
+        assert!(
+            dir.join(lib).is_file(),
+            "{} not built (cargo builds the cdylib and staticlib with the tests)",
+            dir.join(lib).display()
+        );
+    }
+    dir
+}
+
+/// The prefix the C API is installed into, once per test process.
+fn prefix() -> &'static Path {
+    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        // One fixed directory, emptied first: the libraries are large (the static one
+        // ~100 MB in a debug build), so runs do not pile up copies.
+        let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capi-prefix");
+        let _ = std::fs::remove_dir_all(&prefix);
+        let script = crate_dir().join("../../scripts/install-capi.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(&prefix)
+            .env("FTPROBE_CAPI_LIBDIR", built_libdir())
+            .output()
+            .expect("run install-capi.sh");
+        assert!(
+            out.status.success(),
+            "install-capi.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for f in [
+            "include/ftprobe.h",
+            "lib/libftprobe.so",
+            "lib/libftprobe.a",
+            "lib/pkgconfig/ftprobe.pc",
+            "lib/pkgconfig/ftprobe-static.pc",
+        ] {
+            assert!(prefix.join(f).is_file(), "{f} not installed");
+        }
+        prefix
+    })
+}
+
+/// `pkg-config ARGS` against the installed prefix, split into words.
+fn pkg_config(args: &[&str]) -> Vec<String> {
+    let out = Command::new("pkg-config")
+        .args(args)
+        .env("PKG_CONFIG_PATH", prefix().join("lib/pkgconfig"))
+        .output()
+        .expect("run pkg-config (Debian: apt-get install pkg-config)");
+    assert!(
+        out.status.success(),
+        "pkg-config {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("UTF-8")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Lang {
+    C,
+    Cxx,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Link {
+    Shared,
+    Static,
+}
+
+/// Build the example for `lang` linked `link`-ly; returns the program.
+fn build(lang: Lang, link: Link) -> PathBuf {
+    let (compiler, src, std) = match lang {
+        Lang::C => ("gcc", "examples/c/kprobe_self.c", "-std=gnu11"),
+        Lang::Cxx => ("g++", "examples/cxx/kprobe_self.cc", "-std=c++17"),
+    };
+    let flags = match link {
+        Link::Shared => pkg_config(&["--cflags", "--libs", "ftprobe"]),
+        Link::Static => pkg_config(&["--static", "--cflags", "--libs", "ftprobe-static"]),
+    };
+    let exe = prefix().join(format!("kprobe_self-{lang:?}-{link:?}"));
+    let out = Command::new(compiler)
+        .args([std, "-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(crate_dir().join(src))
+        .args(&flags)
+        .output()
+        .expect("run the compiler");
+    assert!(
+        out.status.success(),
+        "{compiler} {src} {flags:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // readelf says how it was linked: the shared build needs libftprobe.so (by its SONAME),
+    // the static one does not.
+    let dynamic = Command::new("readelf")
+        .arg("-d")
+        .arg(&exe)
+        .output()
+        .expect("run readelf");
+    let needs_lib = String::from_utf8_lossy(&dynamic.stdout).contains("[libftprobe.so]");
+    assert_eq!(
+        needs_lib,
+        link == Link::Shared,
+        "{exe:?} NEEDED libftprobe.so"
+    );
+    exe
+}
+
+/// What the example prints for N calls: its own arithmetic, done here independently.
+fn expected(n: u64) -> String {
+    let s1 = n * (n + 1) / 2;
+    format!(
+        "register_kprobe(no_such_function_here) = -{enoent} (-ENOENT)\n\
+         register_kprobe(symbol_name and addr) = -{einval} (-EINVAL)\n\
+         add_site: ftrace, mul_plain: int3\n\
+         kprobe add_site: hits={} sum_di={} sum_si={} nmissed=0\n\
+         kprobe mul_plain: pre={} post={} sum_di={} nmissed=0\n\
+         kretprobe sub_plain: entries={n} returns={n} sum_ax={} nmissed=0\n\
+         ftrace_ops: traced_a={n} traced_b=0 other=0\n\
+         ok\n",
+        // N calls, none while disabled, one after enable_kprobe: add_site(1, 1).
+        n + 1,
+        s1 + 1,
+        2 * s1 + 1,
+        // N calls, and mul_plain(1000, 1) after registering the same struct again.
+        n + 1,
+        n + 1,
+        s1 + 1000,
+        // sub_plain(10 i, i) = 9 i.
+        9 * s1,
+        enoent = libc_errno("ENOENT"),
+        einval = libc_errno("EINVAL"),
+    )
+}
+
+/// The errno values from the system's header, through the C compiler (not from Rust's libc
+/// crate, which the library itself uses).
+fn libc_errno(name: &str) -> i32 {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "printf '#include <errno.h>\\n{name}\\n' | gcc -E -P -x c - | tail -n1"
+        ))
+        .output()
+        .expect("run gcc -E");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}: {:?}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn run(lang: Lang, link: Link) {
+    let exe = build(lang, link);
+    let out = Command::new(&exe)
+        .arg(N.to_string())
+        .env("LD_LIBRARY_PATH", prefix().join("lib"))
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{exe:?} exited {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, expected(N), "{exe:?}");
+}
+
+#[test]
+fn c_shared() {
+    run(Lang::C, Link::Shared);
+}
+
+#[test]
+fn c_static() {
+    run(Lang::C, Link::Static);
+}
+
+#[test]
+fn cxx_shared() {
+    run(Lang::Cxx, Link::Shared);
+}
+
+#[test]
+fn cxx_static() {
+    run(Lang::Cxx, Link::Static);
+}
