@@ -176,6 +176,25 @@ fn inside_a_site_is_refused() {
     assert_eq!(bytes(fn_addr(fx_add)), NOP5, "nothing armed");
 }
 
+/// The engine linked into this program (as the C API's `libftprobe.a` is): its own functions
+/// are refused (a probe there traps inside the probe path: a crash, found through the C API),
+/// by their Rust names; the program's functions in the same object are not.
+fn the_engine_own_code_is_refused_where_it_is_linked() {
+    let own: fn() -> String = kprobes::list;
+    let at = own as *const () as u64;
+    let e = kprobes::register_kprobe(leak(Kprobe::new(
+        KprobeTarget::Addr(at),
+        Some(count_pre),
+        None,
+    )))
+    .unwrap_err();
+    assert!(matches!(e, KprobeError::Blacklisted(_)), "{e}");
+    assert!(e.to_string().contains("ftprobe::kprobes::list+0x0"), "{e}");
+    let p = leak(Kprobe::new(sym("fx_pg_add", 0), Some(count_pre), None));
+    kprobes::register_kprobe(p).unwrap();
+    kprobes::unregister_kprobe(p).unwrap();
+}
+
 fn pg_func_plus_0_is_an_int3_probe_and_plus_4_the_site() {
     let base = fn_addr(fx_pg_add);
     // push %rbp; mov %rsp,%rbp
@@ -661,6 +680,10 @@ fn main() {
             endbr_func_plus_0_and_plus_4_are_the_site,
         ),
         ("inside_a_site_is_refused", inside_a_site_is_refused),
+        (
+            "the_engine_own_code_is_refused_where_it_is_linked",
+            the_engine_own_code_is_refused_where_it_is_linked,
+        ),
         (
             "pg_func_plus_0_is_an_int3_probe_and_plus_4_the_site",
             pg_func_plus_0_is_an_int3_probe_and_plus_4_the_site,

@@ -169,6 +169,30 @@ const BLACKLIST: &[&str] = &[
     "__errno_location",
 ];
 
+/// Whether `name` (a raw symbol name) is the engine's own code, wherever it is linked: the
+/// agent refuses its whole object by name, but a program may link the engine itself (the
+/// Rust crate, `libftprobe.a`/`.so` of the C API): a probe there would trap inside the probe
+/// path (the kernel's `__kprobes` section and NOKPROBE_SYMBOL). Rust names of the `ftprobe`
+/// crates (legacy `_ZN7ftprobe`, `_ZN9ftprobe_c`, v0 `_R...7ftprobe`/`9ftprobe_c`) and the
+/// `ftprobe_` C symbols.
+fn is_engine_symbol(name: &str) -> bool {
+    const CRATES: [&str; 2] = ["7ftprobe", "9ftprobe_c"];
+    let rust = |rest: &str| CRATES.iter().any(|c| rest.starts_with(c));
+    name.starts_with("ftprobe_")
+        || name.strip_prefix("_ZN").is_some_and(rust)
+        || name.strip_prefix("_R").is_some_and(|r| {
+            // v0: the crate root is `C` + optional disambiguator `s..._` + length + name.
+            r.find('C').is_some_and(|i| {
+                let after = &r[i + 1..];
+                let after = match after.strip_prefix('s') {
+                    Some(d) => d.find('_').map_or(after, |j| &d[j + 1..]),
+                    None => after,
+                };
+                rust(after)
+            })
+        })
+}
+
 /// Functions (and their glibc aliases) that glibc's `posix_spawn` child calls after it has
 /// reset every signal handler to the default and before it execs (glibc
 /// sysdeps/unix/sysv/linux/spawni.c, `__spawni_child`; found by probing each and watching
@@ -321,6 +345,7 @@ pub(super) fn arm(
     if ft::is_ftprobe_code(addr)
         || ft::module_of(addr).is_some_and(|m| m.starts_with("libftprobe_agent"))
         || named(BLACKLIST)
+        || names.iter().any(|n| is_engine_symbol(n))
     {
         return Err(KprobeError::Blacklisted(format!(
             "{}+{:#x}",
