@@ -16,23 +16,27 @@ fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The directory cargo put this build's libraries in (`target/<profile>`): this test binary
-/// is in its `deps/`.
+/// The directory cargo put this build's libraries in: `target/<profile>/deps` (where `cargo
+/// test` leaves them, beside this test binary), or `target/<profile>` (where `cargo build`
+/// copies them).
 fn built_libdir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf();
-    for lib in ["libftprobe_c.so", "libftprobe_c.a"] {
-        assert!(
-            dir.join(lib).is_file(),
-            "{} not built (cargo builds the cdylib and staticlib with the tests)",
-            dir.join(lib).display()
-        );
-    }
-    dir
+    let deps = exe.parent().expect("target/<profile>/deps").to_path_buf();
+    let libs = ["libftprobe_c.so", "libftprobe_c.a"];
+    let candidates = [
+        deps.clone(),
+        deps.parent().expect("target/<profile>").to_path_buf(),
+    ];
+    candidates
+        .iter()
+        .find(|d| libs.iter().all(|l| d.join(l).is_file()))
+        .unwrap_or_else(|| {
+            panic!(
+                "libftprobe_c.so and .a in none of {candidates:?} (cargo builds the cdylib and \
+                 staticlib with the tests)"
+            )
+        })
+        .clone()
 }
 
 /// The prefix the C API is installed into, once per test process.
