@@ -296,6 +296,10 @@ fn changed() {
         }
     }
     if relist && EVENTS.load(Ordering::Relaxed) {
-        trace::write_text(crate::TEXT_KPROBES_LIST, &kprobes::list());
+        trace::write_text_parts(
+            crate::TEXT_KPROBES_LIST,
+            crate::TEXT_KPROBES_LIST_MORE,
+            &kprobes::list(),
+        );
     }
 }

@@ -40,6 +40,9 @@ use ftprobe::{ftrace, function_graph, function_tracer, kprobes};
 
 /// TEXT record kind: the armed-probes listing (`kprobes/list`).
 pub const TEXT_KPROBES_LIST: u32 = 1;
+/// TEXT record kind: the listing's next part (a listing longer than one record is cut at line
+/// ends: the reader prints the parts under one header).
+pub const TEXT_KPROBES_LIST_MORE: u32 = 6;
 /// TEXT record kind: a note for the trace's header (one line).
 pub const TEXT_NOTE: u32 = 5;
 
@@ -432,7 +435,7 @@ pub(crate) fn arm(
         );
     }
     if !config.events.is_empty() {
-        trace::write_text(TEXT_KPROBES_LIST, &kprobes::list());
+        trace::write_text_parts(TEXT_KPROBES_LIST, TEXT_KPROBES_LIST_MORE, &kprobes::list());
     }
     // A `:mod:OBJ` filter whose object is not loaded (yet) selects nothing until it is
     // (dlopen): said in the trace's header rather than tracing nothing silently.

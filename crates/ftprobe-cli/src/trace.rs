@@ -25,6 +25,8 @@ use crate::symbols::Symbols;
 /// followed: WHY` in a session that follows execs), `PID\tERRNO` when that exec failed,
 /// `PID\tTSC\tFIRST\tCOUNT\tEXE` when a followed exec's new image joined the session.
 const TEXT_KPROBES_LIST: u32 = 1;
+/// The listing's next part (cut at a line's end): printed under the first part's header.
+const TEXT_KPROBES_LIST_MORE: u32 = 6;
 const TEXT_EXEC: u32 = 2;
 const TEXT_EXEC_FAILED: u32 = 3;
 pub const TEXT_IMAGE: u32 = 4;
@@ -441,6 +443,9 @@ impl Printer {
                     writeln!(o, "# kprobes/list:")?;
                     text.lines().try_for_each(|l| writeln!(o, "#   {l}"))
                 }),
+                TEXT_KPROBES_LIST_MORE => {
+                    self.write(|o| text.lines().try_for_each(|l| writeln!(o, "#   {l}")))
+                }
                 TEXT_IMAGE => {
                     if let Some(im) = parse_image(&text) {
                         if let Some(syms) = self.symbols.as_mut() {

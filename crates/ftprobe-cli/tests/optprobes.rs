@@ -98,35 +98,26 @@ fn profile(text: &str) -> BTreeMap<String, (u64, u64)> {
 
 /// The first `# kprobes/list:` listing: `sym+0xoff` -> whether `[OPTIMIZED]`.
 ///
-/// The agent sends a listing in records of 4096 bytes, and the CLI prints each under its
-/// own `# kprobes/list:` header, a line cut where a record ends (found here: a listing of
-/// more than ~70 probes). The blocks that follow one another are joined again here: a block
-/// of exactly 4096 bytes ended mid-line, one of 4095 (+ its newline) at a line's end.
+/// A listing longer than one ring record (4 KiB: more than ~70 probes) comes in parts cut at
+/// line ends and is printed under one header (it was printed under a header per record, a
+/// line cut where a record ended): every line of it is whole (address, `k`, place, object).
 fn listing(text: &str) -> BTreeMap<String, bool> {
-    let mut lines = text
-        .lines()
-        .skip_while(|l| *l != "# kprobes/list:")
-        .peekable();
-    let mut raw = String::new();
-    while lines.next_if(|l| *l == "# kprobes/list:").is_some() {
-        let mut block: Vec<&str> = Vec::new();
-        while let Some(l) = lines.next_if(|l| l.starts_with("#   ")) {
-            block.push(&l[4..]);
-        }
-        let joined = block.join("\n");
-        raw.push_str(&joined);
-        if joined.len() != 4096 {
-            raw.push('\n');
-        }
-        if joined.len() + 1 < 4096 {
-            break;
-        }
-    }
-    raw.lines()
-        .filter_map(|l| {
-            let rest = l.split("  k  ").nth(1)?;
-            let sym = rest.split_whitespace().next()?.to_owned();
-            Some((sym, l.contains("[OPTIMIZED]")))
+    let mut lines = text.lines().skip_while(|l| *l != "# kprobes/list:");
+    lines.next();
+    lines
+        .take_while(|l| l.starts_with("#   "))
+        .map(|l| {
+            let rest = l.split("  k  ").nth(1);
+            let words: Vec<&str> = rest.map_or(Vec::new(), |r| r.split_whitespace().collect());
+            assert!(
+                l[4..]
+                    .split_whitespace()
+                    .next()
+                    .is_some_and(|a| a.len() == 16)
+                    && words.len() >= 2,
+                "a whole listing line: {l:?}"
+            );
+            (words[0].to_owned(), l.contains("[OPTIMIZED]"))
         })
         .collect()
 }
@@ -496,6 +487,15 @@ fn every_boundary(
             );
         }
         let (on_list, off_list) = (listing(&on_text), listing(&off_text));
+        for t in [&on_text, &off_text] {
+            let headers = t.lines().filter(|l| *l == "# kprobes/list:").count();
+            assert_eq!(
+                headers,
+                1,
+                "{what}: one listing, one header ({} probes)",
+                g.len()
+            );
+        }
         for l in [&on_list, &off_list] {
             let want: Vec<String> = g.iter().map(|o| format!("{}+{o:#x}", f.name)).collect();
             let l: BTreeMap<&String, &bool> =

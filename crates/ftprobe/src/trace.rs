@@ -510,22 +510,47 @@ pub fn cpu() -> u32 {
 /// fit, or the thread has no ring). The records are built before the section begins, so that
 /// a traced `malloc` does not nest in it.
 pub fn write_text(kind: u32, text: &str) -> bool {
-    let records: Vec<Vec<u64>> = text
-        .as_bytes()
-        .chunks(4096)
-        .map(|chunk| {
-            chunk
+    write_text_parts(kind, kind, text)
+}
+
+/// As [`write_text`], for a text of lines: each record ends at a line's end (a line longer
+/// than 4 KiB is cut), the first has kind `kind` and the others `more` (a reader joins them
+/// into one text).
+pub fn write_text_parts(kind: u32, more: u32, text: &str) -> bool {
+    const MAX: usize = 4096;
+    let bytes = text.as_bytes();
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let end = (at + MAX).min(bytes.len());
+        let cut = if end == bytes.len() {
+            end
+        } else {
+            bytes[at..end]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(end, |i| at + i + 1)
+        };
+        pieces.push(&bytes[at..cut]);
+        at = cut;
+    }
+    let records: Vec<(u32, Vec<u64>)> = pieces
+        .iter()
+        .enumerate()
+        .map(|(i, chunk)| {
+            let words = chunk
                 .chunks(8)
                 .map(|b| {
                     let mut w = [0u8; 8];
                     w[..b.len()].copy_from_slice(b);
                     u64::from_le_bytes(w)
                 })
-                .collect()
+                .collect();
+            (if i == 0 { kind } else { more }, words)
         })
         .collect();
     let mut ok = false;
-    with_ring_guarded(|w| ok = records.iter().all(|r| w.write_aux(rtype::TEXT, kind, r)));
+    with_ring_guarded(|w| ok = records.iter().all(|(k, r)| w.write_aux(rtype::TEXT, *k, r)));
     ok
 }
 
