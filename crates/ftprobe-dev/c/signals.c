@@ -248,12 +248,13 @@ static double now(void)
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static int pcs_mode(int ms)
+/* Runs loop(1000) for MS milliseconds under a 1 ms ITIMER_REAL whose SA_SIGINFO handler is
+ * `tick`; returns whether every call counted to 1000. */
+static int under_timer(int ms, void (*tick)(int, siginfo_t *, void *), long (*loop)(long))
 {
-    dl_iterate_phdr(add_object, 0);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_tick;
+    sa.sa_sigaction = tick;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigaction(SIGALRM, &sa, 0);
     struct itimerval it = {{0, 1000}, {0, 1000}};
@@ -261,11 +262,18 @@ static int pcs_mode(int ms)
     double end = now() + ms / 1000.0;
     long sum = 0;
     while (now() < end)
-        sum += hot_loop(1000);
+        sum += loop(1000);
     struct itimerval off = {{0, 0}, {0, 0}};
     setitimer(ITIMER_REAL, &off, 0);
+    return sum % 1000 == 0;
+}
+
+static int pcs_mode(int ms)
+{
+    dl_iterate_phdr(add_object, 0);
+    int ok = under_timer(ms, on_tick, hot_loop);
     printf("ticks=%ld outside=%ld first_outside=%#lx sum_ok=%d\n", ticks, outside,
-           (unsigned long)first_outside, sum % 1000 == 0);
+           (unsigned long)first_outside, ok);
     return 0;
 }
 
@@ -299,21 +307,9 @@ static void on_tick_regs(int s, siginfo_t *si, void *ucv)
 
 static int regs_mode(int ms)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_tick_regs;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigaction(SIGALRM, &sa, 0);
-    struct itimerval it = {{0, 1000}, {0, 1000}};
-    setitimer(ITIMER_REAL, &it, 0);
-    double end = now() + ms / 1000.0;
-    long sum = 0;
-    while (now() < end)
-        sum += hot_sp_loop(1000);
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_REAL, &off, 0);
+    int ok = under_timer(ms, on_tick_regs, hot_sp_loop);
     printf("ticks=%ld in_loop=%ld bad_pc=%ld bad_sp=%ld bad_args=%ld bad_flags=%ld sum_ok=%d\n",
-           ticks, in_loop, bad_pc, bad_sp, bad_args, bad_flags, sum % 1000 == 0);
+           ticks, in_loop, bad_pc, bad_sp, bad_args, bad_flags, ok);
     return 0;
 }
 
