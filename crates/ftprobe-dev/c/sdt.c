@@ -1,0 +1,54 @@
+/* sdt N: SDT markers (<sys/sdt.h>, systemtap-sdt-dev) for `ftprobe list sdt` and probes on
+ * markers. Each of N rounds hits:
+ *   ftp:args     5 arguments: a negative int, a char, a long, the constant 5, a string;
+ *   ftp:inlined  from an always_inline function called at 3 places (3 copies of the
+ *                marker), once per round at each;
+ *   ftp:guarded  (sdt_sema.c) only while its semaphore is set (a tracer counts it);
+ *   ftp:mem      a volatile local (a memory operand) and its address;
+ *   ftp:noargs   no arguments.
+ * Prints, per round, the values it passes (`args i=I neg=.. c=.. l=.. s=.. mem=..`), then its own
+ * counts: `inlined=3N guarded=G noargs=N`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/sdt.h>
+
+int sdt_guarded_round(int i); /* sdt_sema.c: 1 when the guarded marker ran */
+
+static const char *const names[] = {"alpha", "beta", "gamma"};
+static int inlined_count;
+
+static inline __attribute__((always_inline)) void inlined_marker(int where) {
+    inlined_count++;
+    STAP_PROBE1(ftp, inlined, where);
+}
+
+__attribute__((noinline)) void place_a(void) { inlined_marker(1); }
+__attribute__((noinline)) void place_b(void) { inlined_marker(2); }
+__attribute__((noinline)) void place_c(void) { inlined_marker(3); }
+
+__attribute__((noinline)) void round_args(int i) {
+    int neg = -(i + 1) * 7;
+    char c = (char)('a' + i % 26);
+    long l = 1000000000000L * (i + 1);
+    const char *s = names[i % 3];
+    volatile long on_stack = l + i; /* a memory operand (8@OFFS(%rsp or %rbp)) */
+    STAP_PROBE5(ftp, args, neg, c, l, 5, s);
+    STAP_PROBE2(ftp, mem, on_stack, &on_stack);
+    printf("args i=%d neg=%d c=%c l=%ld s=%s mem=%ld\n", i, neg, c, l, s, (long)on_stack);
+}
+
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 3;
+    int guarded = 0, noargs = 0;
+    for (int i = 0; i < n; i++) {
+        round_args(i);
+        place_a();
+        place_b();
+        place_c();
+        guarded += sdt_guarded_round(i);
+        STAP_PROBE(ftp, noargs);
+        noargs++;
+    }
+    printf("inlined=%d guarded=%d noargs=%d\n", inlined_count, guarded, noargs);
+    return 0;
+}
