@@ -1,0 +1,343 @@
+//! SDT markers (USDT, `<sys/sdt.h>`) end to end: `ftprobe list sdt` against binutils'
+//! `readelf -n`, and probes on markers (`sdt_PROVIDER:NAME`, `%sdt_...`, `OBJ:sdt_...`)
+//! against the programs' own printouts and counts. Fixtures: `sdt` (`c/sdt.c`,
+//! `c/sdt_sema.c`: markers of provider `ftp`, one inlined at three places, one guarded by a
+//! semaphore) and `sdt_throw` (`c/sdt_throw.cc`: C++ exceptions, which fire libstdc++'s own
+//! `libstdcxx:throw` and `libstdcxx:catch` markers; Debian 12's glibc has no SDT notes, so
+//! libc's `setjmp` marker cannot be tested here).
+
+use std::process::Command;
+
+mod common;
+use common::{events, ftprobe, trace, untraced};
+
+fn sdt() -> String {
+    ftprobe_dev::sdt_fixture().to_str().unwrap().to_owned()
+}
+
+/// The program's own `KEY=VALUE` words of lines starting with `prefix`, in order.
+fn printed(out: &std::process::Output, prefix: &str) -> Vec<Vec<(String, String)>> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+fn value(words: &[(String, String)], key: &str) -> String {
+    words
+        .iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("{key} in {words:?}"))
+        .1
+        .clone()
+}
+
+/// The arguments (`NAME=VALUE ...` after the `(sym+off/size) `) of each hit of `event`.
+fn hits(text: &str, event: &str) -> Vec<String> {
+    let tag = format!(": {event}: (");
+    events(text)
+        .filter_map(|l| l.split_once(&tag))
+        .map(|(_, rest)| rest.split_once(") ").map_or("", |x| x.1).to_owned())
+        .collect()
+}
+
+/// One line of `readelf -n` SDT output per marker: (event, address, semaphore, args).
+fn readelf_markers(path: &str) -> Vec<(String, u64, u64, String)> {
+    let out = Command::new("readelf")
+        .args(["-n", path])
+        .output()
+        .expect("readelf (binutils)");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut rows = Vec::new();
+    let mut lines = text.lines().map(str::trim);
+    let hex = |s: &str| u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).unwrap();
+    while let Some(l) = lines.next() {
+        let Some(provider) = l.strip_prefix("Provider: ") else {
+            continue;
+        };
+        let name = lines.next().unwrap().strip_prefix("Name: ").unwrap();
+        // `Location: 0x..., Base: 0x..., Semaphore: 0x...`
+        let loc = lines.next().unwrap();
+        let field = |f: &str| {
+            let s = loc.split(&format!("{f}: ")).nth(1).unwrap();
+            hex(s.split(',').next().unwrap())
+        };
+        let args = lines
+            .next()
+            .unwrap()
+            .strip_prefix("Arguments:")
+            .unwrap()
+            .trim()
+            .to_owned();
+        rows.push((
+            format!("sdt_{provider}:{name}"),
+            field("Location"),
+            field("Semaphore"),
+            args,
+        ));
+    }
+    rows
+}
+
+/// `prog` and the libraries `ldd` says it links.
+fn ldd_objects(prog: &str) -> Vec<String> {
+    let out = Command::new("ldd").arg(prog).output().unwrap();
+    let mut objs = vec![prog.to_owned()];
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let p = l.split_once("=>").map_or(l, |x| x.1).trim();
+        let p = p.split(" (").next().unwrap();
+        if p.starts_with('/') {
+            objs.push(p.to_owned());
+        }
+    }
+    objs
+}
+
+#[test]
+fn list_sdt_is_readelfs_notes_of_the_program_and_its_libraries() {
+    for prog in [
+        sdt(),
+        ftprobe_dev::sdt_throw_fixture()
+            .to_str()
+            .unwrap()
+            .to_owned(),
+    ] {
+        let out = ftprobe().args(["list", "sdt", &prog]).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut listed: Vec<(String, u64, u64, String, String)> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+                let sem = if w[2] == "-" { 0 } else { hex(w[2]) };
+                (
+                    w[0].to_owned(),
+                    hex(w[1]),
+                    sem,
+                    w[3].to_owned(),
+                    w[4..].join(" "),
+                )
+            })
+            .collect();
+        let mut truth = Vec::new();
+        for o in ldd_objects(&prog) {
+            for (e, a, s, args) in readelf_markers(&o) {
+                truth.push((e, a, s, o.clone(), args));
+            }
+        }
+        listed.sort();
+        truth.sort();
+        assert!(!truth.is_empty(), "{prog}: readelf finds markers");
+        assert_eq!(listed, truth, "{prog}:\n{text}");
+        assert!(
+            text.starts_with(&format!("# {} SDT markers", truth.len())),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn every_operand_kind_is_fetched_as_the_program_passed_it() {
+    let n = 5;
+    let exe = sdt();
+    let (out, text) = trace(
+        &[
+            "-e",
+            "p sdt_ftp:args",
+            "-e",
+            "p:strs/args_s %sdt_ftp:args s=+0($arg5):string c=$arg2:char",
+            "-e",
+            "p:m sdt_ftp:mem v=$arg1 p=$arg2:x64 pv=+0($arg2):s64",
+            "-e",
+            "p sdt_ftp:noargs",
+        ],
+        &[&exe, &n.to_string()],
+    );
+    let plain = untraced(&[&exe, &n.to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    // Nothing guarded is probed: the program runs as without ftprobe.
+    assert_eq!(out.stdout, plain.stdout);
+    assert!(text.contains("# lost events: 0\n"), "{text}");
+    let rounds = printed(&out, "args ");
+    assert_eq!(rounds.len(), n);
+    let args = hits(&text, "args");
+    let strs = hits(&text, "args_s");
+    let mem = hits(&text, "m");
+    assert_eq!((args.len(), strs.len(), mem.len()), (n, n, n), "{text}");
+    for (i, r) in rounds.iter().enumerate() {
+        let c = value(r, "c");
+        // perf's default arguments: every operand, typed by its size (`-1@` char: s8).
+        assert_eq!(
+            args[i],
+            format!(
+                "arg1={} arg2={} arg3={} arg4=5 arg5={}",
+                value(r, "neg"),
+                c.as_bytes()[0],
+                value(r, "l"),
+                // The string's address: checked through the string below.
+                args[i].rsplit("arg5=").next().unwrap()
+            )
+        );
+        assert_eq!(strs[i], format!("s=\"{}\" c='{c}'", value(r, "s")));
+        let v = value(r, "mem");
+        let (p, pv) = (
+            mem[i]
+                .split("p=")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap(),
+            mem[i].rsplit("pv=").next().unwrap(),
+        );
+        assert!(p.starts_with("0x7ff"), "a stack address: {}", mem[i]);
+        assert_eq!(mem[i], format!("v={v} p={p} pv={pv}"));
+        assert_eq!(pv, v);
+    }
+    let own = printed(&out, "inlined=");
+    assert_eq!(
+        hits(&text, "noargs").len().to_string(),
+        value(&own[0], "noargs")
+    );
+    assert!(hits(&text, "noargs").iter().all(|h| h.is_empty()));
+}
+
+#[test]
+fn an_inlined_marker_is_probed_at_every_copy() {
+    let n = 4;
+    let exe = sdt();
+    let (out, text) = trace(&["-e", "p:g/inl sdt_ftp:inlined"], &[&exe, &n.to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    let own = printed(&out, "inlined=");
+    let hits = hits(&text, "inl");
+    // The program's own count (3 per round), and each copy's constant argument in order.
+    assert_eq!(hits.len().to_string(), value(&own[0], "inlined"));
+    let want: Vec<String> = (0..n)
+        .flat_map(|_| ["arg1=1", "arg1=2", "arg1=3"])
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(hits, want);
+    // Three probes, one event: the profile has one line for it with every hit.
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["#", "inl", &(3 * n).to_string(), "0"]),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_guarded_marker_runs_while_its_semaphore_is_held() {
+    let n = 6;
+    let exe = sdt();
+    // Without the probe the semaphore stays 0: the program skips the marker.
+    let (out, _) = trace(&["-e", "p sdt_ftp:noargs"], &[&exe, &n.to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(value(&printed(&out, "inlined=")[0], "guarded"), "0");
+    // With it, the agent raises the semaphore while the probe is armed.
+    let (out, text) = trace(
+        &["-e", "p:gd sdt:sdt_ftp:guarded i=$arg1 sq=$arg2"],
+        &[&exe, &n.to_string()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        value(&printed(&out, "inlined=")[0], "guarded"),
+        n.to_string()
+    );
+    let want: Vec<String> = (0..n).map(|i| format!("i={i} sq={}", i * i)).collect();
+    assert_eq!(hits(&text, "gd"), want, "{text}");
+}
+
+#[test]
+fn libstdcxx_markers_in_an_unmodified_program() {
+    let n = 4;
+    let exe = ftprobe_dev::sdt_throw_fixture();
+    let exe = exe.to_str().unwrap();
+    let (out, text) = trace(
+        &[
+            "-e",
+            "p sdt_libstdcxx:throw",
+            "-e",
+            "p libstdc++:sdt_libstdcxx:catch",
+        ],
+        &[exe, &n.to_string()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let thrown = printed(&out, "thrown ");
+    assert_eq!(thrown.len(), n);
+    let throws = hits(&text, "throw");
+    assert_eq!(throws.len(), n, "{text}");
+    assert_eq!(hits(&text, "catch").len(), n, "{text}");
+    // arg1 of `throw` is the exception object __cxa_throw got: the program's `&b`.
+    for (h, t) in throws.iter().zip(&thrown) {
+        let obj = u64::from_str_radix(value(t, "obj").trim_start_matches("0x"), 16).unwrap();
+        let arg1: u64 = h
+            .strip_prefix("arg1=")
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(arg1, obj, "{h}");
+    }
+}
+
+#[test]
+fn unknown_markers_and_arguments_are_refused_with_a_caret() {
+    let exe = sdt();
+    for (def, caret_at, name, detail) in [
+        (
+            "p sdt_ftp:nope",
+            "sdt_ftp:nope",
+            "BAD_PROBE_ADDR",
+            "no SDT marker ftp:nope",
+        ),
+        (
+            "p libm:sdt_ftp:args",
+            "libm:",
+            "BAD_PROBE_ADDR",
+            "no SDT marker ftp:args in libm of",
+        ),
+        (
+            "p sdt_ftp:args x=$arg6",
+            "x=",
+            "BAD_VAR",
+            "the marker has 5",
+        ),
+        (
+            "r sdt_ftp:args",
+            "sdt_ftp",
+            "BAD_RETPROBE",
+            "no return probe",
+        ),
+    ] {
+        let out = ftprobe()
+            .args(["trace", "-e", def, "--", &exe, "1"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{def}: {out:?}");
+        assert!(out.stdout.is_empty(), "nothing ran");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let col = def.find(caret_at).unwrap();
+        let want = format!(
+            "  Command: {def}\n{}^\n",
+            " ".repeat("  Command: ".len() + col)
+        );
+        assert!(err.contains(&want), "{def}:\n{err}");
+        assert!(err.contains(detail), "{def}:\n{err}");
+        assert!(
+            err.contains(&format!("invalid probe definition ({name})")),
+            "{def}:\n{err}"
+        );
+    }
+}
