@@ -109,11 +109,11 @@ pub fn list(bin: &Path) -> Result<()> {
             rows.push([
                 format!("sdt_{}:{}", m.note.provider, m.note.name),
                 format!("{:#x}", m.note.pc),
-                m.note
-                    .semaphore
-                    .ne(&0)
-                    .then(|| format!("{:#x}", m.note.semaphore))
-                    .unwrap_or_else(|| "-".into()),
+                if m.note.semaphore != 0 {
+                    format!("{:#x}", m.note.semaphore)
+                } else {
+                    "-".into()
+                },
                 o.display().to_string(),
                 m.note.args.clone(),
             ]);
@@ -136,10 +136,12 @@ pub fn list(bin: &Path) -> Result<()> {
     let cols: Vec<String> = titles.iter().map(|s| s.to_string()).collect();
     for r in std::iter::once(cols.as_slice()).chain(rows.iter().map(|r| r.as_slice())) {
         let (last, rest) = r.split_last().expect("columns");
+        let mut line = String::new();
         for (c, w) in rest.iter().zip(&widths) {
-            write!(out, "{c:<w$}  ")?;
+            line.push_str(&format!("{c:<w$}  "));
         }
-        writeln!(out, "{}", last.trim_end())?;
+        line.push_str(last);
+        writeln!(out, "{}", line.trim_end())?;
     }
     out.flush()?;
     Ok(())
@@ -189,8 +191,8 @@ fn words(s: &str) -> Vec<(usize, &str)> {
 
 /// A refused definition, in the `error_log` layout with a detail line.
 fn refuse(d: &str, kind: ProbeErrorKind, pos: usize, detail: &str) -> anyhow::Error {
-    eprint!(
-        "ftprobe: {}  ({detail})\n",
+    eprintln!(
+        "ftprobe: {}  ({detail})",
         error_log(d, &ProbeError::new(kind, pos))
     );
     anyhow::anyhow!("invalid probe definition ({})", kind.name())
@@ -249,7 +251,7 @@ pub fn expand_defs(
     for d in defs {
         let text = d.split('#').next().unwrap_or_default();
         let w = words(text);
-        let Some((&(p0, w0), &(p1, w1))) = w.first().zip(w.get(1)) else {
+        let Some((&(_, w0), &(p1, w1))) = w.first().zip(w.get(1)) else {
             out.push(d.clone());
             continue;
         };
@@ -340,7 +342,6 @@ pub fn expand_defs(
                     }
                 }
             }
-            let _ = p0;
             out.push(def);
         }
     }
