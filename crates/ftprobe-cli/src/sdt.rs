@@ -29,6 +29,8 @@ pub struct Marker {
     pub offset: u64,
     /// The file offset of its semaphore, when it has one.
     pub sem_offset: Option<u64>,
+    /// Its operands as fetch arguments, or why one cannot be.
+    pub args: Vec<Result<SdtArg, String>>,
 }
 
 /// The markers of one object file.
@@ -37,6 +39,22 @@ pub fn markers_of(path: &Path) -> Result<Vec<Marker>> {
     let notes =
         sdt_notes(&data).map_err(|e| anyhow::anyhow!("{}: SDT notes: {e}", path.display()))?;
     let segments = segments_of(&data);
+    // Symbols for RIP-relative operands (`foo(%rip)`), read only when one has them.
+    let symbols: std::collections::HashMap<String, u64> =
+        if notes.iter().any(|n| n.args.contains("(%rip)")) {
+            use object::{Object, ObjectSymbol};
+            object::File::parse(&*data)
+                .map(|f| {
+                    f.symbols()
+                        .chain(f.dynamic_symbols())
+                        .filter(|s| s.is_definition())
+                        .filter_map(|s| Some((s.name().ok()?.to_owned(), s.address())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            Default::default()
+        };
     Ok(notes
         .into_iter()
         .filter_map(|note| {
@@ -44,11 +62,19 @@ pub fn markers_of(path: &Path) -> Result<Vec<Marker>> {
             let sem_offset = (note.semaphore != 0)
                 .then(|| offset_of_svma(&segments, note.semaphore))
                 .flatten();
+            // `@+OFFS` puts OFFS at the probe's address minus its file offset: a symbol's
+            // OFFS is its address minus the marker's address plus the marker's offset.
+            let sym = |name: &str| -> Option<i64> {
+                let a = *symbols.get(name)?;
+                Some(a.wrapping_sub(note.pc).wrapping_add(offset) as i64)
+            };
+            let args = sdt_args(&note.args, &sym);
             Some(Marker {
                 path: path.to_owned(),
                 note,
                 offset,
                 sem_offset,
+                args,
             })
         })
         .collect())
@@ -319,14 +345,14 @@ pub fn expand_defs(
             None => (format!("sdt_{provider}"), name.to_owned()),
         };
         for m in found {
-            let args = sdt_args(&m.note.args);
+            let args = &m.args;
             let mut def = format!("p:{group}/{event} {}:{:#x}", m.path.display(), m.offset);
             if let Some(s) = m.sem_offset {
                 def.push_str(&format!("({s:#x})"));
             }
             if w.len() > 2 {
                 for &(p, a) in &w[2..] {
-                    let a = substitute(a, &args)
+                    let a = substitute(a, args)
                         .map_err(|why| refuse(d, ProbeErrorKind::BadVar, p, &why))?;
                     def.push(' ');
                     def.push_str(&a);
@@ -377,7 +403,7 @@ mod tests {
 
     #[test]
     fn arg_substitution() {
-        let args = sdt_args("-4@%edi 8@-8(%rbp) 8@foo(%rip)");
+        let args = sdt_args("-4@%edi 8@-8(%rbp) 8@16(%rip)", &|_| None);
         assert_eq!(substitute("$arg1", &args).unwrap(), "%di:s32");
         assert_eq!(substitute("x=$arg2", &args).unwrap(), "x=-8(%bp):u64");
         assert_eq!(substitute("x=$arg1:u8", &args).unwrap(), "x=%di:u8");

@@ -159,6 +159,8 @@ fn every_operand_kind_is_fetched_as_the_program_passed_it() {
             "p:m sdt_ftp:mem v=$arg1 p=$arg2:x64 pv=+0($arg2):s64",
             "-e",
             "p sdt_ftp:noargs",
+            "-e",
+            "p sdt_ftp:global",
         ],
         &[&exe, &n.to_string()],
     );
@@ -203,6 +205,22 @@ fn every_operand_kind_is_fetched_as_the_program_passed_it() {
         assert_eq!(mem[i], format!("v={v} p={p} pv={pv}"));
         assert_eq!(pv, v);
     }
+    // RIP-relative operands (`sdt_global(%rip)`, `sdt_bss(%rip)`): `@+OFFS` fetches.
+    let globals = printed(&out, "global ");
+    let g = hits(&text, "global");
+    assert_eq!(globals.len(), n);
+    let want: Vec<String> = globals
+        .iter()
+        .map(|r| {
+            format!(
+                "arg1={} arg2={} arg3={}",
+                value(r, "g"),
+                value(r, "i"),
+                value(r, "b")
+            )
+        })
+        .collect();
+    assert_eq!(g, want, "{text}");
     let own = printed(&out, "inlined=");
     assert_eq!(
         hits(&text, "noargs").len().to_string(),

@@ -5,9 +5,10 @@
  *                marker), once per round at each;
  *   ftp:guarded  (sdt_sema.c) only while its semaphore is set (a tracer counts it);
  *   ftp:mem      a volatile local (a memory operand) and its address;
+ *   ftp:global   two globals (RIP-relative operands, in .data and .bss) and the round;
  *   ftp:noargs   no arguments.
- * Prints, per round, the values it passes (`args i=I neg=.. c=.. l=.. s=.. mem=..`), then its own
- * counts: `inlined=3N guarded=G noargs=N`. */
+ * Prints, per round, the values it passes (`args i=I neg=.. c=.. l=.. s=.. mem=..`,
+ * `global i=I g=.. b=..`), then its own counts: `inlined=3N guarded=G noargs=N`. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/sdt.h>
@@ -16,6 +17,9 @@ int sdt_guarded_round(int i); /* sdt_sema.c: 1 when the guarded marker ran */
 
 static const char *const names[] = {"alpha", "beta", "gamma"};
 static int inlined_count;
+/* ftp:global's operands: RIP-relative memory operands, in .data and in .bss */
+volatile long sdt_global = 1000;
+volatile long sdt_bss;
 
 static inline __attribute__((always_inline)) void inlined_marker(int where) {
     inlined_count++;
@@ -46,6 +50,10 @@ int main(int argc, char **argv) {
         place_b();
         place_c();
         guarded += sdt_guarded_round(i);
+        sdt_global += i;
+        sdt_bss -= 3;
+        STAP_PROBE3(ftp, global, sdt_global, i, sdt_bss);
+        printf("global i=%d g=%ld b=%ld\n", i, (long)sdt_global, (long)sdt_bss);
         STAP_PROBE(ftp, noargs);
         noargs++;
     }

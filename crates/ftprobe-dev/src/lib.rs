@@ -81,8 +81,9 @@ pub fn libc_calls_fixture() -> PathBuf {
 /// Path of `sdt N` (no site flags; `c/sdt.c`, `c/sdt_sema.c`): SDT markers
 /// (`<sys/sdt.h>`) of provider `ftp`: `args` (a negative int, a char, a long, the constant 5,
 /// a string), `inlined` (three copies), `guarded` (with a semaphore: it runs only while a
-/// tracer holds it) and `noargs`, each hit N times (`inlined` 3N); prints each round's
-/// `args` values and its own counts (`inlined=3N guarded=G noargs=N`).
+/// tracer holds it), `mem` (a memory operand), `global` (RIP-relative operands, in `.data`
+/// and `.bss`) and `noargs`, each hit N times (`inlined` 3N); prints each round's `args`
+/// and `global` values and its own counts (`inlined=3N guarded=G noargs=N`).
 pub fn sdt_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sdt")
 }

@@ -3,13 +3,13 @@
 //! the stack and memory, and writes one record into this thread's ring.
 //!
 //! Supported: `p` probes (on ftrace sites, and int3 probes on any instruction boundary), and
-//! return probes (`r[MAXACTIVE] SYM`, `p SYM%return`) through a [`Kretprobe`]; every fetch
-//! arg (`%REG`, `$argN`, `$stackN`, `$stack`, `$comm`, `\IMM`, `\"STR"`, `@ADDR`,
-//! `@SYM[+|-OFFS]`, `+|-[u]OFFS(FETCHARG)`, and `$retval` in return probes) with every type
-//! (integers, `char`, `string`, `ustring`, `symbol`, `symstr`, bitfields, `TYPE[N]`). In a
-//! return probe `$argN` is saved at the function's entry (up to four different N) and
-//! everything else, dereferences included, is read at the return, as the kernel does since
-//! 6.10; `$retval` is `rax`. Refused with `NOT_SUPPORTED` at their position: `\IMM:string[N]`
+//! return probes (`r[MAXACTIVE] SYM`, `p SYM%return`) through a [`Kretprobe`]; every fetch arg
+//! (`%REG`, `$argN`, `$stackN`, `$stack`, `$comm`, `\IMM`, `\"STR"`, `@ADDR`, `@SYM[+|-OFFS]`,
+//! `@+OFFS` (`PATH:OFFSET` probes), `+|-[u]OFFS(FETCHARG)`, and `$retval` in return probes)
+//! with every type (integers, `char`, `string`, `ustring`, `symbol`, `symstr`, bitfields,
+//! `TYPE[N]`). In a return probe `$argN` is saved at the function's entry (up to four different
+//! N) and everything else, dereferences included, is read at the return, as the kernel does
+//! since 6.10; `$retval` is `rax`. Refused with `NOT_SUPPORTED` at their position: `\IMM:string[N]`
 //! (the kernel's array loop goes back to the instruction before the store, which is the
 //! immediate, not a dereference, and the fetch fails with -EILSEQ).
 //!
@@ -197,6 +197,9 @@ enum Base {
         name: String,
         offset: i64,
     },
+    /// `@+OFFS` (a `PATH:OFFSET` probe) before [`create`] resolves it into an
+    /// [`Base::Imm`].
+    FileOff(i64),
     /// `$comm` and `\"STR"`: no value (their store says what is stored).
     None,
     /// `$retval` (a return probe): `rax` at the return.
@@ -293,8 +296,10 @@ fn flatten(op: &FetchOp, derefs: &mut Vec<i64>) -> Result<Base, &'static str> {
             b
         }
         FetchOp::Retval => Base::Retval,
-        FetchOp::FileOffset(_) => {
-            return Err("@+OFFS needs a PATH:OFFSET probe, not implemented yet")
+        // The kernel: FETCH_OP_FOFFS, then FETCH_OP_DEREF with offset 0.
+        FetchOp::FileOffset(o) => {
+            derefs.push(0);
+            Base::FileOff(*o)
         }
     })
 }
@@ -616,6 +621,17 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         },
         _ => None,
     };
+    // `@+OFFS` of a `PATH:OFFSET` probe: an address in the probed object, at the same
+    // distance from the probe as OFFS from the probe's file offset (trace_uprobe.c
+    // `translate_user_vaddr()`: `bp_addr - offset + file_offset`).
+    if let (KprobeTarget::Addr(a), ProbeTarget::FileOffset { offset, .. }) = (&target, &def.target)
+    {
+        for f in args.iter_mut() {
+            if let Base::FileOff(o) = f.base {
+                f.base = Base::Imm(a.wrapping_sub(*offset).wrapping_add(o as u64));
+            }
+        }
+    }
     let reg_err = |e: KprobeError| {
         let kind = match &e {
             KprobeError::NoSymbol(_)
@@ -971,7 +987,7 @@ fn fetch_value(f: &Fetch, at: At<'_>) -> Option<u64> {
         Base::Stack(k) => at.mem.read_u64(regs.sp.wrapping_add(8 * u64::from(k)))?,
         Base::StackPtr => regs.sp,
         Base::Imm(v) => v,
-        Base::Sym { .. } | Base::None => return None,
+        Base::Sym { .. } | Base::FileOff(_) | Base::None => return None,
     };
     for &off in f.derefs.iter() {
         v = at.mem.read_u64(v.wrapping_add(off as u64))?;

@@ -7,9 +7,14 @@
 //! for a signed value): `-4@%edi`, `8@-8(%rbp)`, `4@$5`. Operands: a register of any width
 //! (`%rdi`, `%edi`, `%di`, `%dil`), a memory operand `DISP(%REG)` or `(%REG)`, an immediate
 //! `$N`. The width of a sub-register is the SIZE's business: the fetch reads the whole
-//! 64-bit register and the type keeps its low bytes. Not convertible (perf skips those
-//! too): the high-byte registers (`%ah`), index addressing (`(%rax,%rbx,8)`), RIP-relative
-//! operands (`foo(%rip)`, which need `@+OFFS` fetches), symbolic displacements.
+//! 64-bit register and the type keeps its low bytes. A RIP-relative operand naming a symbol
+//! (`foo(%rip)`, `foo+8(%rip)`, `8+foo(%rip)`) reads the symbol's memory through the
+//! uprobe fetch `@+OFFS`, OFFS being where the symbol would be in the file were the object
+//! mapped as one piece with its text (what the caller's `sym` gives: the kernel's
+//! `translate_user_vaddr()` puts `@+OFFS` at the probe's address minus the probe's offset
+//! plus OFFS). Not convertible (perf skips those too): the high-byte registers (`%ah`),
+//! index addressing (`(%rax,%rbx,8)`), numeric RIP-relative displacements, symbolic
+//! displacements off other registers, symbolic constants.
 //!
 //! [`SdtNote`]: crate::elf::SdtNote
 
@@ -36,9 +41,41 @@ impl fmt::Display for SdtArg {
 }
 
 /// The arguments of a marker: each operand of `args` (space-separated) converted, or why it
-/// cannot be.
-pub fn sdt_args(args: &str) -> Vec<Result<SdtArg, String>> {
-    args.split_ascii_whitespace().map(sdt_arg).collect()
+/// cannot be. `sym` gives a symbol's `@+OFFS` value for RIP-relative operands.
+pub fn sdt_args(args: &str, sym: &dyn Fn(&str) -> Option<i64>) -> Vec<Result<SdtArg, String>> {
+    args.split_ascii_whitespace()
+        .map(|a| sdt_arg(a, sym))
+        .collect()
+}
+
+/// A RIP-relative displacement `SYM`, `SYM+N`, `SYM-N` or `N+SYM` as (SYM, N).
+fn sym_disp(disp: &str) -> Option<(&str, i64)> {
+    let num = |n: &str| -> Option<i64> {
+        let (neg, d) = match n.strip_prefix('-') {
+            Some(d) => (true, d),
+            None => (false, n.strip_prefix('+').unwrap_or(n)),
+        };
+        let v = match d.strip_prefix("0x") {
+            Some(h) => i64::from_str_radix(h, 16).ok()?,
+            None => d.parse().ok()?,
+        };
+        Some(if neg { -v } else { v })
+    };
+    let is_sym = |s: &str| {
+        s.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_' || b == b'.')
+    };
+    if is_sym(disp) {
+        match disp.find(['+', '-']) {
+            Some(i) => Some((&disp[..i], num(&disp[i..])?)),
+            None => Some((disp, 0)),
+        }
+    } else {
+        let (n, s) = disp.split_once('+')?;
+        is_sym(s).then_some(())?;
+        Some((s, num(n)?))
+    }
 }
 
 /// The type of an SDT argument size (bytes, negative when signed).
@@ -101,8 +138,8 @@ fn is_number(s: &str) -> bool {
     }
 }
 
-/// One `[SIZE@]OPERAND`.
-pub fn sdt_arg(op: &str) -> Result<SdtArg, String> {
+/// One `[SIZE@]OPERAND`; `sym` as for [`sdt_args`].
+pub fn sdt_arg(op: &str, sym: &dyn Fn(&str) -> Option<i64>) -> Result<SdtArg, String> {
     // A SIZE is digits (and a sign) before the first '@'; an operand has no '@'.
     let (ty, operand) = match op.split_once('@') {
         Some((size, operand)) => (
@@ -125,8 +162,17 @@ pub fn sdt_arg(op: &str) -> Result<SdtArg, String> {
         if inner.contains(',') {
             return Err(format!("{op}: index addressing"));
         }
-        let base = reg_operand(inner)?;
         let disp = &operand[..open];
+        if inner == "%rip" {
+            let (name, n) = sym_disp(disp)
+                .ok_or_else(|| format!("{op}: RIP-relative operand without a symbol"))?;
+            let at = sym(name).ok_or_else(|| format!("{op}: no symbol {name}"))?;
+            return Ok(SdtArg {
+                fetch: format!("@+{}", at + n),
+                ty,
+            });
+        }
+        let base = reg_operand(inner)?;
         let disp = if disp.is_empty() { "0" } else { disp };
         if !is_number(disp) {
             return Err(format!("{op}: a symbolic displacement"));
@@ -148,8 +194,13 @@ pub fn sdt_arg(op: &str) -> Result<SdtArg, String> {
 mod tests {
     use super::*;
 
+    /// `foo` is at 0x4010 (a `@+OFFS` value), nothing else.
+    fn sym(name: &str) -> Option<i64> {
+        (name == "foo").then_some(0x4010)
+    }
+
     fn ok(op: &str) -> String {
-        sdt_arg(op).unwrap().to_string()
+        sdt_arg(op, &sym).unwrap().to_string()
     }
 
     #[test]
@@ -171,13 +222,18 @@ mod tests {
         assert_eq!(ok("-4@$5"), "\\5:s32");
         assert_eq!(ok("-4@$-5"), "\\-5:s32");
         assert_eq!(ok("%rdi"), "%di");
+        assert_eq!(ok("-4@foo(%rip)"), "@+16400:s32");
+        assert_eq!(ok("8@foo+8(%rip)"), "@+16408:u64");
+        assert_eq!(ok("8@8+foo(%rip)"), "@+16408:u64");
+        assert_eq!(ok("8@foo-0x10(%rip)"), "@+16384:u64");
     }
 
     #[test]
     fn unconvertible_operands_say_why() {
         for (op, why) in [
-            ("8@foo(%rip)", "RIP-relative"),
-            ("8@8+foo(%rip)", "RIP-relative"),
+            ("8@16(%rip)", "RIP-relative operand without a symbol"),
+            ("8@bar(%rip)", "no symbol bar"),
+            ("8@%rip", "RIP-relative"),
             ("1@%ah", "high-byte"),
             ("8@(%rax,%rbx,8)", "index addressing"),
             ("3@%eax", "size 3"),
@@ -185,10 +241,10 @@ mod tests {
             ("8@$foo", "symbolic constant"),
             ("8@foo(%rbx)", "symbolic displacement"),
         ] {
-            let e = sdt_arg(op).unwrap_err();
+            let e = sdt_arg(op, &sym).unwrap_err();
             assert!(e.contains(why), "{op}: {e}");
         }
-        assert_eq!(sdt_args("-4@%edi  8@%rsi").len(), 2);
-        assert!(sdt_args("").is_empty());
+        assert_eq!(sdt_args("-4@%edi  8@%rsi", &sym).len(), 2);
+        assert!(sdt_args("", &sym).is_empty());
     }
 }
