@@ -346,7 +346,9 @@ pub fn expand_defs(
         };
         for m in found {
             let args = &m.args;
-            let mut def = format!("p:{group}/{event} {}:{:#x}", m.path.display(), m.offset);
+            // An absolute path: the parser takes `PATH:OFFSET` for a word with a `/`.
+            let path = m.path.canonicalize().unwrap_or_else(|_| m.path.clone());
+            let mut def = format!("p:{group}/{event} {}:{:#x}", path.display(), m.offset);
             if let Some(s) = m.sem_offset {
                 def.push_str(&format!("({s:#x})"));
             }

@@ -359,3 +359,57 @@ fn unknown_markers_and_arguments_are_refused_with_a_caret() {
         );
     }
 }
+
+#[test]
+fn addresses_follow_a_moved_stapsdt_base_as_after_prelink() {
+    // objcopy moves `.stapsdt.base` by 0x10 and leaves the notes as they were: the notes'
+    // recorded base is then 0x10 below the section, as after prelink moved an object.
+    let dir = common::tmp_dir("sdt-moved");
+    let moved = dir.join("sdt-moved");
+    let moved_s = moved.to_str().unwrap();
+    let out = Command::new("objcopy")
+        .args(["--change-section-address", ".stapsdt.base+0x10", &sdt(), moved_s])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let sections = Command::new("readelf")
+        .args(["-SW", moved_s])
+        .output()
+        .unwrap();
+    let sections = String::from_utf8_lossy(&sections.stdout);
+    let w: Vec<&str> = sections.split_whitespace().collect();
+    let i = w.iter().position(|t| *t == ".stapsdt.base").unwrap();
+    let actual = u64::from_str_radix(w[i + 2], 16).unwrap();
+    // readelf -n prints each note's Location and Base as recorded.
+    let notes = Command::new("readelf").args(["-n", moved_s]).output().unwrap();
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let hex = |s: &str| u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).unwrap();
+    let mut want: Vec<(u64, u64)> = notes
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Location: "))
+        .map(|l| {
+            let f: Vec<&str> = l.split(", ").collect();
+            let (loc, base) = (hex(f[0]), hex(f[1].strip_prefix("Base: ").unwrap()));
+            let sem = hex(f[2].strip_prefix("Semaphore: ").unwrap());
+            assert_eq!(actual - base, 0x10);
+            let sem = if sem == 0 { 0 } else { sem + actual - base };
+            (loc + actual - base, sem)
+        })
+        .collect();
+    let out = ftprobe().args(["list", "sdt", moved_s]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut listed: Vec<(u64, u64)> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(moved_s))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (hex(w[1]), if w[2] == "-" { 0 } else { hex(w[2]) })
+        })
+        .collect();
+    want.sort();
+    listed.sort();
+    assert!(!want.is_empty());
+    assert_eq!(listed, want, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
