@@ -368,7 +368,12 @@ fn addresses_follow_a_moved_stapsdt_base_as_after_prelink() {
     let moved = dir.join("sdt-moved");
     let moved_s = moved.to_str().unwrap();
     let out = Command::new("objcopy")
-        .args(["--change-section-address", ".stapsdt.base+0x10", &sdt(), moved_s])
+        .args([
+            "--change-section-address",
+            ".stapsdt.base+0x10",
+            &sdt(),
+            moved_s,
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -381,7 +386,10 @@ fn addresses_follow_a_moved_stapsdt_base_as_after_prelink() {
     let i = w.iter().position(|t| *t == ".stapsdt.base").unwrap();
     let actual = u64::from_str_radix(w[i + 2], 16).unwrap();
     // readelf -n prints each note's Location and Base as recorded.
-    let notes = Command::new("readelf").args(["-n", moved_s]).output().unwrap();
+    let notes = Command::new("readelf")
+        .args(["-n", moved_s])
+        .output()
+        .unwrap();
     let notes = String::from_utf8_lossy(&notes.stdout);
     let hex = |s: &str| u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).unwrap();
     let mut want: Vec<(u64, u64)> = notes
