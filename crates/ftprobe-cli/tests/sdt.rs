@@ -421,3 +421,71 @@ fn addresses_follow_a_moved_stapsdt_base_as_after_prelink() {
     assert_eq!(listed, want, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_reference_counter_outside_writable_data_is_refused() {
+    // The uprobe-style definition the expansion writes, with a counter the engine must
+    // refuse: file offset 0x10 is in the ELF header (read-only); the semaphore's + 1 is odd.
+    let exe = ftprobe_dev::sdt_fixture().canonicalize().unwrap();
+    let exe = exe.to_str().unwrap();
+    let list = ftprobe().args(["list", "sdt", exe]).output().unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    let pc: u64 = list
+        .lines()
+        .find(|l| l.starts_with("sdt_ftp:noargs "))
+        .map(|l| {
+            let a = l.split_whitespace().nth(1).unwrap();
+            u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap()
+        })
+        .unwrap();
+    let sem: u64 = list
+        .lines()
+        .find(|l| l.starts_with("sdt_ftp:guarded "))
+        .map(|l| {
+            let a = l.split_whitespace().nth(2).unwrap();
+            u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap()
+        })
+        .unwrap();
+    // File offsets from readelf's program headers: (offset, vaddr, filesz) of each PT_LOAD.
+    let ph = Command::new("readelf").args(["-lW", exe]).output().unwrap();
+    let loads: Vec<(u64, u64, u64)> = String::from_utf8_lossy(&ph.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("LOAD"))
+        .map(|l| {
+            let w: Vec<u64> = l
+                .split_whitespace()
+                .skip(1)
+                .take(4)
+                .map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).unwrap())
+                .collect();
+            (w[0], w[1], w[3])
+        })
+        .collect();
+    let offset_of = |a: u64| {
+        loads
+            .iter()
+            .find(|&&(_, v, sz)| a >= v && a - v < sz)
+            .map(|&(o, v, _)| o + (a - v))
+            .unwrap()
+    };
+    let pc = offset_of(pc);
+    // The semaphore's own offset is accepted (the guarded test); one byte further is not
+    // 2-byte aligned.
+    let odd = format!("{:#x}", offset_of(sem) + 1);
+    for counter in ["0x10", &odd] {
+        let def = format!("p {exe}:{pc:#x}({counter})");
+        let out = ftprobe()
+            .args(["trace", "-e", &def, "--", exe, "1"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let col = def.find('(').unwrap() + 1;
+        let want = format!(
+            "error: Invalid reference counter offset\n  Command: {def}\n{}^\n",
+            " ".repeat("  Command: ".len() + col)
+        );
+        assert!(err.contains(&want), "{err}");
+        assert!(err.contains("no writable, 2-byte aligned counter"), "{err}");
+    }
+}

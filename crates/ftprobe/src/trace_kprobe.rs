@@ -611,12 +611,15 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         } => match ft::data_addr_of_file_offset(path, *r) {
             Ok(a) if a % 2 == 0 => Some(a),
             _ => {
+                // The caret under the counter's offset, after the `(`.
+                let at = target_pos(cmd);
+                let at = at + cmd[at..].find('(').map_or(0, |i| i + 1);
                 return Err(EventError {
-                    err: ProbeError::new(ProbeErrorKind::BadRefcnt, target_pos(cmd)),
+                    err: ProbeError::new(ProbeErrorKind::BadRefcnt, at),
                     detail: Some(format!(
                         "{path}: no writable, 2-byte aligned counter at file offset {r:#x}"
                     )),
-                })
+                });
             }
         },
         _ => None,
