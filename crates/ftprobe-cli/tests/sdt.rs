@@ -489,3 +489,97 @@ fn a_reference_counter_outside_writable_data_is_refused() {
         assert!(err.contains("no writable, 2-byte aligned counter"), "{err}");
     }
 }
+
+/// `sdt -`, driven one round at a time.
+struct Rounds {
+    child: ftprobe_dev::KillOnDrop,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Rounds {
+    fn start() -> Rounds {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = ftprobe_dev::KillOnDrop::spawn(
+            Command::new(ftprobe_dev::sdt_fixture())
+                .arg("-")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped()),
+        )
+        .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut l = String::new();
+        stdout.read_line(&mut l).unwrap();
+        assert_eq!(l, "ready\n");
+        Rounds {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// One round; the program's count of guarded runs so far.
+    fn round(&mut self) -> u32 {
+        use std::io::{BufRead, Write};
+        self.stdin.write_all(b"round\n").unwrap();
+        self.stdin.flush().unwrap();
+        loop {
+            let mut l = String::new();
+            assert!(
+                self.stdout.read_line(&mut l).unwrap() > 0,
+                "the fixture ended"
+            );
+            if let Some(g) = l.trim().strip_prefix("done guarded=") {
+                return g.parse().unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn an_attached_trace_holds_the_semaphore_only_while_attached() {
+    use std::io::{BufRead, Read};
+    use std::process::Stdio;
+    let mut t = Rounds::start();
+    assert_eq!(t.round(), 0, "not traced: the guarded marker does not run");
+    let pid = t.child.id();
+    let out_file = common::tmp_dir("sdt-attach").join("trace.txt");
+    let mut cli = ftprobe_dev::KillOnDrop::spawn(
+        ftprobe()
+            .args(["trace", "-p", &pid.to_string()])
+            .args(["-e", "p:gd sdt_ftp:guarded i=$arg1"])
+            .arg("-o")
+            .arg(&out_file)
+            .stderr(Stdio::piped()),
+    )
+    .unwrap();
+    let mut err = std::io::BufReader::new(cli.stderr.take().unwrap());
+    let mut said = String::new();
+    let mut during = Vec::new();
+    loop {
+        let mut l = String::new();
+        if err.read_line(&mut l).unwrap() == 0 {
+            break;
+        }
+        said.push_str(&l);
+        if l.starts_with("ftprobe: tracing process") {
+            for _ in 0..3 {
+                during.push(t.round());
+            }
+            // SAFETY: kill has no memory effects; the pid is our live child.
+            unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
+            break;
+        }
+    }
+    err.read_to_string(&mut said).unwrap();
+    let status = cli.wait().unwrap();
+    assert!(status.success(), "{said}");
+    assert_eq!(during, [1, 2, 3], "{said}");
+    let text = std::fs::read_to_string(&out_file).unwrap();
+    assert_eq!(hits(&text, "gd"), ["i=1", "i=2", "i=3"], "{text}");
+    // Detached: the counter is back to 0, the marker is skipped again.
+    assert_eq!(t.round(), 3);
+    let _ = std::fs::remove_dir_all(out_file.parent().unwrap());
+}

@@ -8,9 +8,12 @@
  *   ftp:global   two globals (RIP-relative operands, in .data and .bss) and the round;
  *   ftp:noargs   no arguments.
  * Prints, per round, the values it passes (`args i=I neg=.. c=.. l=.. s=.. mem=..`,
- * `global i=I g=.. b=..`), then its own counts: `inlined=3N guarded=G noargs=N`. */
+ * `global i=I g=.. b=..`), then its own counts: `inlined=3N guarded=G noargs=N`.
+ * `sdt -`: prints `ready`, then runs a round per line on stdin, each answered by
+ * `done guarded=G` (for attach). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/sdt.h>
 
 int sdt_guarded_round(int i); /* sdt_sema.c: 1 when the guarded marker ran */
@@ -41,22 +44,39 @@ __attribute__((noinline)) void round_args(int i) {
     printf("args i=%d neg=%d c=%c l=%ld s=%s mem=%ld\n", i, neg, c, l, s, (long)on_stack);
 }
 
+static int guarded, noargs;
+
+static void one_round(int i) {
+    round_args(i);
+    place_a();
+    place_b();
+    place_c();
+    guarded += sdt_guarded_round(i);
+    sdt_global += i;
+    sdt_bss -= 3;
+    STAP_PROBE3(ftp, global, sdt_global, i, sdt_bss);
+    printf("global i=%d g=%ld b=%ld\n", i, (long)sdt_global, (long)sdt_bss);
+    STAP_PROBE(ftp, noargs);
+    noargs++;
+}
+
 int main(int argc, char **argv) {
-    int n = argc > 1 ? atoi(argv[1]) : 3;
-    int guarded = 0, noargs = 0;
-    for (int i = 0; i < n; i++) {
-        round_args(i);
-        place_a();
-        place_b();
-        place_c();
-        guarded += sdt_guarded_round(i);
-        sdt_global += i;
-        sdt_bss -= 3;
-        STAP_PROBE3(ftp, global, sdt_global, i, sdt_bss);
-        printf("global i=%d g=%ld b=%ld\n", i, (long)sdt_global, (long)sdt_bss);
-        STAP_PROBE(ftp, noargs);
-        noargs++;
+    if (argc > 1 && strcmp(argv[1], "-") == 0) {
+        /* Driven by a tracer that attaches: a round per `round` line on stdin, each
+         * answered by `done guarded=G` (G: the guarded marker's runs so far). */
+        char line[64];
+        printf("ready\n");
+        fflush(stdout);
+        for (int i = 0; fgets(line, sizeof line, stdin); i++) {
+            one_round(i);
+            printf("done guarded=%d\n", guarded);
+            fflush(stdout);
+        }
+        return 0;
     }
+    int n = argc > 1 ? atoi(argv[1]) : 3;
+    for (int i = 0; i < n; i++)
+        one_round(i);
     printf("inlined=%d guarded=%d noargs=%d\n", inlined_count, guarded, noargs);
     return 0;
 }

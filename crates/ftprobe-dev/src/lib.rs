@@ -83,7 +83,9 @@ pub fn libc_calls_fixture() -> PathBuf {
 /// a string), `inlined` (three copies), `guarded` (with a semaphore: it runs only while a
 /// tracer holds it), `mem` (a memory operand), `global` (RIP-relative operands, in `.data`
 /// and `.bss`) and `noargs`, each hit N times (`inlined` 3N); prints each round's `args`
-/// and `global` values and its own counts (`inlined=3N guarded=G noargs=N`).
+/// and `global` values and its own counts (`inlined=3N guarded=G noargs=N`). `sdt -`: prints
+/// `ready`, then runs one round per line of standard input, answering each with
+/// `done guarded=G` (the guarded marker's runs so far): a target to attach to.
 pub fn sdt_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sdt")
 }
