@@ -95,6 +95,9 @@ fn main() {
         "c/indirect.c",
         "c/indirect_zoo.c",
         "c/indirect_cxx.cc",
+        "c/sdt.c",
+        "c/sdt_sema.c",
+        "c/sdt_throw.cc",
         "lua/tables.lua",
         "rust/calls_rs.rs",
     ] {
@@ -375,6 +378,18 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         );
         link(&[&obj], &fixtures.join(name), &[ldflags]);
     }
+    // sdt: SDT markers (<sys/sdt.h>, Debian's systemtap-sdt-dev), one with a semaphore
+    // (sdt_sema.c); sdt_throw: C++ exceptions, for libstdc++'s own markers.
+    let sdt = objs.join("sdt.o");
+    let sema = objs.join("sdt_sema.o");
+    compile(&c_dir.join("sdt.c"), &sdt, &[BASE_CFLAGS], &[]);
+    compile(&c_dir.join("sdt_sema.c"), &sema, &[BASE_CFLAGS], &[]);
+    link(&[&sdt, &sema], &fixtures.join("sdt"), &[&[]]);
+    run(Command::new("g++")
+        .args(BASE_CFLAGS)
+        .arg(c_dir.join("sdt_throw.cc"))
+        .arg("-o")
+        .arg(fixtures.join("sdt_throw")));
     let obj = objs.join("nofault_int3.o");
     compile(&c_dir.join("nofault.c"), &obj, &[BASE_CFLAGS], &[]);
     link(&[&obj], &fixtures.join("nofault_int3"), &[&["-pthread"]]);

@@ -13,6 +13,7 @@ mod record;
 mod recording;
 mod replay;
 mod report;
+mod sdt;
 mod session;
 mod signals;
 mod symbols;
@@ -116,6 +117,13 @@ enum ListWhat {
         /// The executable or shared library.
         bin: PathBuf,
     },
+    /// SDT markers (USDT, `<sys/sdt.h>`; `perf list sdt`) of a program and the libraries
+    /// it links: `sdt_PROVIDER:NAME`, each copy's address, semaphore, object and
+    /// arguments. Probe one with `-e 'p sdt_PROVIDER:NAME'`.
+    Sdt {
+        /// The executable or shared library.
+        bin: PathBuf,
+    },
 }
 
 fn main() {
@@ -161,6 +169,12 @@ fn run(cli: Cli) -> Result<i32> {
             what: ListWhat::Functions { bin },
         } => {
             output::list_functions(&bin)?;
+            Ok(0)
+        }
+        Cmd::List {
+            what: ListWhat::Sdt { bin },
+        } => {
+            sdt::list(&bin)?;
             Ok(0)
         }
     }

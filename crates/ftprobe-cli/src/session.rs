@@ -160,6 +160,22 @@ fn agent_path_found(explicit: Option<PathBuf>) -> Result<PathBuf> {
     )
 }
 
+/// The files process `pid` maps (its program and libraries), for SDT markers.
+fn sdt_objects_of_pid(pid: i32) -> Result<Vec<PathBuf>> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in maps.lines() {
+        if let Some(path) = line.split_ascii_whitespace().nth(5) {
+            let p = PathBuf::from(path);
+            if path.starts_with('/') && !out.contains(&p) && std::fs::metadata(&p).is_ok() {
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The program `cmd` names, as exec would find it.
 fn find_program(cmd: &str) -> Option<PathBuf> {
     if cmd.contains('/') {
@@ -363,7 +379,17 @@ pub fn prepare(args: SessionArgs) -> Result<Plan> {
     for p in args.graph_function.iter().chain(&args.graph_notrace) {
         ftprobe::ftrace::glob::FilterEntry::parse(p)?;
     }
-    let events = parse_events(&args.events)?;
+    // SDT markers (`sdt_PROVIDER:NAME`) become file-offset probes on each copy, found in
+    // the program and the libraries it links (or the objects an attached process maps).
+    let defs = crate::sdt::expand_defs(&args.events, || match (args.pid, args.cmd.first()) {
+        (Some(pid), _) => sdt_objects_of_pid(pid),
+        (None, Some(c)) => {
+            let prog = find_program(c).with_context(|| format!("{c}: no such program"))?;
+            crate::sdt::objects_of(&prog)
+        }
+        (None, None) => Ok(Vec::new()),
+    })?;
+    let events = parse_events(&defs)?;
     // The function tracer runs with -F/-N, or when no -e was given at all (-e then -:EVENT
     // leaves no event, and nothing is traced).
     let tracer: &'static str = match args.tracer.as_deref() {

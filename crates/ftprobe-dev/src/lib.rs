@@ -78,6 +78,25 @@ pub fn libc_calls_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("libc_calls")
 }
 
+/// Path of `sdt N` (no site flags; `c/sdt.c`, `c/sdt_sema.c`): SDT markers
+/// (`<sys/sdt.h>`) of provider `ftp`: `args` (a negative int, a char, a long, the constant 5,
+/// a string), `inlined` (three copies), `guarded` (with a semaphore: it runs only while a
+/// tracer holds it), `mem` (a memory operand), `global` (RIP-relative operands, in `.data`
+/// and `.bss`) and `noargs`, each hit N times (`inlined` 3N); prints each round's `args`
+/// and `global` values and its own counts (`inlined=3N guarded=G noargs=N`). `sdt -`: prints
+/// `ready`, then runs one round per line of standard input, answering each with
+/// `done guarded=G` (the guarded marker's runs so far): a target to attach to.
+pub fn sdt_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("sdt")
+}
+
+/// Path of `sdt_throw N` (C++, no SDT of its own; `c/sdt_throw.cc`): throws and catches N
+/// exceptions, so that libstdc++'s `libstdcxx:throw` and `libstdcxx:catch` markers fire;
+/// prints each thrown object's address (`thrown I obj=0x...`) and `caught=N`.
+pub fn sdt_throw_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("sdt_throw")
+}
+
 /// Path of `optlibc N [FUNC OFF...]` (no site flags, single-threaded; `c/optlibc.c`): N
 /// rounds of calls of libc's `malloc`, `free`, `memcpy`, `memmove` and `strlen` (through
 /// `dlsym`: the implementations this CPU uses), the same calls in every run; prints

@@ -164,6 +164,8 @@ pub struct Segment {
     pub memsz: u64,
     /// Executable.
     pub exec: bool,
+    /// Writable (`PF_W`): data, where an SDT marker's semaphore lives.
+    pub writable: bool,
     /// Offset of its first byte in the file.
     pub offset: u64,
     /// Bytes of it in the file.
@@ -810,6 +812,117 @@ fn got_slot_names(file: &object::File<'_>) -> HashMap<u64, String> {
     names
 }
 
+/// One SDT marker (a USDT static tracepoint, systemtap's `<sys/sdt.h>` `STAP_PROBE*`): an
+/// `NT_STAPSDT` note of the `.note.stapsdt` section. Format (systemtap's "UserSpaceProbe
+/// Implementation" notes): note name `stapsdt`, type 3; descriptor: three address-sized
+/// words (the marker's `nop`, the link-time address of the `.stapsdt.base` section, the
+/// semaphore or 0), then the NUL-terminated provider, name and argument strings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SdtNote {
+    /// The provider (`libc`).
+    pub provider: String,
+    /// The marker's name (`setjmp`).
+    pub name: String,
+    /// The address of the marker's `nop` in the file, adjusted by the difference between
+    /// the `.stapsdt.base` section's address and the note's recorded base (an object
+    /// prelinked after the notes were written moved both).
+    pub pc: u64,
+    /// The address of the marker's 16-bit semaphore in the file (adjusted as `pc`), 0 when
+    /// it has none.
+    pub semaphore: u64,
+    /// The arguments as the assembler operands the note gives (`-4@%edi 8@-8(%rbp)`),
+    /// separated by spaces; empty for none.
+    pub args: String,
+}
+
+/// The note type of an SDT marker (`NT_STAPSDT`, sys/sdt.h `_SDT_NOTE_TYPE`).
+pub const NT_STAPSDT: u32 = 3;
+
+/// The SDT markers of an ELF file, in note order (a marker inlined at several places has a
+/// note for each copy). A file without `.note.stapsdt` has none.
+pub fn sdt_notes(data: &[u8]) -> Result<Vec<SdtNote>, String> {
+    use object::read::elf::{FileHeader, SectionHeader};
+    use object::Endian;
+    let hdr =
+        object::elf::FileHeader64::<object::Endianness>::parse(data).map_err(|e| e.to_string())?;
+    let endian = hdr.endian().map_err(|e| e.to_string())?;
+    let sections = hdr.sections(endian, data).map_err(|e| e.to_string())?;
+    let base = sections
+        .section_by_name(endian, b".stapsdt.base")
+        .map(|(_, s)| s.sh_addr(endian));
+    let mut out = Vec::new();
+    for s in sections.iter() {
+        if sections
+            .section_name(endian, s)
+            .map_err(|e| e.to_string())?
+            != b".note.stapsdt"
+        {
+            continue;
+        }
+        let Some(mut notes) = s.notes(endian, data).map_err(|e| e.to_string())? else {
+            continue;
+        };
+        while let Some(n) = notes.next().map_err(|e| e.to_string())? {
+            if n.name() != b"stapsdt" || n.n_type(endian) != NT_STAPSDT {
+                continue;
+            }
+            let desc = n.desc();
+            let word = |i: usize| -> Option<u64> {
+                let b = desc.get(i * 8..i * 8 + 8)?;
+                let b: [u8; 8] = b.try_into().ok()?;
+                Some(if endian.is_little_endian() {
+                    u64::from_le_bytes(b)
+                } else {
+                    u64::from_be_bytes(b)
+                })
+            };
+            let (Some(mut pc), Some(note_base), Some(mut semaphore)) = (word(0), word(1), word(2))
+            else {
+                return Err("SDT note shorter than its three addresses".into());
+            };
+            let mut strings = desc[24..].split(|&b| b == 0);
+            let mut next = || {
+                strings
+                    .next()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+            };
+            let (Some(provider), Some(name)) = (next(), next()) else {
+                return Err("SDT note without provider and name".into());
+            };
+            let args = next().unwrap_or_default();
+            if let Some(base) = base {
+                let delta = base.wrapping_sub(note_base);
+                pc = pc.wrapping_add(delta);
+                if semaphore != 0 {
+                    semaphore = semaphore.wrapping_add(delta);
+                }
+            }
+            out.push(SdtNote {
+                provider,
+                name,
+                pc,
+                semaphore,
+                args,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The file offset of address `svma` of a file with loadable segments `segments`, when a
+/// segment has its byte in the file.
+pub fn offset_of_svma(segments: &[Segment], svma: u64) -> Option<u64> {
+    segments
+        .iter()
+        .find(|s| svma >= s.svma && svma - s.svma < s.filesz)
+        .map(|s| s.offset + (svma - s.svma))
+}
+
+/// The loadable segments of an ELF file (see [`Segment`]).
+pub fn segments_of(data: &[u8]) -> Vec<Segment> {
+    load_segments(data)
+}
+
 fn load_segments(data: &[u8]) -> Vec<Segment> {
     use object::read::elf::{FileHeader, ProgramHeader};
     let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) else {
@@ -828,6 +941,7 @@ fn load_segments(data: &[u8]) -> Vec<Segment> {
             svma: p.p_vaddr(endian),
             memsz: p.p_memsz(endian),
             exec: p.p_flags(endian) & object::elf::PF_X != 0,
+            writable: p.p_flags(endian) & object::elf::PF_W != 0,
             offset: p.p_offset(endian),
             filesz: p.p_filesz(endian),
         })

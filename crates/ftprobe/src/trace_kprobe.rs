@@ -3,13 +3,13 @@
 //! the stack and memory, and writes one record into this thread's ring.
 //!
 //! Supported: `p` probes (on ftrace sites, and int3 probes on any instruction boundary), and
-//! return probes (`r[MAXACTIVE] SYM`, `p SYM%return`) through a [`Kretprobe`]; every fetch
-//! arg (`%REG`, `$argN`, `$stackN`, `$stack`, `$comm`, `\IMM`, `\"STR"`, `@ADDR`,
-//! `@SYM[+|-OFFS]`, `+|-[u]OFFS(FETCHARG)`, and `$retval` in return probes) with every type
-//! (integers, `char`, `string`, `ustring`, `symbol`, `symstr`, bitfields, `TYPE[N]`). In a
-//! return probe `$argN` is saved at the function's entry (up to four different N) and
-//! everything else, dereferences included, is read at the return, as the kernel does since
-//! 6.10; `$retval` is `rax`. Refused with `NOT_SUPPORTED` at their position: `\IMM:string[N]`
+//! return probes (`r[MAXACTIVE] SYM`, `p SYM%return`) through a [`Kretprobe`]; every fetch arg
+//! (`%REG`, `$argN`, `$stackN`, `$stack`, `$comm`, `\IMM`, `\"STR"`, `@ADDR`, `@SYM[+|-OFFS]`,
+//! `@+OFFS` (`PATH:OFFSET` probes), `+|-[u]OFFS(FETCHARG)`, and `$retval` in return probes)
+//! with every type (integers, `char`, `string`, `ustring`, `symbol`, `symstr`, bitfields,
+//! `TYPE[N]`). In a return probe `$argN` is saved at the function's entry (up to four different
+//! N) and everything else, dereferences included, is read at the return, as the kernel does
+//! since 6.10; `$retval` is `rax`. Refused with `NOT_SUPPORTED` at their position: `\IMM:string[N]`
 //! (the kernel's array loop goes back to the instruction before the store, which is the
 //! immediate, not a dereference, and the fetch fails with -EILSEQ).
 //!
@@ -67,7 +67,7 @@
 //! kernel's shrinking `maxlen` does. No allocation, no lock; the stack holds one 128-byte
 //! buffer while measuring.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::events::{
@@ -125,6 +125,11 @@ pub struct TraceKprobe {
     after_prologue: AtomicBool,
     /// Not armed: its object (`OBJ:SYM`) is not loaded yet ([`objects_loaded`] arms it).
     pending: AtomicBool,
+    /// `PATH:OFFSET(REF_CTR_OFFSET)`: the address of the 16-bit reference counter (an SDT
+    /// marker's semaphore) in the program's data.
+    ref_ctr: Option<u64>,
+    /// This probe holds one count of `ref_ctr` (it is armed and enabled).
+    ref_ctr_held: AtomicBool,
     dropped: AtomicU64,
     /// The event's counters in the trace buffer's shared header, when there is one: the
     /// reader gets `dropped` and `nmissed` from there, even if this process never exits.
@@ -132,6 +137,30 @@ pub struct TraceKprobe {
 }
 
 impl TraceKprobe {
+    /// Take (`true`) or give back this probe's count of its reference counter, once each:
+    /// the kernel's uprobes add 1 to the counter when they install the breakpoint and take
+    /// it back when they remove it (kernel/events/uprobes.c `update_ref_ctr()`), so that a
+    /// marker guarded by `if (PROVIDER_NAME_ENABLED())` runs while it is probed. The agent
+    /// runs in the program: the counter is the program's own variable, changed with an
+    /// atomic add (another probe, or the program, may change it meanwhile).
+    fn hold_ref_ctr(&self, on: bool) {
+        let Some(addr) = self.ref_ctr else {
+            return;
+        };
+        if self.ref_ctr_held.swap(on, Ordering::AcqRel) == on {
+            return;
+        }
+        // SAFETY: `addr` is in a writable segment of a loaded object and 2-byte aligned
+        // (checked when the event was created); an object is not unloaded while a probe in
+        // it is registered. `AtomicU16` has the layout of `u16`.
+        let ctr = unsafe { AtomicU16::from_ptr(addr as *mut u16) };
+        if on {
+            ctr.fetch_add(1, Ordering::SeqCst);
+        } else {
+            ctr.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// Hits whose record could not be written (ring full, no ring for the thread). The
     /// event's hits (`kprobe_profile`'s first column) are its records plus these: the probe
     /// path counts nothing else, since an atomic increment per hit (the kernel uses a per-CPU
@@ -168,6 +197,9 @@ enum Base {
         name: String,
         offset: i64,
     },
+    /// `@+OFFS` (a `PATH:OFFSET` probe) before [`create`] resolves it into an
+    /// [`Base::Imm`].
+    FileOff(i64),
     /// `$comm` and `\"STR"`: no value (their store says what is stored).
     None,
     /// `$retval` (a return probe): `rax` at the return.
@@ -264,8 +296,10 @@ fn flatten(op: &FetchOp, derefs: &mut Vec<i64>) -> Result<Base, &'static str> {
             b
         }
         FetchOp::Retval => Base::Retval,
-        FetchOp::FileOffset(_) => {
-            return Err("@+OFFS needs a PATH:OFFSET probe, not implemented yet")
+        // The kernel: FETCH_OP_FOFFS, then FETCH_OP_DEREF with offset 0.
+        FetchOp::FileOffset(o) => {
+            derefs.push(0);
+            Base::FileOff(*o)
         }
     })
 }
@@ -485,6 +519,7 @@ pub fn enable(id: u32, on: bool) -> Result<(), KprobeError> {
         } else {
             kprobes::disable_kprobe(tk.kp)?;
         }
+        tk.hold_ref_ctr(on);
     }
     Ok(())
 }
@@ -510,6 +545,9 @@ pub fn remove(id: u32) -> Result<(), KprobeError> {
             None => kprobes::unregister_kprobe(tk.kp),
             Some(rp) => kprobes::unregister_kretprobe(rp),
         };
+        if r.is_ok() {
+            tk.hold_ref_ctr(false);
+        }
         if let Err(e) = r {
             EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(tk);
             result = Err(e);
@@ -548,18 +586,55 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         },
         ProbeTarget::Address(a) => KprobeTarget::Addr(*a),
         // uprobe_events' PATH:OFFSET: a file offset in a loaded object.
-        ProbeTarget::FileOffset { path, offset } => match ft::addr_of_file_offset(path, *offset) {
-            Ok(a) => KprobeTarget::Addr(a),
-            Err(_) => {
-                return Err(EventError {
-                    err: ProbeError::new(ProbeErrorKind::FileNotFound, target_pos(cmd)),
-                    detail: Some(format!(
+        ProbeTarget::FileOffset { path, offset, .. } => {
+            match ft::addr_of_file_offset(path, *offset) {
+                Ok(a) => KprobeTarget::Addr(a),
+                Err(_) => {
+                    return Err(EventError {
+                        err: ProbeError::new(ProbeErrorKind::FileNotFound, target_pos(cmd)),
+                        detail: Some(format!(
                     "{path}: not a loaded object, or no loadable segment holds offset {offset:#x}"
                 )),
-                })
+                    })
+                }
+            }
+        }
+    };
+    // The reference counter (trace_uprobe.c `ref_ctr_offset`, kernel/events/uprobes.c
+    // `update_ref_ctr()`): a file offset in the same object, in a writable segment, a 16-bit
+    // counter (systemtap's SDT semaphores are `unsigned short`), naturally aligned.
+    let ref_ctr = match &def.target {
+        ProbeTarget::FileOffset {
+            path,
+            ref_ctr_offset: Some(r),
+            ..
+        } => match ft::data_addr_of_file_offset(path, *r) {
+            Ok(a) if a % 2 == 0 => Some(a),
+            _ => {
+                // The caret under the counter's offset, after the `(`.
+                let at = target_pos(cmd);
+                let at = at + cmd[at..].find('(').map_or(0, |i| i + 1);
+                return Err(EventError {
+                    err: ProbeError::new(ProbeErrorKind::BadRefcnt, at),
+                    detail: Some(format!(
+                        "{path}: no writable, 2-byte aligned counter at file offset {r:#x}"
+                    )),
+                });
             }
         },
+        _ => None,
     };
+    // `@+OFFS` of a `PATH:OFFSET` probe: an address in the probed object, at the same
+    // distance from the probe as OFFS from the probe's file offset (trace_uprobe.c
+    // `translate_user_vaddr()`: `bp_addr - offset + file_offset`).
+    if let (KprobeTarget::Addr(a), ProbeTarget::FileOffset { offset, .. }) = (&target, &def.target)
+    {
+        for f in args.iter_mut() {
+            if let Base::FileOff(o) = f.base {
+                f.base = Base::Imm(a.wrapping_sub(*offset).wrapping_add(o as u64));
+            }
+        }
+    }
     let reg_err = |e: KprobeError| {
         let kind = match &e {
             KprobeError::NoSymbol(_)
@@ -638,6 +713,8 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         args,
         after_prologue: AtomicBool::new(false),
         pending: AtomicBool::new(pending),
+        ref_ctr,
+        ref_ctr_held: AtomicBool::new(false),
         dropped: AtomicU64::new(0),
         shared,
         def,
@@ -665,6 +742,7 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
             },
             e => reg_err(e),
         })?;
+        tk.hold_ref_ctr(enabled);
     }
     EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(tk);
     Ok(tk)
@@ -683,6 +761,9 @@ pub fn unregister_all() -> Vec<KprobeError> {
             None => kprobes::unregister_kprobe(tk.kp),
             Some(rp) => kprobes::unregister_kretprobe(rp),
         };
+        if r.is_ok() {
+            tk.hold_ref_ctr(false);
+        }
         if let Err(e) = r {
             failed.push(e);
         }
@@ -909,7 +990,7 @@ fn fetch_value(f: &Fetch, at: At<'_>) -> Option<u64> {
         Base::Stack(k) => at.mem.read_u64(regs.sp.wrapping_add(8 * u64::from(k)))?,
         Base::StackPtr => regs.sp,
         Base::Imm(v) => v,
-        Base::Sym { .. } | Base::None => return None,
+        Base::Sym { .. } | Base::FileOff(_) | Base::None => return None,
     };
     for &off in f.derefs.iter() {
         v = at.mem.read_u64(v.wrapping_add(off as u64))?;

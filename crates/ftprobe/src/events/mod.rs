@@ -7,7 +7,7 @@
 //! p[:[GRP/][EVENT]] [OBJ:]SYM[+OFFS]|ADDR [FETCHARGS]        probe
 //! r[MAXACTIVE][:[GRP/][EVENT]] [OBJ:]SYM[+0] [FETCHARGS]      return probe
 //! p[:[GRP/][EVENT]] [OBJ:]SYM[+0]%return [FETCHARGS]         return probe
-//! p|r[:[GRP/][EVENT]] PATH:OFFSET[%return] [FETCHARGS]       uprobe-style: file offset
+//! p|r[:[GRP/][EVENT]] PATH:OFFSET[%return][(REF_CTR_OFFSET)] [FETCHARGS]  uprobe-style
 //! -:[GRP/]EVENT                                             remove
 //!
 //! FETCHARG: %REG  $argN  $stackN  $stack  $retval  $comm  \IMM  \"STR"  @ADDR
@@ -34,6 +34,7 @@
 mod error;
 mod fetch;
 mod parse;
+pub mod sdt;
 #[cfg(test)]
 mod tests;
 
@@ -136,6 +137,9 @@ pub enum ProbeTarget {
         path: String,
         /// Offset in the file.
         offset: u64,
+        /// `(REF_CTR_OFFSET)`: the file offset of a 16-bit reference counter (an SDT
+        /// marker's semaphore) the engine increments while the probe is armed.
+        ref_ctr_offset: Option<u64>,
     },
 }
 
@@ -191,7 +195,17 @@ impl fmt::Display for ProbeTarget {
                 Ok(())
             }
             ProbeTarget::Address(a) => write!(f, "0x{a:016x}"),
-            ProbeTarget::FileOffset { path, offset } => write!(f, "{path}:0x{offset:016x}"),
+            ProbeTarget::FileOffset {
+                path,
+                offset,
+                ref_ctr_offset,
+            } => {
+                write!(f, "{path}:0x{offset:016x}")?;
+                match ref_ctr_offset {
+                    Some(r) => write!(f, "(0x{r:x})"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }

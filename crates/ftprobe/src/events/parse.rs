@@ -307,22 +307,35 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// `PATH:OFFSET[%return]` (kernel `__trace_uprobe_create()`); PATH is the engine's.
+    /// `PATH:OFFSET[%return][(REF_CTR_OFFSET)]` (kernel `__trace_uprobe_create()`); PATH is
+    /// the engine's. The reference counter (an SDT marker's semaphore) is parsed first and
+    /// must end the word, as in the kernel: `%return` comes before it.
     fn file_target(&mut self, p1: usize, w1: &str) -> Result<ProbeTarget> {
         let colon = w1.rfind(':').unwrap_or_default();
-        let (path, spec) = (&w1[..colon], &w1[colon + 1..]);
+        let (path, mut spec) = (&w1[..colon], &w1[colon + 1..]);
         let spec_pos = p1 + colon + 1;
+        let mut ref_ctr_offset = None;
+        if let Some(open) = spec.find('(') {
+            let Some(close) = spec[open..].find(')').map(|c| open + c) else {
+                return Err(ProbeError::new(E::RefcntOpenBrace, spec_pos + spec.len()));
+            };
+            if close + 1 != spec.len() {
+                return Err(ProbeError::new(E::BadRefcntSuffix, spec_pos + close + 1));
+            }
+            let n = kstrtoull(&spec[open + 1..close], 0)
+                .ok_or(ProbeError::new(E::BadRefcnt, spec_pos + open + 1))?;
+            ref_ctr_offset = Some(n);
+            spec = &spec[..open];
+        }
         if !spec.as_bytes().first().is_some_and(u8::is_ascii_digit) {
             return Err(ProbeError::new(E::BadUprobeOffs, spec_pos));
-        }
-        if let Some(i) = spec.find('(') {
-            return Err(ProbeError::new(E::NotSupported, spec_pos + i));
         }
         let num = self.strip_return(spec, spec_pos)?;
         let offset = kstrtoull(num, 0).ok_or(ProbeError::new(E::BadUprobeOffs, spec_pos))?;
         Ok(ProbeTarget::FileOffset {
             path: path.to_string(),
             offset,
+            ref_ctr_offset,
         })
     }
 
@@ -371,7 +384,7 @@ impl<'a> Parser<'a> {
                 None => format!("{c}_{sym}_{offset}"),
             },
             ProbeTarget::Address(a) => format!("{c}_0x{a:016x}"),
-            ProbeTarget::FileOffset { path, offset } => {
+            ProbeTarget::FileOffset { path, offset, .. } => {
                 let base = path.rsplit('/').next().unwrap_or_default();
                 let tail = base.find(['.', '-', '_']).map_or(base, |i| &base[..i]);
                 format!("p_{tail}_0x{offset:x}")

@@ -77,6 +77,9 @@ const KERNEL_TEXTS: &[(&str, &str)] = &[
     ),
     ("TOO_MANY_ARGS", "Too many arguments are specified"),
     ("BAD_UPROBE_OFFS", "Invalid uprobe offset"),
+    ("BAD_REFCNT", "Invalid reference counter offset"),
+    ("REFCNT_OPEN_BRACE", "Reference counter brace is not closed"),
+    ("BAD_REFCNT_SUFFIX", "Reference counter has wrong suffix"),
     ("BAD_COMMAND", "Command must start with 'p', 'r' or '-:'"),
     ("NOT_SUPPORTED", "This syntax is not supported by ftprobe"),
 ];
@@ -221,7 +224,10 @@ const MALFORMED: &[(&str, &str)] = &[
     ("p /bin/sh:^0xzz", "BAD_UPROBE_OFFS"),
     ("p /bin/sh:^main", "BAD_UPROBE_OFFS"),
     ("p /bin/sh:0x10^%ret", "BAD_ADDR_SUFFIX"),
-    ("p /bin/sh:0x10^(0x20)", "NOT_SUPPORTED"),
+    ("p /bin/sh:0x10(^zz)", "BAD_REFCNT"),
+    ("p /bin/sh:0x10(0x20^", "REFCNT_OPEN_BRACE"),
+    ("p /bin/sh:0x10(0x20)^%return", "BAD_REFCNT_SUFFIX"),
+    ("p /bin/sh:^zz(0x20)", "BAD_UPROBE_OFFS"),
     ("p /bin/sh:0x10 ^@jiffies", "SYM_ON_UPROBE"),
     ("p /bin/sh:0x10 ^@+zz", "BAD_FILE_OFFS"),
     ("p /bin/sh:0x10 %di:^symbol", "BAD_TYPE"),
@@ -528,7 +534,8 @@ fn kinds_and_targets() {
         u.target,
         ProbeTarget::FileOffset {
             path: "/bin/bash".into(),
-            offset: 0x4245c0
+            offset: 0x4245c0,
+            ref_ctr_offset: None,
         }
     );
     assert_eq!(u.kind, ProbeKind::Kprobe);
@@ -538,9 +545,24 @@ fn kinds_and_targets() {
         add("p /a:b/c:0x10").target,
         ProbeTarget::FileOffset {
             path: "/a:b/c".into(),
-            offset: 0x10
+            offset: 0x10,
+            ref_ctr_offset: None,
         }
     );
+    // An SDT marker's semaphore: `(REF_CTR_OFFSET)` ends the word, after `%return`
+    // (trace_uprobe.c); listed back as the kernel's `trace_uprobe_show()`.
+    let s = add("p:sdt_p/m /bin/x:0x1139(0x4010)");
+    assert_eq!(
+        s.target,
+        ProbeTarget::FileOffset {
+            path: "/bin/x".into(),
+            offset: 0x1139,
+            ref_ctr_offset: Some(0x4010),
+        }
+    );
+    assert_eq!(s.to_string(), "p:sdt_p/m /bin/x:0x0000000000001139(0x4010)");
+    let sr = add("p /bin/x:0x1139%return(16)");
+    assert_eq!(sr.kind, ProbeKind::Kretprobe { maxactive: None });
 }
 
 fn arg(cmd: &str) -> (FetchOp, FetchType) {

@@ -20,9 +20,9 @@ mod xray;
 
 pub use modules::{load_objects, unload_objects};
 pub use objects::{
-    addr_of_file_offset, alloc_code_near, filter_module_loaded, find_symbol, has_module,
-    is_ftprobe_code, make_code_writable, module_matches, module_of, names_at, symbol_at,
-    symbol_at_or_gone, text_range, SymbolAddr,
+    addr_of_file_offset, alloc_code_near, data_addr_of_file_offset, filter_module_loaded,
+    find_symbol, has_module, is_ftprobe_code, make_code_writable, module_matches, module_of,
+    names_at, symbol_at, symbol_at_or_gone, text_range, SymbolAddr,
 };
 
 use std::collections::{BTreeMap, HashMap};

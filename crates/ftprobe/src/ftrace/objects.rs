@@ -129,6 +129,22 @@ fn resolve_ifunc(resolver: u64) -> Option<u64> {
 /// `path` (matched as the same file, else by file name): the `uprobe_events` `PATH:OFFSET`
 /// form. `NoSite` if no loaded object is that file or no segment maps the offset.
 pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> {
+    addr_of_offset_in(path, offset, |_| true)
+}
+
+/// The address in this process of file offset `offset` of loaded object `path`, in a
+/// writable segment: where a uprobe's reference counter (an SDT marker's semaphore, the
+/// kernel's `ref_ctr_offset`) is. Errors as [`addr_of_file_offset`], and
+/// [`FtraceError::NoSite`] for an offset outside every writable segment.
+pub fn data_addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> {
+    addr_of_offset_in(path, offset, |s| s.writable)
+}
+
+fn addr_of_offset_in(
+    path: &str,
+    offset: u64,
+    seg_ok: impl Fn(&crate::elf::Segment) -> bool,
+) -> Result<u64, FtraceError> {
     let g = lock();
     let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
     // The same file by device and inode.
@@ -146,7 +162,10 @@ pub fn addr_of_file_offset(path: &str, offset: u64) -> Result<u64, FtraceError> 
         .ok_or(FtraceError::NoSite(offset))?;
     let svma = o
         .image
-        .svma_of_offset(offset)
+        .segments
+        .iter()
+        .find(|s| seg_ok(s) && offset >= s.offset && offset - s.offset < s.filesz)
+        .map(|s| s.svma + (offset - s.offset))
         .ok_or(FtraceError::NoSite(offset))?;
     Ok(svma + o.bias)
 }
