@@ -358,6 +358,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("procs_tree", &[], &["-pthread"]),
         // churn: waves of short-lived threads (rings freed and claimed again, thread churn).
         ("churn", patchable.cflags(), &["-pthread"]),
+        // tsd_exit: pthread_key destructors that call a traced function at threads' ends.
+        ("tsd_exit", patchable.cflags(), &["-pthread"]),
         // optlibc, optrefuse: optprobes (libc's functions; asm functions an optimizer must
         // refuse, beside one it may optimize).
         ("optlibc", &[], &["-ldl"]),

@@ -352,3 +352,35 @@ fn cli_memory_does_not_grow_with_the_threads_over_the_run() {
         );
     }
 }
+
+/// A thread's ring stays its own through the `pthread_key` destructors glibc runs after the
+/// thread function returned (in rounds, in key order: ftprobe's key is one of the first):
+/// every call of those destructors is traced, as the kprobe event, the function tracer and
+/// function_graph. Found by a user: the ring was released in the first round, before the
+/// program's destructors, and 800 of 880 calls were lost ("no ring free").
+#[test]
+fn key_destructors_at_a_thread_end_are_traced() {
+    let exe = ftprobe_dev::tsd_exit_fixture();
+    let exe = exe.to_str().unwrap();
+    for args in [
+        &["-e", "p:w work x=%di:s64"][..],
+        &["-F", "work"][..],
+        &["-t", "function_graph", "-F", "work"][..],
+    ] {
+        let (out, text) = trace(args, &[exe, "40"]);
+        assert!(out.status.success(), "{out:?}");
+        let own: u64 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .strip_prefix("work=")
+            .and_then(|n| n.parse().ok())
+            .expect("work=N");
+        assert_eq!(own, 40 * 21);
+        let traced = match args[1] {
+            "p:w work x=%di:s64" => text.lines().filter(|l| l.contains(": w: (")).count() as u64,
+            "function_graph" => text.lines().filter(|l| l.ends_with("|  work();")).count() as u64,
+            _ => calls_of(&text, "work"),
+        };
+        assert_eq!(traced, own, "{args:?}: {}", &text[..text.len().min(400)]);
+        assert_eq!(lost_total(&text), 0, "{args:?}");
+    }
+}

@@ -252,6 +252,13 @@ pub fn churn_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("churn")
 }
 
+/// Path of `tsd_exit [THREADS]` (`-fpatchable-function-entry=5`, `-pthread`): threads whose
+/// `pthread_key` destructor calls `work` 10 times in each of two destructor rounds after the
+/// thread's own call; prints `work=<its count>`.
+pub fn tsd_exit_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("tsd_exit")
+}
+
 /// Path of `attach_target` (C, `-pg -mfentry -mnop-mcount -mrecord-mcount`, not PIE,
 /// `-pthread`), a running program for `trace -p`: four threads besides main (a nanosleep
 /// loop, a blocked pipe read, a busy loop calling `attach_loop`, a thread signalling itself

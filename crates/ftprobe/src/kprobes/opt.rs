@@ -26,7 +26,9 @@
 //!      SIGTRAP frame of this probe's own int3 and the frames of its handler below it;
 //!    - a runnable thread (on CPU or preempted; the kernel shows no registers then) must
 //!      use [`PROGRESS_NS`] of CPU time (`schedstat`) after it is first seen: wherever it
-//!      was in the range, it has left it (a few instructions, and no way back in);
+//!      was in the range, it has left it (a few instructions, and no way back in); unless
+//!      it was seen asleep in the way (a handler that interrupted the range and sleeps by
+//!      turns): then only a look at it asleep and clear lets it out;
 //!    - a thread still in the way after [`BUSY_WAIT`]: no optimization.
 //!
 //! The kernel's equivalent is `synchronize_rcu_tasks()`. 3. Bytes 1..5 get the `jmp`'s rel32, every thread serializes (membarrier SYNC_CORE),
@@ -477,9 +479,13 @@ fn threads_outside(forbidden: &[(u64, u64)], trap_pc: u64) -> bool {
         let path = format!("/proc/self/task/{tid}/syscall");
         let sched = format!("/proc/self/task/{tid}/schedstat");
         let mut ran_from: Option<u64> = None;
+        // Seen asleep in the way (its pc, or a signal frame on its stack, in the range): from
+        // then on only a look at it asleep and clear lets it out (a handler that interrupted
+        // the range and wakes now and then runs without leaving it).
+        let mut seen_inside = false;
         // Until it has ended (None) or is out of the way.
         while let Some((sp, pc)) = thread_sp_pc(&path) {
-            if sp == 0 {
+            if sp == 0 && !seen_inside {
                 // Runnable (on CPU or preempted): the kernel gives no registers. Once it has
                 // run for PROGRESS of CPU time since first seen, it has left wherever it was
                 // in the range (a few instructions, no way back in).
@@ -508,6 +514,7 @@ fn threads_outside(forbidden: &[(u64, u64)], trap_pc: u64) -> bool {
             if clear {
                 break;
             }
+            seen_inside |= sp != 0;
             if std::time::Instant::now() > deadline {
                 if debug_refusals() {
                     eprintln!(
