@@ -37,6 +37,21 @@ global_asm!(
     "vzeroupper",
     "ret",
     ".size opt_vec, .-opt_vec",
+    // opt_zmm(x) = x through the top quarter of zmm20 plus x through k3 (AVX-512F/BW): the
+    // registers glibc's EVEX string functions use; the probe at +11 (`mov rax, rdi`).
+    ".globl opt_zmm",
+    ".type opt_zmm,@function",
+    "opt_zmm:",
+    "vpbroadcastq zmm20, rdi",
+    "kmovq k3, rdi",
+    "mov rax, rdi",
+    "mov rdx, rsi",
+    "vextracti64x2 xmm21, zmm20, 3",
+    "vmovq rax, xmm21",
+    "kmovq rcx, k3",
+    "add rax, rcx",
+    "ret",
+    ".size opt_zmm, .-opt_zmm",
     // opt_add(x) = x + 1; the stress test's and the interplay tests' function.
     ".globl opt_add",
     ".type opt_add,@function",
@@ -105,6 +120,7 @@ global_asm!(
 extern "C" {
     fn opt_flags(a: i64, b: i64) -> i64;
     fn opt_vec(x: u64, y: u64) -> u64;
+    fn opt_zmm(x: u64, y: u64) -> u64;
     fn opt_add(x: u64) -> u64;
     fn opt_jin(n: u64) -> u64;
     fn opt_jreg(x: u64) -> u64;
@@ -205,6 +221,44 @@ fn vec_pre(p: &Kprobe, _regs: &mut PtRegs) -> i32 {
         std::arch::asm!("vpcmpeqd ymm9, ymm9, ymm9", "vzeroupper", out("ymm9") _);
     }
     0
+}
+
+/// A handler that destroys zmm20 and k3 (as glibc's EVEX memcpy/strlen would).
+fn zmm_pre(p: &Kprobe, _regs: &mut PtRegs) -> i32 {
+    p.data.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: AVX-512F/BW checked by the caller; clobbers declared.
+    unsafe {
+        std::arch::asm!(
+            "vpternlogd zmm20, zmm20, zmm20, 0xff",
+            "kxnorq k3, k3, k3",
+            out("zmm20") _,
+            out("k3") _
+        );
+    }
+    0
+}
+
+/// With AVX-512 the trampoline keeps zmm16-31 and the mask registers too.
+fn avx512_registers_survive() {
+    if !(std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw"))
+    {
+        println!("  skipped: no AVX-512F/BW");
+        return;
+    }
+    let p = leak(Kprobe::new(sym("opt_zmm", 11), Some(zmm_pre), None));
+    kprobes::register_kprobe(p).unwrap();
+    assert!(optimized(p), "{:?}", kprobes::optimization_refused(p));
+    for x in [1u64, 0xdead_beef, 1 << 40] {
+        // SAFETY: the assembly function above; AVX-512F/BW present.
+        assert_eq!(
+            unsafe { opt_zmm(x, 0) },
+            2 * x,
+            "zmm20's top quarter and k3"
+        );
+    }
+    assert_eq!(p.data.load(Ordering::Relaxed), 3);
+    kprobes::unregister_kprobe(p).unwrap();
 }
 
 fn vector_registers_survive() {
@@ -489,6 +543,7 @@ fn main() {
             flags_survive_and_regs_come_back,
         ),
         ("vector_registers_survive", vector_registers_survive),
+        ("avx512_registers_survive", avx512_registers_survive),
         ("refusals_stay_int3", refusals_stay_int3),
         ("calls_in_the_range", calls_in_the_range),
         (

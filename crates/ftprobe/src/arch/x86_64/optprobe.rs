@@ -90,6 +90,13 @@ pub enum VectorSave {
     Avx,
     /// `xsave` of x87, SSE, AVX and AVX-512 state (AVX-512 enabled).
     Xsave,
+    /// The same by `xsavec` (compacted, with the init optimization), where the CPU has it.
+    XsaveC,
+    /// AVX-512 with AVX512BW: `zmm0-31` and the 64-bit `k0-7` by plain moves, the state a
+    /// handler's code may change (SSE/AVX code, and glibc's EVEX string functions, which use
+    /// `ymm16-31` and mask registers); not the x87 state. `xsave`/`xrstor` of the same cost
+    /// ~100-160 ns a hit on these VMs (BENCHMARKS.md), the moves a fraction of it.
+    Avx512,
 }
 
 impl VectorSave {
@@ -108,7 +115,16 @@ impl VectorSave {
         }
         // SAFETY: OSXSAVE is set, so xgetbv(0) is allowed.
         let xcr0 = unsafe { _xgetbv(0) };
-        Some(if xcr0 & 0xe0 != 0 {
+        // CPUID.(EAX=0DH,ECX=1):EAX bit 1: XSAVEC.
+        let xsavec = __cpuid_count(0xd, 1).eax & 2 != 0;
+        // CPUID.(EAX=7,ECX=0):EBX bit 16 AVX512F, bit 30 AVX512BW (64-bit `kmovq`).
+        let l7 = __cpuid_count(7, 0).ebx;
+        let avx512bw = l7 & (1 << 16) != 0 && l7 & (1 << 30) != 0;
+        Some(if xcr0 & 0xe6 == 0xe6 && avx512bw {
+            VectorSave::Avx512
+        } else if xcr0 & 0xe0 != 0 && xsavec {
+            VectorSave::XsaveC
+        } else if xcr0 & 0xe0 != 0 {
             VectorSave::Xsave
         } else if xcr0 & 0x4 != 0 {
             VectorSave::Avx
@@ -126,6 +142,8 @@ const FRAME_AVX: usize = REGS + 16 * 32;
 /// x87+SSE+AVX+AVX-512 in the standard XSAVE format end at 2688 bytes.
 const XSAVE_AREA: usize = 2688;
 const FRAME_XSAVE: usize = REGS + XSAVE_AREA;
+/// zmm0-31 (64 bytes each), then k0-7 (8 bytes each).
+const FRAME_AVX512: usize = REGS + 32 * 64 + 8 * 8;
 
 macro_rules! opt_template {
     ($name:literal, frame: $frame:expr, save: $save:literal, restore: $restore:literal) => {
@@ -317,6 +335,109 @@ opt_template!("ftprobe_opt_xsave", frame: FRAME_XSAVE,
               xor edx, edx
               xrstor64 [rsp + 192]");
 
+// As above, compacted: xrstor reads the format from XCOMP_BV, which xsavec writes.
+opt_template!("ftprobe_opt_xsavec", frame: FRAME_XSAVE,
+    save: "xor eax, eax
+           mov [rsp + 192 + 512], rax
+           mov [rsp + 192 + 520], rax
+           mov [rsp + 192 + 528], rax
+           mov [rsp + 192 + 536], rax
+           mov [rsp + 192 + 544], rax
+           mov [rsp + 192 + 552], rax
+           mov [rsp + 192 + 560], rax
+           mov [rsp + 192 + 568], rax
+           mov eax, 0xe7
+           xor edx, edx
+           xsavec64 [rsp + 192]
+           vzeroupper",
+    restore: "mov eax, 0xe7
+              xor edx, edx
+              xrstor64 [rsp + 192]");
+
+// zmm0-31 and k0-7 by moves (the frame is 64-byte aligned), then vzeroupper.
+opt_template!("ftprobe_opt_avx512", frame: FRAME_AVX512,
+    save: "vmovdqa64 [rsp + 192], zmm0
+           vmovdqa64 [rsp + 256], zmm1
+           vmovdqa64 [rsp + 320], zmm2
+           vmovdqa64 [rsp + 384], zmm3
+           vmovdqa64 [rsp + 448], zmm4
+           vmovdqa64 [rsp + 512], zmm5
+           vmovdqa64 [rsp + 576], zmm6
+           vmovdqa64 [rsp + 640], zmm7
+           vmovdqa64 [rsp + 704], zmm8
+           vmovdqa64 [rsp + 768], zmm9
+           vmovdqa64 [rsp + 832], zmm10
+           vmovdqa64 [rsp + 896], zmm11
+           vmovdqa64 [rsp + 960], zmm12
+           vmovdqa64 [rsp + 1024], zmm13
+           vmovdqa64 [rsp + 1088], zmm14
+           vmovdqa64 [rsp + 1152], zmm15
+           vmovdqa64 [rsp + 1216], zmm16
+           vmovdqa64 [rsp + 1280], zmm17
+           vmovdqa64 [rsp + 1344], zmm18
+           vmovdqa64 [rsp + 1408], zmm19
+           vmovdqa64 [rsp + 1472], zmm20
+           vmovdqa64 [rsp + 1536], zmm21
+           vmovdqa64 [rsp + 1600], zmm22
+           vmovdqa64 [rsp + 1664], zmm23
+           vmovdqa64 [rsp + 1728], zmm24
+           vmovdqa64 [rsp + 1792], zmm25
+           vmovdqa64 [rsp + 1856], zmm26
+           vmovdqa64 [rsp + 1920], zmm27
+           vmovdqa64 [rsp + 1984], zmm28
+           vmovdqa64 [rsp + 2048], zmm29
+           vmovdqa64 [rsp + 2112], zmm30
+           vmovdqa64 [rsp + 2176], zmm31
+           kmovq [rsp + 2240], k0
+           kmovq [rsp + 2248], k1
+           kmovq [rsp + 2256], k2
+           kmovq [rsp + 2264], k3
+           kmovq [rsp + 2272], k4
+           kmovq [rsp + 2280], k5
+           kmovq [rsp + 2288], k6
+           kmovq [rsp + 2296], k7
+           vzeroupper",
+    restore: "vmovdqa64 zmm0, [rsp + 192]
+              vmovdqa64 zmm1, [rsp + 256]
+              vmovdqa64 zmm2, [rsp + 320]
+              vmovdqa64 zmm3, [rsp + 384]
+              vmovdqa64 zmm4, [rsp + 448]
+              vmovdqa64 zmm5, [rsp + 512]
+              vmovdqa64 zmm6, [rsp + 576]
+              vmovdqa64 zmm7, [rsp + 640]
+              vmovdqa64 zmm8, [rsp + 704]
+              vmovdqa64 zmm9, [rsp + 768]
+              vmovdqa64 zmm10, [rsp + 832]
+              vmovdqa64 zmm11, [rsp + 896]
+              vmovdqa64 zmm12, [rsp + 960]
+              vmovdqa64 zmm13, [rsp + 1024]
+              vmovdqa64 zmm14, [rsp + 1088]
+              vmovdqa64 zmm15, [rsp + 1152]
+              vmovdqa64 zmm16, [rsp + 1216]
+              vmovdqa64 zmm17, [rsp + 1280]
+              vmovdqa64 zmm18, [rsp + 1344]
+              vmovdqa64 zmm19, [rsp + 1408]
+              vmovdqa64 zmm20, [rsp + 1472]
+              vmovdqa64 zmm21, [rsp + 1536]
+              vmovdqa64 zmm22, [rsp + 1600]
+              vmovdqa64 zmm23, [rsp + 1664]
+              vmovdqa64 zmm24, [rsp + 1728]
+              vmovdqa64 zmm25, [rsp + 1792]
+              vmovdqa64 zmm26, [rsp + 1856]
+              vmovdqa64 zmm27, [rsp + 1920]
+              vmovdqa64 zmm28, [rsp + 1984]
+              vmovdqa64 zmm29, [rsp + 2048]
+              vmovdqa64 zmm30, [rsp + 2112]
+              vmovdqa64 zmm31, [rsp + 2176]
+              kmovq k0, [rsp + 2240]
+              kmovq k1, [rsp + 2248]
+              kmovq k2, [rsp + 2256]
+              kmovq k3, [rsp + 2264]
+              kmovq k4, [rsp + 2272]
+              kmovq k5, [rsp + 2280]
+              kmovq k6, [rsp + 2288]
+              kmovq k7, [rsp + 2296]");
+
 extern "C" {
     static ftprobe_opt_sse_start: u8;
     static ftprobe_opt_sse_end: u8;
@@ -324,6 +445,10 @@ extern "C" {
     static ftprobe_opt_avx_end: u8;
     static ftprobe_opt_xsave_start: u8;
     static ftprobe_opt_xsave_end: u8;
+    static ftprobe_opt_xsavec_start: u8;
+    static ftprobe_opt_xsavec_end: u8;
+    static ftprobe_opt_avx512_start: u8;
+    static ftprobe_opt_avx512_end: u8;
 }
 
 /// The trampoline's template for `v`, ending with its 8-byte `func` slot.
@@ -343,6 +468,14 @@ pub fn template(v: VectorSave) -> &'static [u8] {
             VectorSave::Xsave => (
                 &raw const ftprobe_opt_xsave_start,
                 &raw const ftprobe_opt_xsave_end,
+            ),
+            VectorSave::XsaveC => (
+                &raw const ftprobe_opt_xsavec_start,
+                &raw const ftprobe_opt_xsavec_end,
+            ),
+            VectorSave::Avx512 => (
+                &raw const ftprobe_opt_avx512_start,
+                &raw const ftprobe_opt_avx512_end,
             ),
         };
         std::slice::from_raw_parts(s, e.offset_from(s) as usize)
@@ -749,7 +882,13 @@ mod tests {
     #[test]
     fn templates_keep_the_frame_word_where_tramp_signals_looks() {
         use super::super::tramp_signals::{classify, Place};
-        for v in [VectorSave::Sse, VectorSave::Avx, VectorSave::Xsave] {
+        for v in [
+            VectorSave::Sse,
+            VectorSave::Avx,
+            VectorSave::Xsave,
+            VectorSave::XsaveC,
+            VectorSave::Avx512,
+        ] {
             unsafe extern "C" fn f(_: *const (), _: *mut super::super::trampoline::PtRegs) {}
             let code = instantiate(v, f);
             let tls = super::super::tramp_signals::tls_offset();
