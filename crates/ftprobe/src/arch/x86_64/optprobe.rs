@@ -32,8 +32,9 @@
 //! signal while it runs exactly as for an ftrace trampoline. It saves every general register
 //! into a [`PtRegs`](super::trampoline::PtRegs) (`flags` from `pushfq`, `sp` the stack pointer at the probe, `ip` left to
 //! the callback), the vector registers the handlers might clobber (`xmm0-15`; `ymm0-15` when
-//! the OS enables AVX; the whole x87/SSE/AVX/AVX-512 state by `xsave` when it enables
-//! AVX-512) then `vzeroupper` (the handlers' SSE code would otherwise run with dirty upper
+//! the OS enables AVX; `zmm0-31` and `k0-7` by moves when it enables AVX-512 and the CPU has
+//! AVX512BW, else the x87/SSE/AVX/AVX-512 state by `xsavec`/`xsave`, ~5x slower) then
+//! `vzeroupper` (the handlers' SSE code would otherwise run with dirty upper
 //! halves: a state-transition stall measured at ~150 ns a hit here), clears the direction
 //! flag, calls `func(op, regs)`, and restores everything
 //! from `regs` but `ip` and `sp` (the kernel's optprobes ignore a pre_handler's change of
