@@ -467,8 +467,13 @@ fn note_thread_ring() {
     if k != u64::MAX {
         // SAFETY: a key of the first block (see KEYS_IN_DESCRIPTOR): a store in this
         // thread's descriptor, async-signal-safe in practice; the value (the destructor's
-        // round, 1) is never dereferenced.
-        unsafe { libc::pthread_setspecific(k as libc::pthread_key_t, 1 as *const libc::c_void) };
+        // round, 1: `c_void`'s dangling pointer) is never dereferenced.
+        unsafe {
+            libc::pthread_setspecific(
+                k as libc::pthread_key_t,
+                std::ptr::dangling::<libc::c_void>(),
+            )
+        };
     }
 }
 

@@ -251,11 +251,8 @@ fn avx512_registers_survive() {
     assert!(optimized(p), "{:?}", kprobes::optimization_refused(p));
     for x in [1u64, 0xdead_beef, 1 << 40] {
         // SAFETY: the assembly function above; AVX-512F/BW present.
-        assert_eq!(
-            unsafe { opt_zmm(x, 0) },
-            2 * x,
-            "zmm20's top quarter and k3"
-        );
+        let got = unsafe { opt_zmm(x, 0) };
+        assert_eq!(got, 2 * x, "zmm20's top quarter and k3");
     }
     assert_eq!(p.data.load(Ordering::Relaxed), 3);
     kprobes::unregister_kprobe(p).unwrap();
