@@ -147,7 +147,7 @@ const FRAME_XSAVE: usize = REGS + XSAVE_AREA;
 const FRAME_AVX512: usize = REGS + 32 * 64 + 8 * 8;
 
 macro_rules! opt_template {
-    ($name:literal, frame: $frame:expr, save: $save:literal, restore: $restore:literal) => {
+    ($name:literal, frame: $frame:expr, save: [$($save:tt)+], restore: [$($restore:tt)+]) => {
         global_asm!(
             ".pushsection .text.ftprobe_trampolines,\"ax\",@progbits",
             ".balign 16",
@@ -178,7 +178,7 @@ macro_rules! opt_template {
             "mov [rsp + 96], rdx",
             "mov [rsp + 104], rsi",
             "mov [rsp + 112], rdi",
-            $save,
+            $($save)+,
             "mov rax, [rbp]",
             "mov [rsp + 32], rax",
             "mov rax, [rbp + 24]",
@@ -209,7 +209,7 @@ macro_rules! opt_template {
             "jz 2f",
             "std",
             "2:",
-            $restore,
+            $($restore)+,
             "mov rax, [rsp + 32]",
             "mov [rbp], rax",
             "mov rax, [rsp + 80]",
@@ -249,7 +249,7 @@ macro_rules! opt_template {
 }
 
 opt_template!("ftprobe_opt_sse", frame: FRAME_SSE,
-    save: "movaps [rsp + 192], xmm0
+    save: ["movaps [rsp + 192], xmm0
            movaps [rsp + 208], xmm1
            movaps [rsp + 224], xmm2
            movaps [rsp + 240], xmm3
@@ -264,8 +264,8 @@ opt_template!("ftprobe_opt_sse", frame: FRAME_SSE,
            movaps [rsp + 384], xmm12
            movaps [rsp + 400], xmm13
            movaps [rsp + 416], xmm14
-           movaps [rsp + 432], xmm15",
-    restore: "movaps xmm0, [rsp + 192]
+           movaps [rsp + 432], xmm15"],
+    restore: ["movaps xmm0, [rsp + 192]
               movaps xmm1, [rsp + 208]
               movaps xmm2, [rsp + 224]
               movaps xmm3, [rsp + 240]
@@ -280,10 +280,10 @@ opt_template!("ftprobe_opt_sse", frame: FRAME_SSE,
               movaps xmm12, [rsp + 384]
               movaps xmm13, [rsp + 400]
               movaps xmm14, [rsp + 416]
-              movaps xmm15, [rsp + 432]");
+              movaps xmm15, [rsp + 432]"]);
 
 opt_template!("ftprobe_opt_avx", frame: FRAME_AVX,
-    save: "vmovdqa [rsp + 192], ymm0
+    save: ["vmovdqa [rsp + 192], ymm0
            vmovdqa [rsp + 224], ymm1
            vmovdqa [rsp + 256], ymm2
            vmovdqa [rsp + 288], ymm3
@@ -299,8 +299,8 @@ opt_template!("ftprobe_opt_avx", frame: FRAME_AVX,
            vmovdqa [rsp + 608], ymm13
            vmovdqa [rsp + 640], ymm14
            vmovdqa [rsp + 672], ymm15
-           vzeroupper",
-    restore: "vmovdqa ymm0, [rsp + 192]
+           vzeroupper"],
+    restore: ["vmovdqa ymm0, [rsp + 192]
               vmovdqa ymm1, [rsp + 224]
               vmovdqa ymm2, [rsp + 256]
               vmovdqa ymm3, [rsp + 288]
@@ -315,49 +315,38 @@ opt_template!("ftprobe_opt_avx", frame: FRAME_AVX,
               vmovdqa ymm12, [rsp + 576]
               vmovdqa ymm13, [rsp + 608]
               vmovdqa ymm14, [rsp + 640]
-              vmovdqa ymm15, [rsp + 672]");
+              vmovdqa ymm15, [rsp + 672]"]);
 
-// xsave writes only XSTATE_BV of the header; xrstor faults unless the rest of it is zero.
-opt_template!("ftprobe_opt_xsave", frame: FRAME_XSAVE,
-    save: "xor eax, eax
-           mov [rsp + 192 + 512], rax
-           mov [rsp + 192 + 520], rax
-           mov [rsp + 192 + 528], rax
-           mov [rsp + 192 + 536], rax
-           mov [rsp + 192 + 544], rax
-           mov [rsp + 192 + 552], rax
-           mov [rsp + 192 + 560], rax
-           mov [rsp + 192 + 568], rax
-           mov eax, 0xe7
-           xor edx, edx
-           xsave64 [rsp + 192]
-           vzeroupper",
-    restore: "mov eax, 0xe7
-              xor edx, edx
-              xrstor64 [rsp + 192]");
-
-// As above, compacted: xrstor reads the format from XCOMP_BV, which xsavec writes.
-opt_template!("ftprobe_opt_xsavec", frame: FRAME_XSAVE,
-    save: "xor eax, eax
-           mov [rsp + 192 + 512], rax
-           mov [rsp + 192 + 520], rax
-           mov [rsp + 192 + 528], rax
-           mov [rsp + 192 + 536], rax
-           mov [rsp + 192 + 544], rax
-           mov [rsp + 192 + 552], rax
-           mov [rsp + 192 + 560], rax
-           mov [rsp + 192 + 568], rax
-           mov eax, 0xe7
-           xor edx, edx
-           xsavec64 [rsp + 192]
-           vzeroupper",
-    restore: "mov eax, 0xe7
-              xor edx, edx
-              xrstor64 [rsp + 192]");
+// The state by `$insn` (`xsave64` or `xsavec64`). xsave writes only XSTATE_BV of the header;
+// xrstor faults unless the rest of it is zero. xrstor reads the format (standard or compacted)
+// from XCOMP_BV.
+macro_rules! xsave_template {
+    ($name:literal, $insn:literal) => {
+        opt_template!($name, frame: FRAME_XSAVE,
+            save: [concat!("xor eax, eax
+                   mov [rsp + 192 + 512], rax
+                   mov [rsp + 192 + 520], rax
+                   mov [rsp + 192 + 528], rax
+                   mov [rsp + 192 + 536], rax
+                   mov [rsp + 192 + 544], rax
+                   mov [rsp + 192 + 552], rax
+                   mov [rsp + 192 + 560], rax
+                   mov [rsp + 192 + 568], rax
+                   mov eax, 0xe7
+                   xor edx, edx
+                   ", $insn, " [rsp + 192]
+                   vzeroupper")],
+            restore: ["mov eax, 0xe7
+                      xor edx, edx
+                      xrstor64 [rsp + 192]"]);
+    };
+}
+xsave_template!("ftprobe_opt_xsave", "xsave64");
+xsave_template!("ftprobe_opt_xsavec", "xsavec64");
 
 // zmm0-31 and k0-7 by moves (the frame is 64-byte aligned), then vzeroupper.
 opt_template!("ftprobe_opt_avx512", frame: FRAME_AVX512,
-    save: "vmovdqa64 [rsp + 192], zmm0
+    save: ["vmovdqa64 [rsp + 192], zmm0
            vmovdqa64 [rsp + 256], zmm1
            vmovdqa64 [rsp + 320], zmm2
            vmovdqa64 [rsp + 384], zmm3
@@ -397,8 +386,8 @@ opt_template!("ftprobe_opt_avx512", frame: FRAME_AVX512,
            kmovq [rsp + 2280], k5
            kmovq [rsp + 2288], k6
            kmovq [rsp + 2296], k7
-           vzeroupper",
-    restore: "vmovdqa64 zmm0, [rsp + 192]
+           vzeroupper"],
+    restore: ["vmovdqa64 zmm0, [rsp + 192]
               vmovdqa64 zmm1, [rsp + 256]
               vmovdqa64 zmm2, [rsp + 320]
               vmovdqa64 zmm3, [rsp + 384]
@@ -437,7 +426,7 @@ opt_template!("ftprobe_opt_avx512", frame: FRAME_AVX512,
               kmovq k4, [rsp + 2272]
               kmovq k5, [rsp + 2280]
               kmovq k6, [rsp + 2288]
-              kmovq k7, [rsp + 2296]");
+              kmovq k7, [rsp + 2296]"]);
 
 extern "C" {
     static ftprobe_opt_sse_start: u8;
