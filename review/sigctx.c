@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/time.h>
 #include <ucontext.h>
+#include <unistd.h>
 static volatile long samples, outside, inhot;
 static volatile unsigned long first_out;
 __attribute__((noinline)) long hot(long x) {
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
     for (long i = 0; i < iters; i++) acc += hot(i);
     it.it_value.tv_usec = 0; it.it_interval.tv_usec = 0; setitimer(ITIMER_PROF, &it, 0);
     printf("outside=%ld\n", outside);
+    if (outside) { char c[96]; snprintf(c, sizeof c, "grep r-xp /proc/%d/maps >&2", (int)getpid()); system(c); }
     fprintf(stderr, "samples=%ld inhot=%ld first_out=%#lx hot=%p main=%p\n", samples, inhot, first_out, (void*)hot, (void*)main);
     return outside != 0;
 }
