@@ -23,3 +23,6 @@ gcc -O2 -g regs.c -o regs
 gcc -O2 -g -pthread sigalt.c -o sigalt
 gcc -O2 -g spawn.c -o spawn
 gcc -O2 -g lj.c -o lj
+g++ -O2 -g -pthread exitpaths.cpp -o exitpaths
+gcc -O2 -g vfork.c -o vfork
+gcc -O2 -g -pthread verify.c -o verify
