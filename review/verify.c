@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <signal.h>
-static void on_term(int s) { (void)s; }
+static volatile int term;
+static void on_term(int s) { (void)s; term = 1; }
 static long table[4096]; static volatile int stop; static long bad, calls[3];
 __attribute__((noinline)) long work(long x, const char *s) {
     long r = 0;
@@ -23,7 +24,7 @@ int main(int argc, char **argv) {
     signal(SIGTERM, on_term);
     for (long i = 0; i < 4096; i++) table[i] = work(i, "abcd");
     pthread_t t[3]; for (long i = 0; i < 3; i++) pthread_create(&t[i], 0, thr, (void *)i);
-    for (int s = argc > 1 ? atoi(argv[1]) : 10; s > 0 && !bad; s--) if (sleep(1)) break; stop = 1;
+    for (int s = argc > 1 ? atoi(argv[1]) : 10; s > 0 && !bad && !term; s--) sleep(1); stop = 1;
     for (int i = 0; i < 3; i++) pthread_join(t[i], 0);
     printf("bad=%ld\n", bad); fprintf(stderr, "calls=%ld\n", calls[0] + calls[1] + calls[2]);
     return bad != 0;
