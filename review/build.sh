@@ -26,3 +26,4 @@ gcc -O2 -g lj.c -o lj
 g++ -O2 -g -pthread exitpaths.cpp -o exitpaths
 gcc -O2 -g vfork.c -o vfork
 gcc -O2 -g -pthread verify.c -o verify
+gcc -O2 -g -pthread cancel.c -o cancel
