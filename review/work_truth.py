@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+# Independent truth for mt_loop's work(): executions of each instruction offset, from the C
+# semantics and the objdump listing (gcc 12.2 -O2, Debian 12). Usage: work_truth.py N THREADS
+import sys
+n, t = int(sys.argv[1]), int(sys.argv[2])
+c = {}
+def add(offs, k):
+    for o in offs: c[o] = c.get(o, 0) + k
+for x in range(n):
+    add([0x0, 0x3, 0x6, 0xa], 1)
+    k = x & 7
+    if k:
+        add([0x10, 0x12, 0x14], 1)
+        add([0x18, 0x1a, 0x1d, 0x21, 0x24, 0x27, 0x2a, 0x2d, 0x30], k)
+    else:
+        add([0xa8, 0xaa], 1)
+    add([0x32, 0x35, 0x39, 0x3d, 0x41, 0x45, 0x4f, 0x52, 0x55, 0x59, 0x5c, 0x5f, 0x63, 0x66, 0x69, 0x6d], 1)
+    m = x % 5
+    if m == 2: add([0xa0, 0xa4], 1)
+    elif m > 2:
+        add([0x6f], 1); add([0x88, 0x8c, 0x90], 1)
+        if m == 3: add([0x92], 1)
+        else: add([0x98, 0x9b, 0x9e], 1)
+    else:
+        add([0x6f, 0x71, 0x75, 0x78], 1)
+        if m == 0: add([0x92], 1)
+        else: add([0x7a, 0x7e, 0x80, 0x84], 1)
+for o in sorted(c): print(hex(o), c[o] * t)
