@@ -259,16 +259,9 @@ unsafe extern "C" fn kprobe_ftrace_direct(
 /// in step.
 #[inline(always)]
 fn run_probes(ip: u64, probes: &[&'static Kprobe], is_ipmodify_ops: bool, regs: &mut PtRegs) {
-    let t = probe_state::this_thread();
-    let sp = probe_state::stack_pointer();
-    let _ = t.enter(Entry::Here(sp));
-    if !t.kprobe.get().is_null() {
-        for p in probes.iter().filter(|p| !p.is_disabled()) {
-            p.note_missed();
-        }
+    let Some(t) = super::hit_begin(probes) else {
         return;
-    }
-    t.kprobe_sp.set(sp);
+    };
     let orig_ip = regs.ip;
     regs.ip = ip + 1;
     let mut ip_changed = false;

@@ -28,6 +28,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::arch::x86_64::sites::ENDBR64;
 use crate::ftrace::{self as ft, FtraceError, PtRegs, SymbolAddr};
+use crate::probe_state;
 
 /// `pre_handler(p, regs)`: runs before the probed instruction with `regs.ip = addr + 1`, as
 /// after a breakpoint. Returning non-zero means "I changed `regs.ip`": the thread continues
@@ -305,6 +306,26 @@ impl Table {
             self.retired.push(unsafe { Box::from_raw(old) });
         }
     }
+}
+
+/// Probe path: the start of a hit of `probes` on this thread, common to the ftrace handler
+/// (`kprobe_ftrace_handler`) and the optprobe callback: the thread's state, repaired after a
+/// non-local exit; when a kprobe already runs on the thread (a handler reached a probed
+/// address), every enabled probe counts `nmissed` and `None` is returned; else its state
+/// with `kprobe_sp` set to this frame's stack pointer.
+#[inline(always)]
+pub(crate) fn hit_begin(probes: &[&'static Kprobe]) -> Option<&'static probe_state::ThreadState> {
+    let t = probe_state::this_thread();
+    let sp = probe_state::stack_pointer();
+    let _ = t.enter(probe_state::Entry::Here(sp));
+    if !t.kprobe.get().is_null() {
+        for p in probes.iter().filter(|p| !p.is_disabled()) {
+            p.note_missed();
+        }
+        return None;
+    }
+    t.kprobe_sp.set(sp);
+    Some(t)
 }
 
 /// Probe path: the probes at `addr`.

@@ -74,7 +74,7 @@ use crate::arch::x86_64::nops::INT3;
 use crate::arch::x86_64::optprobe::{self as arch, VectorSave, DETOUR_BODY, DETOUR_CODE};
 use crate::arch::x86_64::{text_poke, tramp_signals};
 use crate::ftrace::{self as ft, PtRegs};
-use crate::probe_state::{self, Entry};
+use crate::probe_state;
 
 /// How long a thread that is on CPU is waited for, in total, before the switch gives up.
 pub const BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
@@ -652,16 +652,9 @@ unsafe extern "C" fn optimized_callback(op: *const (), regs: *mut PtRegs) {
     let Some(probes) = published().and_then(|l| l.get(op.addr)) else {
         return;
     };
-    let t = probe_state::this_thread();
-    let sp = probe_state::stack_pointer();
-    let _ = t.enter(Entry::Here(sp));
-    if !t.kprobe.get().is_null() {
-        for p in probes.iter().filter(|p| !p.is_disabled()) {
-            p.note_missed();
-        }
+    let Some(t) = super::hit_begin(probes) else {
         return;
-    }
-    t.kprobe_sp.set(sp);
+    };
     regs.ip = op.addr + 1;
     for p in probes.iter().filter(|p| !p.is_disabled()) {
         t.kprobe.set(*p as *const Kprobe);
