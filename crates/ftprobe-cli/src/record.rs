@@ -103,6 +103,9 @@ pub struct Info {
     /// `ring-{claimed - 1}.dat`. Format 1: rings the target's threads claimed (more than
     /// `nr_rings`: some threads had none).
     pub claimed: u32,
+    /// Written by [`Recorder::finish`] from the session, one entry at a time (a run of
+    /// 100 000 threads must not hold 100 000 entries and their JSON text at its end).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rings: Vec<RingInfo>,
     pub lost_no_ring: u64,
     /// Of `lost_no_ring`: events lost while some rings were held by ended threads that
@@ -154,6 +157,29 @@ pub struct RingInfo {
     /// share one file, [`SMALL_FILE`], one after another; absent: 0, a file of its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
+}
+
+/// `info.json` as [`Recorder::finish`] writes it: [`Info`] and its `rings`, written as the
+/// session gives them.
+#[derive(Serialize)]
+struct InfoOut<'a, R: Serialize> {
+    #[serde(flatten)]
+    info: &'a Info,
+    rings: R,
+}
+
+/// A JSON array of what the closure's iterator yields, made while it is written.
+struct SeqOf<F>(F);
+
+impl<F, I> Serialize for SeqOf<F>
+where
+    F: Fn() -> I,
+    I: Iterator,
+    I::Item: Serialize,
+{
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq((self.0)())
+    }
 }
 
 /// A loaded object of a recording.
@@ -598,27 +624,6 @@ impl Sink for Recorder {
         info.armed = src.armed();
         // `nr_rings` stays --rings; the streams are `claimed`.
         info.claimed = src.claimed();
-        info.rings = (0..src.claimed().min(src.nr_rings()))
-            .filter_map(|i| {
-                let (comm, tid) = src.task(i)?;
-                Some(RingInfo {
-                    index: i,
-                    ring: src.ring_index(i),
-                    tid,
-                    pid: src.pid(i),
-                    comm: String::from_utf8_lossy(&comm).into_owned(),
-                    comm_bytes: std::str::from_utf8(&comm).is_err().then_some(comm),
-                    lost: src.lost(i),
-                    records: self.records.get(i as usize).copied().unwrap_or(0),
-                    bytes: self.bytes.get(i as usize).copied().unwrap_or(0),
-                    file: match self.offsets.get(i as usize).copied().flatten() {
-                        Some(_) => SMALL_FILE.to_owned(),
-                        None => ring_file(i),
-                    },
-                    offset: self.offsets.get(i as usize).copied().flatten(),
-                })
-            })
-            .collect();
         info.lost_no_ring = src.lost_no_ring();
         (info.lost_unreclaimed, info.lost_after_end) = src.lost_no_ring_kinds();
         info.lost_by_tid = src
@@ -655,7 +660,8 @@ impl Sink for Recorder {
         }
         info.objects = objects;
         // Losses are said at the end, as perf record does (the recording keeps the details).
-        let full: u64 = self.info.rings.iter().map(|r| r.lost).sum();
+        let streams = 0..src.claimed().min(src.nr_rings());
+        let full: u64 = streams.clone().map(|i| src.lost(i)).sum();
         let total = full + self.info.lost_no_ring + self.info.lost_recursion;
         if total > 0 {
             eprintln!(
@@ -671,10 +677,39 @@ impl Sink for Recorder {
         // beside the records).
         let path = self.dir.join("info.json");
         let tmp = self.dir.join("info.json.tmp");
-        let text = serde_json::to_string_pretty(&self.info)?;
-        std::fs::write(&tmp, text + "\n")
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .with_context(|| format!("writing {}", path.display()))?;
+        let (records, bytes, offsets) = (&self.records, &self.bytes, &self.offsets);
+        let ring_info = |i: u32| -> Option<RingInfo> {
+            let (comm, tid) = src.task(i)?;
+            let offset = offsets.get(i as usize).copied().flatten();
+            Some(RingInfo {
+                index: i,
+                ring: src.ring_index(i),
+                tid,
+                pid: src.pid(i),
+                comm: String::from_utf8_lossy(&comm).into_owned(),
+                comm_bytes: std::str::from_utf8(&comm).is_err().then_some(comm),
+                lost: src.lost(i),
+                records: records.get(i as usize).copied().unwrap_or(0),
+                bytes: bytes.get(i as usize).copied().unwrap_or(0),
+                file: match offset {
+                    Some(_) => SMALL_FILE.to_owned(),
+                    None => ring_file(i),
+                },
+                offset,
+            })
+        };
+        let out = InfoOut {
+            info: &self.info,
+            rings: SeqOf(|| streams.clone().filter_map(ring_info)),
+        };
+        let write = || -> std::io::Result<()> {
+            let mut w = std::io::BufWriter::new(File::create(&tmp)?);
+            serde_json::to_writer_pretty(&mut w, &out)?;
+            w.write_all(b"\n")?;
+            w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().with_context(|| format!("writing {}", path.display()))?;
         Ok(())
     }
 
