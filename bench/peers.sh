@@ -249,6 +249,26 @@ per_hit() { # BIN N2 CMD...
 		{v[NR]=$1} END {print v[int((NR+1)/2)], v[1], v[NR], l, bw, bl}'
 }
 
+# For an ftprobe row whose output goes to /dev/null: its events dropped at N (ring full), as
+# "D of W events dropped", from one more run whose output goes to a pipe (the entries line at
+# its end); empty when none were. A row that drops measures the drop path (two locked
+# increments), not only the write: its figure is not the event's cost.
+ft_dropped() { # N CMD...
+	local n=$1 a args=() out=0
+	shift
+	[[ $1 == "$FTPROBE" ]] || return 0
+	for a in "$@"; do
+		if [[ $a == /dev/null ]]; then
+			a=/dev/stdout out=1
+		fi
+		args+=("${a//@N@/$n}")
+	done
+	((out)) || return 0
+	"${args[@]}" 2>/dev/null | tail -n 60 |
+		sed -n 's|^# entries-in-buffer/entries-written: \([0-9]*\)/\([0-9]*\).*|\1 \2|p' |
+		awk '$1 < $2 {printf "; %d of %d events dropped (ring full)", $2 - $1, $2}'
+}
+
 # A traced row: ns per hit of CMD over the untraced BIN (run as "BIN N").
 row() { # NAME BIN N2 CMD...
 	local name=$1 bin=$2 n2=$3 s m lo hi l bw bl rc
@@ -280,7 +300,7 @@ row() { # NAME BIN N2 CMD...
 	ROW_MIN+=("$(awk -v m="$lo" 'BEGIN {printf "%.1f", m}')")
 	ROW_MAX+=("$(awk -v m="$hi" 'BEGIN {printf "%.1f", m}')")
 	ROW_LOOP+=("$(awk -v m="$l" 'BEGIN {if (m == "nan") print "n/a"; else printf "%.1f", m}')")
-	ROW_NOTE+=("")
+	ROW_NOTE+=("$(ft_dropped "$n2" "$@")")
 	ROW_CMD+=("$(printf '%q ' "$@" | sed "s|$W|\$W|g; s|$ROOT/||g; s|@N@|N|g") (N = $N1, $n2; base: $(basename "$bin") N)")
 }
 
@@ -371,7 +391,9 @@ FT_ROWS=("ftprobe function tracer (-F target)" "ftprobe kprobe on the ftrace sit
 	"ftprobe optprobe (p target+$INT3_OFF, $INT3_INSN, jump-optimized)"
 	"ftprobe optprobe, 2 args (p target+$INT3_OFF x=%di y=%si, jump-optimized)")
 # A 2M-hit run records up to 96 MB; a ring that size keeps events from being dropped.
-FT="$FTPROBE trace --buffer-size-kb 262144 -o /dev/null"
+# Room for every row's events (2M records of up to 88 B; a ring grows up to half the
+# buffer): a row that drops would measure the drop path (ft_dropped says so in its note).
+FT="$FTPROBE trace --buffer-size-kb 524288 -o /dev/null"
 if ((FT_OK)); then
 	row "${FT_ROWS[0]}" "$W/hit-fentry" "$NFAST" $FT -F target -- "$W/hit-fentry" @N@
 	row "${FT_ROWS[1]}" "$W/hit-fentry" "$NFAST" $FT -e 'p target' -- "$W/hit-fentry" @N@
@@ -738,7 +760,7 @@ table() {
 			echo "| ${ROW_NAME[$i]} | ${ROW_NOTE[$i]} | | | | |"
 			continue
 		fi
-		printf '| %s | %s | %s to %s | %s | %s | %s |\n' "${ROW_NAME[$i]}" "${ROW_NS[$i]}" "${ROW_MIN[$i]}" \
+		printf '| %s | %s | %s to %s | %s | %s | %s |\n' "${ROW_NAME[$i]}${ROW_NOTE[$i]}" "${ROW_NS[$i]}" "${ROW_MIN[$i]}" \
 			"${ROW_MAX[$i]}" "$(ratio "${ROW_NS[$i]}" "$REF")" "${ROW_LOOP[$i]}" "$(ratio "${ROW_LOOP[$i]}" "$REFL")"
 	done
 }

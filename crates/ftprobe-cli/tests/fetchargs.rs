@@ -258,4 +258,20 @@ fn strings_and_arrays_fit_on_a_small_signal_stack() {
         "on a {size}-byte signal stack: {:?}",
         out.status
     );
+    // The short program of an event of registers, single loads and strings
+    // (`write_fast_record`, its string lengths on the stack) within the same budget.
+    let def = "p hf s=+0($stack):string t=+8($stack):string v=+0($stack):u64 \
+               w=+8($stack):u32 r=%di";
+    let (out, text) = trace(&["-e", def], &[exe]);
+    assert!(out.status.success(), "{out:?}");
+    let extra = used(&out) - plain;
+    assert!(
+        extra <= BUDGET,
+        "the short program used {extra} bytes of the signal stack"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.contains(": p_hf_0: (")).count(),
+        2,
+        "{text}"
+    );
 }

@@ -120,6 +120,12 @@ pub struct TraceKprobe {
     /// straight into the record (nothing can fault: the mask is 0), without the general
     /// per-argument program. The record is the same.
     regs_only: Option<Box<[u8]>>,
+    /// Otherwise, every argument of an entry event (at most 64) is a register's value, one
+    /// load of at most 8 bytes at a register or an address plus an offset (`+8(%di):u32`,
+    /// `@var:u64`), or the string there (`+0(%si):string`, `@name:string`): the short
+    /// program `write_event` runs instead of the general one (no chain of dereferences, no
+    /// array). The record is the same.
+    fast: Option<Box<[FastArg]>>,
     /// Whether the site stands after the prologue (stack arguments are above `rbp`); set
     /// each time the probe is armed (its object may be loaded later).
     after_prologue: AtomicBool,
@@ -167,6 +173,17 @@ impl TraceKprobe {
     /// counter) cost ~14 ns here.
     pub fn dropped(&self) -> u64 {
         self.dropped_counter().load(Ordering::Relaxed)
+    }
+
+    /// Which program a hit of this event runs while short programs are on
+    /// ([`set_fast_programs`]): `"registers"`, `"fast"` or `"general"`.
+    pub fn program(&self) -> &'static str {
+        match (&self.regs_only, &self.fast, self.rp) {
+            (_, _, Some(_)) => "general",
+            (Some(_), _, None) => "registers",
+            (None, Some(_), None) => "fast",
+            (None, None, None) => "general",
+        }
     }
 
     /// Probe path: how this hit reads memory, if the event reads any.
@@ -710,6 +727,7 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         dynamic: args.iter().any(|a| a.store.is_dynamic()),
         reads_memory: args.iter().any(Fetch::reads_memory),
         regs_only: if rp.is_none() { regs_only(&args) } else { None },
+        fast: if rp.is_none() { fast_args(&args) } else { None },
         args,
         after_prologue: AtomicBool::new(false),
         pending: AtomicBool::new(pending),
@@ -943,6 +961,80 @@ fn regs_only(args: &[Fetch]) -> Option<Box<[u8]>> {
         .collect()
 }
 
+/// Whether events run their short programs ([`TraceKprobe::regs_only`],
+/// [`TraceKprobe::fast`]) where they have one.
+static FAST_PROGRAMS: AtomicBool = AtomicBool::new(true);
+
+/// Make every event run the general per-argument program (`false`), or the short ones where
+/// an event has one (`true`, the default). The records are the same either way: for tests
+/// and benchmarks that compare the two.
+pub fn set_fast_programs(on: bool) {
+    FAST_PROGRAMS.store(on, Ordering::Relaxed);
+}
+
+/// Where a [`FastArg`]'s address starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FastBase {
+    /// A `pt_regs` word.
+    Reg(u8),
+    Imm(u64),
+}
+
+/// One argument of [`TraceKprobe::fast`]: what it stores is what the general program
+/// (`store_arg`) stores for the same [`Fetch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FastArg {
+    /// A `pt_regs` word ([`Store::Raw`], no dereference).
+    Reg(u8),
+    /// `size` bytes (at most 8) at the base + `off`, in one word ([`Store::Mem`] of one
+    /// element, the base's value its address).
+    Load { base: FastBase, off: i64, size: u8 },
+    /// The string at the base + `off` ([`Store::Str`]).
+    Str { base: FastBase, off: i64 },
+}
+
+/// Most strings of an event with a [`TraceKprobe::fast`] program (their lengths are kept
+/// on the stack between the two passes).
+const FAST_STRINGS: usize = 8;
+
+/// The [`FastArg`]s of `args`, when every one has one, there are at most 64 (one
+/// fault-mask word) and at most [`FAST_STRINGS`] strings.
+fn fast_args(args: &[Fetch]) -> Option<Box<[FastArg]>> {
+    const ARG_REGS: [Reg; 6] = [Reg::Di, Reg::Si, Reg::Dx, Reg::Cx, Reg::R8, Reg::R9];
+    let strings = args
+        .iter()
+        .filter(|f| matches!(f.store, Store::Str { .. }))
+        .count();
+    if args.len() > 64 || strings > FAST_STRINGS {
+        return None;
+    }
+    let word = |r: Reg| u8::try_from(r.pt_regs_offset() / 8).ok();
+    args.iter()
+        .map(|f| {
+            if !f.derefs.is_empty() {
+                return None;
+            }
+            let base = match f.base {
+                Base::Reg(r) => FastBase::Reg(word(r)?),
+                Base::Arg(n @ 1..=6) => FastBase::Reg(word(ARG_REGS[n as usize - 1])?),
+                Base::StackPtr => FastBase::Reg(word(Reg::Sp)?),
+                Base::Imm(v) => FastBase::Imm(v),
+                _ => return None,
+            };
+            Some(match (f.store, base) {
+                (Store::Raw, FastBase::Reg(i)) => FastArg::Reg(i),
+                (Store::Mem { off, size, count: 1 }, _) if size <= 8 => FastArg::Load {
+                    base,
+                    off,
+                    size: size as u8,
+                },
+                (Store::Str { off }, _) => FastArg::Str { base, off },
+                _ => return None,
+            })
+        })
+        .collect()
+}
+
 /// Probe path: read argument `n` (1-based) by the SysV ABI at function entry.
 fn fetch_arg(n: u32, regs: &PtRegs, after_prologue: bool, mem: sys::Nofault) -> Option<u64> {
     Some(match n {
@@ -1063,6 +1155,33 @@ fn store_string(data: &mut [u8], used: &mut usize, addr: u64, mem: sys::Nofault)
     };
     *used += len;
     (start as u64) | ((len as u64) << 32)
+}
+
+/// Probe path: [`store_string`] of a string the first pass found `len` bytes long, NUL
+/// included (0: unreadable): those bytes (at most `MAX_STRING_SIZE` and the room left)
+/// but the last copied, and a NUL after them (the string's own, or the cut of a string
+/// longer than the room or changed since the first pass, as `strncpy_from_kernel_nofault()`
+/// cuts). One read of known length instead of a second scan for the NUL.
+#[inline(always)]
+fn store_string_of_len(
+    data: &mut [u8],
+    used: &mut usize,
+    addr: u64,
+    len: usize,
+    mem: sys::Nofault,
+) -> u64 {
+    let start = *used;
+    let want = len.min(MAX_STRING_SIZE.min(data.len().saturating_sub(start)));
+    let Some(buf) = data.get_mut(start..start + want).filter(|b| !b.is_empty()) else {
+        return 0;
+    };
+    let (bytes, nul) = buf.split_at_mut(want - 1);
+    if mem.read(addr, bytes) < bytes.len() {
+        return 0;
+    }
+    nul[0] = 0;
+    *used += want;
+    (start as u64) | ((want as u64) << 32)
 }
 
 /// Probe path, second pass: store argument `f` at `slots[at..]` (its fixed words) and its
@@ -1200,12 +1319,8 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
     let mask_words = head - 2 - usize::from(ret_ip.is_some());
     // The strings' bytes, capped so that the record (its header word included) fits.
     let room = MAX_RECORD_WORDS.saturating_sub(1 + head + fixed) * 8;
-    let data_bytes = if tk.dynamic {
-        strings_size(tk, at).min(room)
-    } else {
-        0
-    };
-    if let (Some(words), None) = (tk.regs_only.as_deref(), ret_ip) {
+    let fast_ok = ret_ip.is_none() && FAST_PROGRAMS.load(Ordering::Relaxed);
+    if let (Some(words), true) = (tk.regs_only.as_deref(), fast_ok) {
         let written = write_regs_record(w, tk, at.regs, words, (tsc, cpu, addr));
         drop(section);
         if !written {
@@ -1213,6 +1328,19 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
         }
         return;
     }
+    if let (Some(fast), true) = (tk.fast.as_deref(), fast_ok) {
+        let written = write_fast_record(w, tk, at, fast, (tsc, cpu, addr));
+        drop(section);
+        if !written {
+            tk.dropped_counter().fetch_add(1, Ordering::Relaxed);
+        }
+        return;
+    }
+    let data_bytes = if tk.dynamic {
+        strings_size(tk, at).min(room)
+    } else {
+        0
+    };
     // Stored straight into the ring: a stack buffer for 128 arguments overflowed small
     // stacks (a sigaltstack of a few KiB).
     let written = w.write_with(
@@ -1285,6 +1413,94 @@ fn write_regs_record(
                     regs.get(i as usize).copied().unwrap_or(0),
                     Ordering::Relaxed,
                 );
+            }
+        },
+    )
+}
+
+/// Probe path: the record of an event with a [`TraceKprobe::fast`] program: the head (tsc,
+/// address, the fault mask), each argument's word, the strings' bytes; as the general path
+/// writes it. Out of line, as [`write_regs_record`].
+#[inline(never)]
+fn write_fast_record(
+    w: crate::ring::SectionWriter<'static>,
+    tk: &TraceKprobe,
+    at: At<'_>,
+    fast: &[FastArg],
+    (tsc, cpu, addr): (u64, u32, u64),
+) -> bool {
+    const N: usize = std::mem::size_of::<PtRegs>() / 8;
+    // SAFETY: PtRegs is repr(C) and made only of u64 fields: the layout of [u64; N].
+    let regs = unsafe { &*(at.regs as *const PtRegs as *const [u64; N]) };
+    let reg = |i: u8| regs.get(usize::from(i)).copied().unwrap_or(0);
+    let start = |base: FastBase, off: i64| {
+        let v = match base {
+            FastBase::Reg(i) => reg(i),
+            FastBase::Imm(v) => v,
+        };
+        v.wrapping_add(off as u64)
+    };
+    let head = tk.head_words;
+    // The strings' lengths first (the kernel's two passes: `fetch_store_strlen()`, then the
+    // copy), each kept for the copy; their sum capped so that the record fits.
+    let mut lens = [0u16; FAST_STRINGS];
+    let data_bytes = if tk.dynamic {
+        let room = MAX_RECORD_WORDS.saturating_sub(1 + head + fast.len()) * 8;
+        let mut total = 0usize;
+        let strs = fast.iter().filter_map(|a| match *a {
+            FastArg::Str { base, off } => Some(start(base, off)),
+            _ => None,
+        });
+        for (len, addr) in lens.iter_mut().zip(strs) {
+            let n = at.mem.strnlen(addr, MAX_STRING_SIZE).unwrap_or(0);
+            *len = n as u16;
+            total += n;
+        }
+        total.min(room)
+    } else {
+        0
+    };
+    w.write_with(
+        rtype::KPROBE,
+        crate::record::kprobe_aux(cpu, tk.id),
+        head + fast.len() + data_bytes.div_ceil(8),
+        |slots| {
+            slots[0].store(tsc, Ordering::Relaxed);
+            slots[1].store(addr, Ordering::Relaxed);
+            let (fixed, data_slots) = slots.split_at(slots.len().min(head + fast.len()));
+            let mut mask = 0u64;
+            with_bytes(data_slots, |data| {
+                let data = data.get_mut(..data_bytes).unwrap_or_default();
+                let mut used = 0usize;
+                let mut lens = lens.iter();
+                for (k, (a, slot)) in fast.iter().zip(fixed.iter().skip(head)).enumerate() {
+                    let v = match *a {
+                        FastArg::Reg(i) => Some(reg(i)),
+                        FastArg::Load { base, off, size: 8 } => at.mem.read_u64(start(base, off)),
+                        FastArg::Load { base, off, size } => {
+                            let mut b = [0u8; 8];
+                            let len = usize::from(size);
+                            (at.mem.read(start(base, off), &mut b[..len]) == len)
+                                .then(|| u64::from_le_bytes(b))
+                        }
+                        // As `store_arg`: a string that cannot be read has data_loc 0 and
+                        // no fault bit.
+                        FastArg::Str { base, off } => Some(store_string_of_len(
+                            data,
+                            &mut used,
+                            start(base, off),
+                            lens.next().map_or(0, |&n| usize::from(n)),
+                            at.mem,
+                        )),
+                    };
+                    slot.store(v.unwrap_or(0), Ordering::Relaxed);
+                    mask |= u64::from(v.is_none()) << k;
+                }
+            });
+            // The fault mask: one word (at most 64 arguments), then any other head words.
+            slots[2].store(mask, Ordering::Relaxed);
+            for s in slots.iter().take(head).skip(3) {
+                s.store(0, Ordering::Relaxed);
             }
         },
     )

@@ -117,5 +117,152 @@ fn main() {
         });
     }
     assert_eq!(comm.as_deref(), Some("renamed-now"));
-    println!("test comm_is_read_at_each_hit ... ok\n\n3 passed, 0 failed");
+    println!("test comm_is_read_at_each_hit ... ok");
+
+    kprobes::unregister_kprobe(tk.kp).unwrap();
+    kprobes::unregister_kprobe(tk2.kp).unwrap();
+    ftrace::unregister_ftrace_function(&FUNCTION_OPS).unwrap();
+    fast_programs_write_the_general_programs_records(&reader);
+    println!("test fast_programs_write_the_general_programs_records ... ok\n\n4 passed, 0 failed");
+}
+
+/// A word and a string the `@SYM` fetch args read.
+#[no_mangle]
+#[used]
+static FTPROBE_TEST_WORD: u64 = 0x0102_0304_0506_0708;
+#[no_mangle]
+#[used]
+static FTPROBE_TEST_STR: [u8; 6] = *b"global";
+
+/// The same call site for every hit (`+0(%sp)` is its return address).
+#[inline(never)]
+fn hit(a: u64, b: u64) {
+    // SAFETY: plain C function.
+    std::hint::black_box(unsafe { fx_add(a as i64, b as i64) });
+}
+
+/// The records of `id` drained from every ring, without their timestamp (word 0).
+fn records_of(reader: &SharedRings, id: u32) -> Vec<Vec<u64>> {
+    let mut out = Vec::new();
+    for r in 0..reader.claimed() {
+        reader.reader(r).unwrap().drain_aux(|t, aux, w| {
+            if t == rtype::KPROBE && aux >> 12 == id {
+                out.push(w[1..].to_vec());
+            }
+        });
+    }
+    out
+}
+
+/// An event whose every argument is a register, one load at a register or an address plus
+/// an offset, or the string there runs its short program (`write_fast_record`): its records
+/// are word for word those of the general program, on good memory, NULL, a `PROT_NONE` page,
+/// an unmapped page, a word and a string that run into the `PROT_NONE` page, and a string
+/// longer than `MAX_STRING_SIZE`. The plain loads with their fault fixups (this program
+/// installs no signal action and changes no mask, as the agent's interposers ensure in a
+/// traced program).
+fn fast_programs_write_the_general_programs_records(reader: &SharedRings) {
+    use ftprobe::arch::x86_64::uaccess;
+    use ftprobe::trace_kprobe::ArgValue;
+    uaccess::set_handlers_kept();
+    let def = "p:fast fx_add a=+0(%di):u64 b=+8(%di):x32 c=+12(%di):s16 d=+14(%di):u8 \
+               e=+0(%si):string f=$arg1 g=@FTPROBE_TEST_WORD:u64 h=@FTPROBE_TEST_STR:string \
+               i=+0(%sp):x64 j=+u0(%si):ustring k=+15(%di):b4@2/8 l=%si";
+    let tk = trace_kprobe::create(7, def).unwrap();
+    assert_eq!(tk.program(), "fast", "{def}");
+    assert!(uaccess::enabled(), "plain loads on");
+    // Three pages: data, PROT_NONE, unmapped.
+    let page = 4096u64;
+    // SAFETY: a fresh private anonymous mapping, changed below only by this test.
+    let base = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            3 * page as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        assert_eq!(libc::mprotect(p.cast::<u8>().add(4096).cast(), 4096, 0), 0);
+        assert_eq!(libc::munmap(p.cast::<u8>().add(8192).cast(), 4096), 0);
+        p as u64
+    };
+    let (none, unmapped) = (base + page, base + 2 * page);
+    let put = |at: u64, bytes: &[u8]| {
+        // SAFETY: `at..at + len` is in the data page (the callers' offsets).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) }
+    };
+    put(base, &0x1122_3344_5566_7788u64.to_le_bytes());
+    put(base + 8, &0xdead_beefu32.to_le_bytes());
+    put(base + 12, &(-2i16).to_le_bytes());
+    put(base + 14, &[0xab, 0b0001_0100]);
+    put(base + 64, b"hello, fast path\0");
+    // A string without a NUL before the PROT_NONE page, a struct that runs into it.
+    let edge = none - 5;
+    put(edge, b"abcde");
+    let long: Vec<u8> = std::iter::repeat_n(b'x', 5000).chain([0]).collect();
+    let cases: [(u64, u64); 7] = [
+        (base, base + 64),
+        (0, 0),
+        (none, none),
+        (unmapped, unmapped),
+        (none - 12, edge),
+        (base, long.as_ptr() as u64),
+        (base + 64, base),
+    ];
+    let mut fast = Vec::new();
+    let mut general = Vec::new();
+    for (a, b) in cases {
+        trace_kprobe::set_fast_programs(true);
+        hit(a, b);
+        fast.extend(records_of(reader, 7));
+        trace_kprobe::set_fast_programs(false);
+        hit(a, b);
+        general.extend(records_of(reader, 7));
+    }
+    trace_kprobe::set_fast_programs(true);
+    assert_eq!(fast.len(), cases.len(), "a record per hit");
+    assert_eq!(fast, general, "the same records");
+    // The first case, against what this test wrote.
+    let mut words = vec![0u64];
+    words.extend(&fast[0]);
+    let v = trace_kprobe::decode_args(&tk.def, &words).unwrap();
+    let str_of = |s: &[u8]| ArgValue::Str(Some(s.to_vec()));
+    assert_eq!(v[0], ArgValue::Scalar(0x1122_3344_5566_7788));
+    assert_eq!(v[1], ArgValue::Scalar(0xdead_beef));
+    assert_eq!(v[2], ArgValue::Scalar(0xfffe));
+    assert_eq!(v[3], ArgValue::Scalar(0xab));
+    assert_eq!(v[4], str_of(b"hello, fast path"));
+    assert_eq!(v[5], ArgValue::Scalar(base));
+    assert_eq!(v[6], ArgValue::Scalar(0x0102_0304_0506_0708));
+    assert_eq!(v[7], str_of(b"global"));
+    assert_eq!(v[9], str_of(b"hello, fast path"));
+    assert_eq!(v[10], ArgValue::Scalar(0b0001_0100));
+    assert_eq!(v[11], ArgValue::Scalar(base + 64));
+    // NULL: every load faults, the strings have no data; the registers and globals stay.
+    words.truncate(1);
+    words.extend(&fast[1]);
+    let v = trace_kprobe::decode_args(&tk.def, &words).unwrap();
+    for i in [0, 1, 2, 3, 10] {
+        assert_eq!(v[i], ArgValue::Fault, "arg {i} of NULL");
+    }
+    assert_eq!(v[4], ArgValue::Str(None));
+    assert_eq!(v[7], str_of(b"global"));
+    // 12 bytes before the PROT_NONE page: the u64 and the u32 are read (the u64's last byte
+    // is the string's `a`), the s16 and after fault; the string that runs into it has no
+    // data.
+    words.truncate(1);
+    words.extend(&fast[4]);
+    let v = trace_kprobe::decode_args(&tk.def, &words).unwrap();
+    assert_eq!(v[0], ArgValue::Scalar(u64::from(b'a') << 56));
+    assert_eq!(v[1], ArgValue::Scalar(u64::from(u32::from_le_bytes(*b"bcde"))));
+    assert_eq!((&v[2], &v[3]), (&ArgValue::Fault, &ArgValue::Fault));
+    assert_eq!(v[4], ArgValue::Str(None));
+    // The string longer than MAX_STRING_SIZE is cut to MAX_STRING_SIZE - 1 bytes.
+    words.truncate(1);
+    words.extend(&fast[5]);
+    let v = trace_kprobe::decode_args(&tk.def, &words).unwrap();
+    assert_eq!(v[4], str_of(&long[..ftprobe::events::MAX_STRING_SIZE - 1]));
+    kprobes::unregister_kprobe(tk.kp).unwrap();
 }
