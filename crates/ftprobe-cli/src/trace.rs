@@ -63,16 +63,17 @@ pub const LOST_AFTER_END: &str = "events of threads after they released their ri
 /// Arguments of `ftprobe trace`.
 #[derive(Args)]
 pub struct TraceArgs {
-    /// Write the trace to FILE instead of standard output.
+    /// Write the trace to FILE instead of standard output (`-`: standard output, as perf's
+    /// and uftrace's `-o -`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
     #[command(flatten)]
     session: SessionArgs,
 }
 
-/// The trace's output: FILE, or standard output.
+/// The trace's output: FILE, or standard output (none, or `-`).
 pub fn open_output(path: Option<&PathBuf>) -> Result<Box<dyn Write>> {
-    Ok(match path {
+    Ok(match path.filter(|p| p.as_os_str() != "-") {
         Some(p) => Box::new(BufWriter::new(
             File::create(p).with_context(|| format!("creating {}", p.display()))?,
         )),

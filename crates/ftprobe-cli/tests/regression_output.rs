@@ -574,3 +574,28 @@ fn unknown_at_symbol_caret_is_under_the_argument() {
         assert!(err.contains(&want), "{err}\nwanted:\n{want}");
     }
 }
+
+/// Regression: `-o -` wrote the trace into a file named `-` in the current directory (a
+/// harness that meant standard output left a 250 MB file); it is standard output, as
+/// perf's and uftrace's `-o -`.
+#[test]
+fn output_dash_is_standard_output() {
+    let exe = fixture("calls", Flavour::Patchable).unwrap();
+    let dir = std::env::temp_dir().join(format!("ftprobe-dash-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = ftprobe()
+        .current_dir(&dir)
+        .args(["trace", "-o", "-", "-e", "p:ev work", "--"])
+        .args([exe.to_str().unwrap(), "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("# entries-in-buffer/entries-written:"),
+        "the trace on stdout: {text}"
+    );
+    assert!(events(&text).count() > 0, "{text}");
+    assert!(!dir.join("-").exists(), "no file named -");
+    let _ = std::fs::remove_dir_all(&dir);
+}
