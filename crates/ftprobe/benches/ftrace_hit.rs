@@ -244,7 +244,10 @@ fn main() {
         ts[RUNS - 1]
     );
     for (name, (m, lo, hi)) in fetch_diffs {
-        println!("{name:<42} {:>10} {m:>10.2} {lo:>7.2}-{hi:<7.2}", "(rounds)");
+        println!(
+            "{name:<42} {:>10} {m:>10.2} {lo:>7.2}-{hi:<7.2}",
+            "(rounds)"
+        );
     }
     println!("({RUNS} runs of {N} calls; 'per hit' = median minus the untraced median; the fetch rows in interleaved rounds, their differences the medians of the rounds'; {records} records drained)");
 }

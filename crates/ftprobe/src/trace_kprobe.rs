@@ -1023,7 +1023,14 @@ fn fast_args(args: &[Fetch]) -> Option<Box<[FastArg]>> {
             };
             Some(match (f.store, base) {
                 (Store::Raw, FastBase::Reg(i)) => FastArg::Reg(i),
-                (Store::Mem { off, size, count: 1 }, _) if size <= 8 => FastArg::Load {
+                (
+                    Store::Mem {
+                        off,
+                        size,
+                        count: 1,
+                    },
+                    _,
+                ) if size <= 8 => FastArg::Load {
                     base,
                     off,
                     size: size as u8,

@@ -256,7 +256,10 @@ fn fast_programs_write_the_general_programs_records(reader: &SharedRings) {
     words.extend(&fast[4]);
     let v = trace_kprobe::decode_args(&tk.def, &words).unwrap();
     assert_eq!(v[0], ArgValue::Scalar(u64::from(b'a') << 56));
-    assert_eq!(v[1], ArgValue::Scalar(u64::from(u32::from_le_bytes(*b"bcde"))));
+    assert_eq!(
+        v[1],
+        ArgValue::Scalar(u64::from(u32::from_le_bytes(*b"bcde")))
+    );
     assert_eq!((&v[2], &v[3]), (&ArgValue::Fault, &ArgValue::Fault));
     assert_eq!(v[4], ArgValue::Str(None));
     // The string longer than MAX_STRING_SIZE is cut to MAX_STRING_SIZE - 1 bytes.

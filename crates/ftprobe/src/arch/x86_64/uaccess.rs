@@ -624,7 +624,10 @@ mod tests {
                         Some(_) => Some(cap),
                         None => None,
                     };
-                    assert_eq!(copied, want_copy, "strncpy(end - {back}, {cap}), length {len}");
+                    assert_eq!(
+                        copied, want_copy,
+                        "strncpy(end - {back}, {cap}), length {len}"
+                    );
                 }
             }
         }
@@ -644,7 +647,11 @@ mod tests {
                 let want = len.min(back as usize);
                 assert_eq!(got, want, "copy(end - {back}, {len})");
                 for (i, &b) in out[..want].iter().enumerate() {
-                    assert_eq!(b, (128 - back as usize + i) as u8, "byte {i} of end - {back}");
+                    assert_eq!(
+                        b,
+                        (128 - back as usize + i) as u8,
+                        "byte {i} of end - {back}"
+                    );
                 }
                 assert!(out[want..].iter().all(|&b| b == 0xaa), "nothing after");
             }
