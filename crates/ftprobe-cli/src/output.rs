@@ -317,10 +317,73 @@ pub fn list_functions(bin: &Path) -> Result<()> {
     }
 }
 
+/// `PIPE_BUF` (pipe(7)): a `write` of at most this many bytes to a pipe is atomic, never
+/// interleaved with another process's write to the same pipe.
+pub const PIPE_BUF: usize = 4096;
+
+/// A writer for a pipe the traced program writes to as well (`ftprobe trace | grep ...`,
+/// the program's own stdout inherited): each `write(2)` is whole lines of at most
+/// [`PIPE_BUF`] bytes, so the program's writes of at most `PIPE_BUF` bytes land between
+/// trace lines, never inside one (a line longer than `PIPE_BUF` goes in pieces). Buffers at
+/// most `PIPE_BUF` bytes plus the current write.
+pub struct PipeLines<W: Write> {
+    inner: W,
+    buf: Vec<u8>,
+}
+
+impl<W: Write> PipeLines<W> {
+    pub fn new(inner: W) -> PipeLines<W> {
+        PipeLines {
+            inner,
+            buf: Vec::with_capacity(2 * PIPE_BUF),
+        }
+    }
+
+    /// Write the buffered whole lines in writes of at most `PIPE_BUF` bytes, each ending at
+    /// a line end when one is in reach; with `all`, the last partial line too.
+    fn drain(&mut self, all: bool) -> std::io::Result<()> {
+        let mut at = 0;
+        while self.buf.len() - at >= PIPE_BUF || (all && at < self.buf.len()) {
+            let window = &self.buf[at..self.buf.len().min(at + PIPE_BUF)];
+            let n = match window.iter().rposition(|&b| b == b'\n') {
+                Some(i) => i + 1,
+                // A line longer than PIPE_BUF (or the last, partial one): as it comes.
+                None => window.len(),
+            };
+            self.inner.write_all(&window[..n])?;
+            at += n;
+        }
+        self.buf.drain(..at);
+        Ok(())
+    }
+}
+
+impl<W: Write> Write for PipeLines<W> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= PIPE_BUF {
+            self.drain(false)?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.drain(true)?;
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> Drop for PipeLines<W> {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{header, push_cpu_time, task_prefix};
+    use super::{header, push_cpu_time, task_prefix, PipeLines, PIPE_BUF};
     use crate::symbols::push_unknown_addr;
+    use std::io::Write;
 
     /// The hand-written formatting is byte for byte the kernel's printf formats
     /// (`"%16s-%-7d "`, `"[%03d] "`, `" %5lu.%06lu"`, `": "`).
@@ -396,6 +459,61 @@ mod tests {
             let mut out = Vec::new();
             push_unknown_addr(&mut out, addr);
             assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
+    }
+
+    /// Every write a [`PipeLines`] makes is at most `PIPE_BUF` bytes and ends at a line end,
+    /// unless a line is longer than that; the bytes come out whole and in order.
+    #[test]
+    fn pipe_lines_write_whole_lines_of_at_most_pipe_buf() {
+        struct Writes(Vec<Vec<u8>>);
+        impl Write for Writes {
+            fn write(&mut self, d: &[u8]) -> std::io::Result<usize> {
+                self.0.push(d.to_vec());
+                Ok(d.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        // Lines of 1 to 9000 bytes (some longer than PIPE_BUF), fed in chunks of odd sizes.
+        let mut text = Vec::new();
+        let mut seed = 7u64;
+        for i in 0..3000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let len = if i % 500 == 0 {
+                9000
+            } else {
+                (seed >> 33) as usize % 300
+            };
+            text.extend(std::iter::repeat_n(b'a' + (i % 26) as u8, len));
+            text.push(b'\n');
+        }
+        text.extend_from_slice(b"partial");
+        let mut w = PipeLines::new(Writes(Vec::new()));
+        let mut at = 0;
+        let mut step = 1;
+        while at < text.len() {
+            let n = step.min(text.len() - at);
+            w.write_all(&text[at..at + n]).unwrap();
+            at += n;
+            step = step * 3 % 7919 + 1;
+        }
+        w.flush().unwrap();
+        let writes = std::mem::take(&mut w.inner.0);
+        assert_eq!(writes.concat(), text, "whole and in order");
+        let last = writes.len() - 1;
+        for (k, wr) in writes.iter().enumerate() {
+            assert!(wr.len() <= PIPE_BUF, "write {k}: {} bytes", wr.len());
+            let ends_line = wr.last() == Some(&b'\n');
+            // A piece of a line longer than PIPE_BUF (no line end in it) is the only other
+            // kind, and the last, partial line at the flush.
+            assert!(
+                ends_line || k == last || !wr.contains(&b'\n'),
+                "write {k} ends inside a line that fits"
+            );
         }
     }
 }

@@ -71,13 +71,28 @@ pub struct TraceArgs {
     session: SessionArgs,
 }
 
-/// The trace's output: FILE, or standard output (none, or `-`).
+/// The trace's output: FILE, or standard output (none, or `-`). When standard output is a
+/// pipe, whole lines of at most `PIPE_BUF` bytes per write ([`PipeLines`]): the traced
+/// program inherits the same pipe, and its own lines must not land inside trace lines.
 pub fn open_output(path: Option<&PathBuf>) -> Result<Box<dyn Write>> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
     Ok(match path.filter(|p| p.as_os_str() != "-") {
         Some(p) => Box::new(BufWriter::new(
             File::create(p).with_context(|| format!("creating {}", p.display()))?,
         )),
-        None => Box::new(BufWriter::new(std::io::stdout())),
+        None => {
+            let pipe = std::io::stdout()
+                .as_fd()
+                .try_clone_to_owned()
+                .map(File::from)
+                .ok()
+                .filter(|f| f.metadata().is_ok_and(|m| m.file_type().is_fifo()));
+            match pipe {
+                Some(f) => Box::new(crate::output::PipeLines::new(f)),
+                None => Box::new(BufWriter::new(std::io::stdout())),
+            }
+        }
     })
 }
 

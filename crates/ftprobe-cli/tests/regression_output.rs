@@ -599,3 +599,64 @@ fn output_dash_is_standard_output() {
     assert!(!dir.join("-").exists(), "no file named -");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Review 14, F6: with standard output a pipe, which the traced program inherits, ftprobe
+/// wrote the trace in chunks larger than `PIPE_BUF`; when the pipe was full (a slow reader,
+/// `| grep`), the program's lines landed inside trace lines. Now each write is whole lines
+/// of at most `PIPE_BUF` bytes (`output::PipeLines`, whose unit test checks every write). A
+/// shell echoes 3000 numbered lines while `p libc:write` traces each of its writes, read
+/// with pauses that fill the pipe: every line is the program's, whole, or a trace line, and
+/// none is missing. (The same shell loop read by a slow Python reader broke 4-7 lines a run
+/// with the old writer; this reader did not make the old writer fail here, so the unit test
+/// is what holds the rule.)
+#[test]
+fn program_lines_never_land_inside_trace_lines_on_a_shared_pipe() {
+    use std::io::Read;
+    let script = "i=0; while [ $i -lt 3000 ]; do echo prog-line-$i; i=$((i+1)); done";
+    for run in 0..3 {
+        let mut child = ftprobe()
+            .args(["trace", "-e", "p:w libc:write fd=%di:s32 n=%dx:u64", "--"])
+            .args(["sh", "-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdout.take().unwrap();
+        let mut bytes = Vec::new();
+        let mut buf = [0u8; 1000];
+        loop {
+            // Now and then nothing is read for a while: the pipe fills, and both writers
+            // wait inside their writes.
+            if bytes.len() % 50_000 < 1000 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let n = pipe.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            bytes.extend_from_slice(&buf[..n]);
+        }
+        assert!(child.wait().unwrap().success());
+        let text = String::from_utf8_lossy(&bytes);
+        let mut program = 0;
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            if line
+                .strip_prefix("prog-line-")
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+            {
+                program += 1;
+            } else {
+                assert!(
+                    line.contains(" w: (") && !line.contains("prog-line"),
+                    "run {run}: a line that is neither the program's nor a trace line: {line:?}"
+                );
+            }
+        }
+        assert_eq!(program, 3000, "run {run}: the program's lines, whole");
+        let writes = text.lines().filter(|l| l.contains(" w: (")).count();
+        assert!(
+            writes >= 3000,
+            "run {run}: {writes} writes traced\n{text:.2000}"
+        );
+    }
+}
