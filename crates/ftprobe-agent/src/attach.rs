@@ -175,6 +175,8 @@ pub unsafe extern "C" fn ftprobe_agent_control(
     out: *mut u8,
     out_len: usize,
 ) -> i32 {
+    // The agent's work on a thread of the program's: not the program's events.
+    let _busy = ftprobe::kprobes::KprobeBusy::begin();
     if let Ok(mut g) = CAPTURE.lock() {
         *g = Some(String::new());
     }

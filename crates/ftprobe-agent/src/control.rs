@@ -42,6 +42,9 @@ pub(crate) fn start(fd: i32, function: bool, graph: bool) -> Result<(), String> 
 extern "C" fn control_main(arg: *mut c_void) -> ! {
     // SAFETY: this thread's TLS is a copy of its creator's; nothing ran on it yet.
     unsafe { ftprobe::trace::reset_copied_thread_state() };
+    // The agent's own thread: what it calls is never the program's (a probe on the C
+    // library's `read` or `close` counts its calls missed, not as events).
+    let _busy = ftprobe::kprobes::KprobeBusy::begin();
     // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"ftprobe-ctl".as_ptr()) };
     // SAFETY: `start` leaked the area for the process's life.

@@ -244,6 +244,9 @@ pub fn sync_objects() {
 
 /// Compare the loaded objects with the last list and follow the difference.
 fn changed() {
+    // The agent's work on the program's thread: its own calls (reading the new objects'
+    // files) are not the program's events.
+    let _busy = kprobes::KprobeBusy::begin();
     let now = loaded();
     let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
     let added: Vec<LoadedObject> = now.iter().filter(|o| !known.contains(o)).cloned().collect();

@@ -108,6 +108,9 @@ extern "C" fn agent_init() {
 
 /// Start the agent: once, before any initializer of the program's objects when possible.
 fn start_agent() {
+    // Its own calls of the C library, once the first probes are armed, are not the
+    // program's events (`KprobeBusy`).
+    let _busy = ftprobe::kprobes::KprobeBusy::begin();
     sigtrap::init();
     exec::init();
     init();

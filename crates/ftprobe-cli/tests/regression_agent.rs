@@ -185,6 +185,40 @@ fn traced_mallocs(extra: &[&str]) -> String {
     text
 }
 
+/// Review 14, F3: `p libc:close` counted the agent's own `close` calls (reading
+/// `/proc/self/task` and `/proc/PID/stat` to check threads while it optimized a probe: 1, 2
+/// or 4 events by run, in a program that never calls `close`). The engine's control code
+/// runs as the kernel's `kprobe_busy_begin()` section (`KprobeBusy`): the probes it reaches
+/// count missed and record nothing. `libc_mallocs` prints with `write(2)` and never calls
+/// `close`, `open` or `read`: no event, with the probes optimized and as int3 probes; its
+/// own `malloc` calls are still exact (the same run).
+#[test]
+fn probes_on_libc_count_none_of_the_agents_own_calls() {
+    let exe = libc_mallocs_fixture();
+    let exe = exe.to_str().unwrap();
+    let args = [
+        "-e",
+        "p:c libc:close fd=%di:s32",
+        "-e",
+        "p:o libc:open",
+        "-e",
+        "p:r libc:read",
+        "-e",
+        "p:m libc:malloc size=%di:u64",
+    ];
+    for var in [None, Some(("FTPROBE_KPROBES_OPTIMIZATION", "0"))] {
+        for _ in 0..3 {
+            let (out, text) = trace_with_env(var, &args, &[exe, "9"]);
+            assert!(out.status.success(), "{var:?}: {out:?}");
+            assert_eq!(stdout(&out), "mallocs=9 frees=8\n");
+            for ev in ["c", "o", "r"] {
+                assert_eq!(kprobe_lines(&text, ev), Vec::<&str>::new(), "{var:?}: {ev}");
+            }
+            assert_eq!(kprobe_lines(&text, "m").len(), 9, "{var:?}: {text}");
+        }
+    }
+}
+
 /// Found by a user: with return hooks on (a return event, `-t function_graph`), the agent
 /// looked up `__cxa_begin_catch` with `dlsym` in a C program, where no object defines it: the
 /// failed lookup's error message is allocated with the program's `malloc` (two extra calls

@@ -218,6 +218,45 @@ pub(crate) fn this_thread() -> &'static ThreadState {
     STATE.with(|t| unsafe { &*(t as *const ThreadState) })
 }
 
+/// The `kprobe` of a thread whose control code runs ([`KprobeBusy`]): not a probe, never
+/// dereferenced ([`crate::kprobes::kprobe_running`] says `None` for it).
+pub(crate) const KPROBE_BUSY: *const Kprobe = std::ptr::NonNull::<Kprobe>::dangling().as_ptr();
+
+/// The kernel's `kprobe_busy_begin()` / `kprobe_busy_end()` (kernel/kprobes.c): while the
+/// engine's control code runs on a thread (registering and optimizing probes, patching
+/// code, reading `/proc`), a probe that code reaches (its own `close`, `memcpy`, ... of the
+/// C library) is counted missed, as a probe hit inside a probe handler, and records
+/// nothing: the events are the program's. Held for a scope; nests (an inner one, or one
+/// begun inside a probe handler, does nothing). Control path.
+pub struct KprobeBusy {
+    outermost: bool,
+}
+
+impl KprobeBusy {
+    #[inline(always)]
+    pub fn begin() -> KprobeBusy {
+        let t = this_thread();
+        let outermost = t.kprobe.get().is_null();
+        if outermost {
+            // Its frame: the calls it covers run below it (a later hit above it finds the
+            // guard stale, as after a non-local exit, and clears it).
+            t.kprobe_sp.set(stack_pointer());
+            t.kprobe.set(KPROBE_BUSY);
+        }
+        KprobeBusy { outermost }
+    }
+}
+
+impl Drop for KprobeBusy {
+    fn drop(&mut self) {
+        let t = this_thread();
+        if self.outermost && t.kprobe.get() == KPROBE_BUSY {
+            t.kprobe.set(std::ptr::null());
+            t.kprobe_sp.set(0);
+        }
+    }
+}
+
 /// The stack pointer of the caller (an entry point's frame).
 #[inline(always)]
 pub(crate) fn stack_pointer() -> u64 {

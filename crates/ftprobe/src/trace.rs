@@ -107,14 +107,20 @@ pub fn replace_buffer(rings: SharedRings) {
 static RETIRED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
 
 /// Whether the thread whose thread pointer is `tp` is inside the probe path: a writer
-/// section open on its ring, an ftrace callback or a kprobe running.
+/// section open on its ring, an ftrace callback or a kprobe running (not the engine's
+/// control code, [`KprobeBusy`](crate::kprobes::KprobeBusy), which writes no event).
 ///
 /// # Safety
 /// As [`forget_thread_ring`].
 pub unsafe fn thread_in_probe_path(tp: u64) -> bool {
     // SAFETY: forwarded contract.
     let t = unsafe { probe_state::thread_state_at(tp) };
-    t.is_some_and(|t| t.writing.get() != 0 || t.in_ftrace.get() != 0 || !t.kprobe.get().is_null())
+    t.is_some_and(|t| {
+        let k = t.kprobe.get();
+        t.writing.get() != 0
+            || t.in_ftrace.get() != 0
+            || (!k.is_null() && k != probe_state::KPROBE_BUSY)
+    })
 }
 
 /// Unmap every buffer a later session's replaced; returns how many.

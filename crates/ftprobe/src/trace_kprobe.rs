@@ -489,6 +489,7 @@ impl std::fmt::Display for EventError {
 /// Parse, compile and register a `p` definition as event `id`. Needs [`ft::init`] done and a
 /// trace buffer set ([`trace::set_buffer`]) for records to be written.
 pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     create_with(id, cmd, true)
 }
 
@@ -496,6 +497,7 @@ pub fn create(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
 /// is registered (its address checked, an int3 probe's instruction decoded) but not armed
 /// until [`enable`].
 pub fn create_disabled(id: u32, cmd: &str) -> Result<&'static TraceKprobe, EventError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     create_with(id, cmd, false)
 }
 
@@ -514,6 +516,7 @@ fn probes_of(id: u32) -> Vec<&'static TraceKprobe> {
 /// or disarmed through the batch `text_poke` protocol. A pending probe (its object not
 /// loaded) keeps the state for when it is armed.
 pub fn enable(id: u32, on: bool) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let probes = probes_of(id);
     if probes.is_empty() {
         return Err(KprobeError::NotRegistered);
@@ -544,6 +547,7 @@ pub fn enable(id: u32, on: bool) -> Result<(), KprobeError> {
 /// Remove event `id` (`-:EVENT` in `kprobe_events`): each of its probes is unregistered
 /// (its bytes back). The event's memory is kept (a thread may still run its handler).
 pub fn remove(id: u32) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let probes: Vec<&'static TraceKprobe> = {
         let mut events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
         let (gone, kept) = events.iter().partition(|tk| tk.id == id);
@@ -820,6 +824,7 @@ impl TraceKprobe {
 /// kernel's `trace_kprobe_module_callback()` does on MODULE_STATE_COMING. Returns the events
 /// armed, and those that could not be (with why).
 pub fn objects_loaded() -> (usize, Vec<(&'static TraceKprobe, KprobeError)>) {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let events: Vec<&'static TraceKprobe> =
         EVENTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut armed = 0;

@@ -878,6 +878,7 @@ pub fn site_covering_func(func: &SymbolAddr) -> Option<u64> {
 
 /// Set (with `reset`, replace) the filter of an unregistered ops (`ftrace_set_filter()`).
 pub fn ftrace_set_filter(ops: &FtraceOps, pattern: &str, reset: bool) -> Result<(), FtraceError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     set_filter(ops, pattern, reset, false)
 }
 
@@ -895,6 +896,7 @@ pub fn ftrace_reset_filters(ops: &FtraceOps) -> Result<(), FtraceError> {
 
 /// Set (with `reset`, replace) the notrace list of an unregistered ops (`ftrace_set_notrace()`).
 pub fn ftrace_set_notrace(ops: &FtraceOps, pattern: &str, reset: bool) -> Result<(), FtraceError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     set_filter(ops, pattern, reset, true)
 }
 
@@ -1138,6 +1140,7 @@ pub fn site_call_target(ip: u64) -> Option<u64> {
 /// Start calling `ops` on the functions its filter selects (`register_ftrace_function()`).
 /// On error nothing changed: no site is patched, the ops is not registered.
 pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let mut g = lock();
     let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
     if ops.is_registered() {
@@ -1177,6 +1180,7 @@ pub fn register_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceErr
 /// finish after this returns; the ops is `'static`, so that is memory-safe. On error nothing
 /// changed: the ops is still registered, its sites still call it.
 pub fn unregister_ftrace_function(ops: &'static FtraceOps) -> Result<(), FtraceError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let mut g = lock();
     let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
     let pos = st

@@ -105,6 +105,7 @@ fn default_maxactive() -> u32 {
 
 /// Register a return probe (`register_kretprobe()`). On error nothing is armed.
 pub fn register_kretprobe(rp: &'static Kretprobe) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     if let KprobeTarget::Symbol { offset, .. } = &rp.kp.target {
         if *offset != 0 {
             return Err(KprobeError::NotFunctionEntry(format!(
@@ -145,6 +146,7 @@ pub fn register_kretprobe(rp: &'static Kretprobe) -> Result<(), KprobeError> {
 /// Disarm a return probe (`unregister_kretprobe()`). Calls already hooked still return
 /// through the shadow stack; their handler no longer runs.
 pub fn unregister_kretprobe(rp: &'static Kretprobe) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     unregister_kprobe(&rp.kp)?;
     fgraph::unregister_ftrace_graph(&rp.gops).map_err(KprobeError::Ftrace)
 }

@@ -22,6 +22,7 @@ pub use kretprobe::{
     KretprobeInstance,
 };
 
+pub use crate::probe_state::KprobeBusy;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -444,6 +445,7 @@ fn starts_with_endbr(func: &SymbolAddr) -> bool {
 
 /// Register and arm a probe (`register_kprobe()`). On error nothing is enabled.
 pub fn register_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let mut t = lock();
     if t.probes
         .values()
@@ -532,6 +534,7 @@ pub fn optimization_refused(p: &'static Kprobe) -> Option<String> {
 /// probe that may be (see the `opt` module's rules; a probe that may not stays an int3
 /// probe); off puts every int3 back.
 pub fn set_optimization(on: bool) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let t = lock();
     opt::set_enabled(on);
     for (addr, probes) in &t.probes {
@@ -561,6 +564,7 @@ fn remove(t: &mut Table, p: &'static Kprobe) -> Option<u64> {
 
 /// Disarm and remove a probe (`unregister_kprobe()`).
 pub fn unregister_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let mut t = lock();
     let addr = remove(&mut t, p).ok_or(KprobeError::NotRegistered)?;
     arm(&t, addr)
@@ -568,11 +572,13 @@ pub fn unregister_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
 
 /// Stop a probe's handlers without unregistering it (`disable_kprobe()`).
 pub fn disable_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     set_disabled(p, true)
 }
 
 /// Resume a disabled probe (`enable_kprobe()`).
 pub fn enable_kprobe(p: &'static Kprobe) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     set_disabled(p, false)
 }
 
@@ -608,6 +614,7 @@ fn set_disabled(p: &'static Kprobe, disabled: bool) -> Result<(), KprobeError> {
 /// and register it again, as the kernel's trace_kprobe does on module load. Returns how many
 /// probes became GONE.
 pub fn objects_unloaded(objs: &[crate::process::LoadedObject]) -> Result<usize, KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let t = lock();
     let ranges = ft::unload_objects(objs)?;
     if ranges.is_empty() {
@@ -635,6 +642,7 @@ pub fn objects_unloaded(objs: &[crate::process::LoadedObject]) -> Result<usize, 
 /// probe next to another `ftrace_ops`, always do). Armed sites are retargeted at once. For
 /// comparisons and tests.
 pub fn set_per_site_trampolines(on: bool) -> Result<(), KprobeError> {
+    let _busy = crate::probe_state::KprobeBusy::begin();
     let t = lock();
     ftrace::set_per_site(&t.probes, on).map_err(Into::into)
 }
@@ -700,6 +708,7 @@ pub fn list() -> String {
 /// Probe path: the probe running on this thread, if any (`kprobe_running()`).
 pub fn kprobe_running() -> Option<&'static Kprobe> {
     let p = crate::probe_state::this_thread().kprobe.get();
-    // SAFETY: only registered &'static probes are stored as the current kprobe.
-    (!p.is_null()).then(|| unsafe { &*p })
+    // SAFETY: only registered &'static probes are stored as the current kprobe, besides
+    // KPROBE_BUSY, which is not dereferenced.
+    (!p.is_null() && p != crate::probe_state::KPROBE_BUSY).then(|| unsafe { &*p })
 }
