@@ -237,41 +237,31 @@ fn strings_and_arrays_fit_on_a_small_signal_stack() {
     let exe = exe.to_str().unwrap();
     let used = common::signal_stack_used;
     let plain = used(&untraced(&[exe]));
-    let def = "p hf s=+0($stack):string a=+0($stack):u64[8] p=+0(+0($stack)):string[2] \
-               y=+0($stack):symstr c=$comm";
-    let (out, text) = trace(&["-e", def], &[exe]);
-    assert!(out.status.success(), "{out:?}");
-    let extra = used(&out) - plain;
-    assert!(
-        extra <= BUDGET,
-        "the probe path used {extra} bytes of the signal stack"
-    );
-    assert_eq!(
-        text.lines().filter(|l| l.contains(": p_hf_0: (")).count(),
-        2,
-        "{text}"
-    );
-    let size = (plain + BUDGET).div_ceil(4096) * 4096;
-    let (out, _) = trace(&["-e", def], &[exe, &size.to_string()]);
-    assert!(
-        out.status.success(),
-        "on a {size}-byte signal stack: {:?}",
-        out.status
-    );
-    // The short program of an event of registers, single loads and strings
-    // (`write_fast_record`, its string lengths on the stack) within the same budget.
-    let def = "p hf s=+0($stack):string t=+8($stack):string v=+0($stack):u64 \
-               w=+8($stack):u32 r=%di";
-    let (out, text) = trace(&["-e", def], &[exe]);
-    assert!(out.status.success(), "{out:?}");
-    let extra = used(&out) - plain;
-    assert!(
-        extra <= BUDGET,
-        "the short program used {extra} bytes of the signal stack"
-    );
-    assert_eq!(
-        text.lines().filter(|l| l.contains(": p_hf_0: (")).count(),
-        2,
-        "{text}"
-    );
+    // The general per-argument program, and the short one of an event of registers, single
+    // loads and strings (`write_fast_record`, its string lengths on the stack).
+    let general = "p hf s=+0($stack):string a=+0($stack):u64[8] p=+0(+0($stack)):string[2] \
+                   y=+0($stack):symstr c=$comm";
+    let short = "p hf s=+0($stack):string t=+8($stack):string v=+0($stack):u64 \
+                 w=+8($stack):u32 r=%di";
+    for def in [general, short] {
+        let (out, text) = trace(&["-e", def], &[exe]);
+        assert!(out.status.success(), "{out:?}");
+        let extra = used(&out) - plain;
+        assert!(
+            extra <= BUDGET,
+            "{def}: the probe path used {extra} bytes of the signal stack"
+        );
+        assert_eq!(
+            text.lines().filter(|l| l.contains(": p_hf_0: (")).count(),
+            2,
+            "{text}"
+        );
+        let size = (plain + BUDGET).div_ceil(4096) * 4096;
+        let (out, _) = trace(&["-e", def], &[exe, &size.to_string()]);
+        assert!(
+            out.status.success(),
+            "{def}: on a {size}-byte signal stack: {:?}",
+            out.status
+        );
+    }
 }
