@@ -660,3 +660,23 @@ fn program_lines_never_land_inside_trace_lines_on_a_shared_pipe() {
         );
     }
 }
+
+/// Review 14, F9: `OBJ:0xOFFSET` with the object's short name is the kernel's `MOD:SYM`
+/// with a symbol that cannot be one (BAD_PROBE_ADDR, caret under the target, as the
+/// kernel); the detail line says that a file offset needs the object's path.
+#[test]
+fn short_object_name_with_an_offset_says_the_path_is_needed() {
+    let exe = fixture("calls", Flavour::Patchable).unwrap();
+    let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
+    let def = format!("p:ev {name}:0x1240");
+    let (out, _) = trace(&["-e", &def], &[exe.to_str().unwrap(), "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "trace_kprobe: error: Invalid probed address or symbol\n  Command: {def}\n{}^\n  (a \
+         file offset needs the object's path: PATH:0x1240, as in uprobe_events \
+         (/path/to/{name}:0x1240); {name}:SYMBOL names a symbol)\n",
+        " ".repeat("  Command: p:ev ".len())
+    );
+    assert!(err.contains(&want), "{err}\nwanted:\n{want}");
+}

@@ -454,7 +454,7 @@ fn entry_args(args: &[Fetch], def: &ProbeDef) -> Vec<u32> {
 /// Parse a definition and check that ftprobe can run it, without arming anything: what the
 /// CLI does before starting the program.
 pub fn check(cmd: &str) -> Result<ProbeDef, EventError> {
-    let def = match parse_probe_command(cmd).map_err(|err| EventError { err, detail: None })? {
+    let def = match parse_probe_command(cmd).map_err(|err| parse_error(cmd, err))? {
         ProbeCommand::Add(d) => d,
         ProbeCommand::Remove { .. } => {
             return Err(EventError {
@@ -465,6 +465,27 @@ pub fn check(cmd: &str) -> Result<ProbeDef, EventError> {
     };
     compile(&def)?;
     Ok(def)
+}
+
+/// A parse error of `cmd`, with a hint where the kernel's text alone misleads: `OBJ:0xOFF`
+/// with an object's short name is the kernel's `MOD:SYM` with a symbol that cannot be one
+/// (BAD_PROBE_ADDR, as the kernel), where the uprobe_events form `PATH:0xOFF` was meant.
+fn parse_error(cmd: &str, err: ProbeError) -> EventError {
+    let target = cmd.split_whitespace().nth(1).unwrap_or("");
+    let short_obj_offset = target.split_once(':').filter(|(obj, off)| {
+        !obj.contains('/')
+            && off
+                .strip_prefix("0x")
+                .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    let detail = match (err.kind, short_obj_offset) {
+        (ProbeErrorKind::BadProbeAddr, Some((obj, off))) => Some(format!(
+            "a file offset needs the object's path: PATH:{off}, as in uprobe_events \
+             (/path/to/{obj}:{off}); {obj}:SYMBOL names a symbol"
+        )),
+        _ => None,
+    };
+    EventError { err, detail }
 }
 
 /// Why an event could not be created: the kernel-style error, and ftprobe's detail.
@@ -579,7 +600,7 @@ pub fn remove(id: u32) -> Result<(), KprobeError> {
 
 fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe, EventError> {
     let plain = |err| EventError { err, detail: None };
-    let def = match parse_probe_command(cmd).map_err(plain)? {
+    let def = match parse_probe_command(cmd).map_err(|err| parse_error(cmd, err))? {
         ProbeCommand::Add(d) => d,
         ProbeCommand::Remove { .. } => {
             return Err(plain(ProbeError::new(ProbeErrorKind::NotSupported, 0)))
