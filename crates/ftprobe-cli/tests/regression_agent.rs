@@ -189,7 +189,7 @@ fn traced_mallocs(extra: &[&str]) -> String {
 /// `/proc/self/task` and `/proc/PID/stat` to check threads while it optimized a probe: 1, 2
 /// or 4 events by run, in a program that never calls `close`). The engine's control code
 /// runs as the kernel's `kprobe_busy_begin()` section (`KprobeBusy`): the probes it reaches
-/// count missed and record nothing. `libc_mallocs` prints with `write(2)` and never calls
+/// record nothing and count neither a hit nor a miss (`kprobe_profile`: 0 and 0). `libc_mallocs` prints with `write(2)` and never calls
 /// `close`, `open` or `read`: no event, with the probes optimized and as int3 probes; its
 /// own `malloc` calls are still exact (the same run).
 #[test]
@@ -213,6 +213,13 @@ fn probes_on_libc_count_none_of_the_agents_own_calls() {
             assert_eq!(stdout(&out), "mallocs=9 frees=8\n");
             for ev in ["c", "o", "r"] {
                 assert_eq!(kprobe_lines(&text, ev), Vec::<&str>::new(), "{var:?}: {ev}");
+                // Nor a miss in `kprobe_profile` (`#   EVENT   HITS   MISSES`).
+                let profile: Vec<&str> = text
+                    .lines()
+                    .find(|l| l.split_whitespace().nth(1) == Some(ev) && l.starts_with("#  "))
+                    .map(|l| l.split_whitespace().skip(2).collect())
+                    .unwrap_or_default();
+                assert_eq!(profile, ["0", "0"], "{var:?}: {ev}: {text}");
             }
             assert_eq!(kprobe_lines(&text, "m").len(), 9, "{var:?}: {text}");
         }

@@ -225,9 +225,10 @@ pub(crate) const KPROBE_BUSY: *const Kprobe = std::ptr::NonNull::<Kprobe>::dangl
 /// The kernel's `kprobe_busy_begin()` / `kprobe_busy_end()` (kernel/kprobes.c): while the
 /// engine's control code runs on a thread (registering and optimizing probes, patching
 /// code, reading `/proc`), a probe that code reaches (its own `close`, `memcpy`, ... of the
-/// C library) is counted missed, as a probe hit inside a probe handler, and records
-/// nothing: the events are the program's. Held for a scope; nests (an inner one, or one
-/// begun inside a probe handler, does nothing). Control path.
+/// C library) runs no handler, as a probe hit inside a probe handler, but counts neither a
+/// hit nor a miss: those calls are not the program's (the kernel keeps its own tracing code
+/// out of its probes altogether, `NOKPROBE_SYMBOL`). Held for a scope; nests (an inner one,
+/// or one begun inside a probe handler, does nothing). Control path.
 pub struct KprobeBusy {
     outermost: bool,
 }

@@ -223,8 +223,12 @@ unsafe extern "C" fn kprobe_ftrace_direct(
     if p.is_disabled() {
         return;
     }
-    if !t.kprobe.get().is_null() {
-        p.note_missed();
+    let running = t.kprobe.get();
+    if !running.is_null() {
+        // The engine's own work (`KprobeBusy`) is not the program's: not counted at all.
+        if running != probe_state::KPROBE_BUSY {
+            p.note_missed();
+        }
         return;
     }
     t.kprobe_sp.set(sp);

@@ -787,8 +787,11 @@ fn hit(a: &Armed, uc: &mut libc::ucontext_t, st: &probe_state::ThreadState) {
         st.kprobe_sp.set(0);
     };
     if reentered {
-        for p in probes.iter().filter(|p| !p.is_disabled()) {
-            p.note_missed();
+        // The engine's own work (`KprobeBusy`) is not the program's: not counted at all.
+        if st.kprobe.get() != probe_state::KPROBE_BUSY {
+            for p in probes.iter().filter(|p| !p.is_disabled()) {
+                p.note_missed();
+            }
         }
     } else {
         st.kprobe_sp.set(regs.sp);

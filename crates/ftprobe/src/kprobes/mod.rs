@@ -319,9 +319,13 @@ pub(crate) fn hit_begin(probes: &[&'static Kprobe]) -> Option<&'static probe_sta
     let t = probe_state::this_thread();
     let sp = probe_state::stack_pointer();
     let _ = t.enter(probe_state::Entry::Here(sp));
-    if !t.kprobe.get().is_null() {
-        for p in probes.iter().filter(|p| !p.is_disabled()) {
-            p.note_missed();
+    let running = t.kprobe.get();
+    if !running.is_null() {
+        // The engine's own work (`KprobeBusy`) is not the program's: not counted at all.
+        if running != probe_state::KPROBE_BUSY {
+            for p in probes.iter().filter(|p| !p.is_disabled()) {
+                p.note_missed();
+            }
         }
         return None;
     }
