@@ -135,6 +135,13 @@
 //! changes in the outermost writer. `head` never goes back; a reader that finds `head`
 //! behind its tail (a ring freed and claimed again under it) reads nothing.
 //!
+//! A record whose size is known only once it is written (a kprobe event's strings, copied
+//! in one pass: `RingWriter::try_write_shrinking`) reserves room for the most it may take,
+//! fills it, and moves `reserved` back to its end with a second `cmpxchg`: that fails only if
+//! a handler reserved after it meanwhile, and the record then keeps all of its room (the
+//! unused words zero). It is only tried where the room fits as it is (no padding to the end,
+//! no growth, no LOST record pending, room free); elsewhere the record is measured first.
+//!
 //! A writer abandoned by a non-local exit (`siglongjmp` out of a handler) is repaired at the
 //! thread's next event (`crate::probe_state`): `nest` goes back to the number of writers
 //! still live and `reserved` back to where the first abandoned one began (to `head` when

@@ -179,6 +179,62 @@ impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
         })
     }
 
+    /// A record whose size is known only once it is filled (a kprobe event's strings, copied
+    /// in one pass: the kernel measures them first, `fetch_store_strlen()`, and this saves
+    /// that pass). Room for `max_payload_words` is reserved; `fill` stores into it and returns
+    /// the words it used (at most `max_payload_words`); the reservation then shrinks to them,
+    /// unless a nested writer (a signal handler) reserved after it meanwhile: the record then
+    /// keeps all of its room, the words `fill` did not use zeroed.
+    ///
+    /// `None` when the room is not there as it is for an ordinary record of that size, with
+    /// nothing reserved and nothing counted: it would have to wrap (padding), grow the ring,
+    /// mark earlier drops first (a LOST record), or the ring is too full for it. The caller
+    /// then writes the record with its exact size ([`write_with`](Self::write_with)).
+    #[inline(always)]
+    pub fn try_write_shrinking(
+        &self,
+        rtype: u16,
+        aux: u32,
+        max_payload_words: usize,
+        fill: impl FnOnce(&[AtomicU64]) -> usize,
+    ) -> Option<()> {
+        let most = max_payload_words + 1;
+        if most > MAX_RECORD_WORDS || rtype == RTYPE_PADDING {
+            return None;
+        }
+        if !IN_SECTION {
+            self.begin();
+        }
+        let reserved = self
+            .reserve_whole(most)
+            .and_then(|(r, start)| Some((r, self.data.get(start..start + most)?.split_first()?)));
+        let Some((r, (hdr, body))) = reserved else {
+            if !IN_SECTION {
+                self.commit();
+            }
+            return None;
+        };
+        let used = fill(body).min(max_payload_words);
+        self.point(hook::FILLED);
+        let end = r.wrapping_add(most as u64 * 8);
+        let new = r.wrapping_add((used as u64 + 1) * 8);
+        let words = if used == max_payload_words || cmpxchg_local(&self.desc().reserved, end, new) {
+            used + 1
+        } else {
+            // A nested writer's record follows this one's whole room.
+            for w in &body[used..] {
+                w.store(0, Relaxed);
+            }
+            most
+        };
+        hdr.store(record_header_aux(words, rtype, aux), Relaxed);
+        self.populate_ahead(r, r.wrapping_add(words as u64 * 8));
+        if !IN_SECTION {
+            self.commit();
+        }
+        Some(())
+    }
+
     /// [`write`](Self::write) of exactly three payload words (the function tracer's
     /// timestamp, ip, parent ip), without a loop.
     #[inline]
@@ -417,22 +473,54 @@ impl<'a, const IN_SECTION: bool> RingWriter<'a, IN_SECTION> {
                 let pad = self.data.get((pos / 8) as usize)?;
                 pad.store(record_header(0, RTYPE_PADDING), Relaxed);
             }
-            // First lap only (the counter is the position): entering a new chunk maps the
-            // next one in.
-            // Chunks start at multiples of 8 KiB: most records cross no such line.
-            if new <= size
-                && (r == 0 || (r ^ new) >= POPULATE_FIRST)
-                && (r == 0 || populate_chunk_index(r) != populate_chunk_index(new))
-            {
-                let k = populate_chunk_index(new);
-                let from = if r == 0 {
-                    0
-                } else {
-                    populate_chunk_start(k + 1)
-                };
-                self.populate(from, populate_chunk_start(k + 2).min(size));
-            }
+            self.populate_ahead(r, new);
             return Some(((lost_start / 8) as usize, (start / 8) as usize));
+        }
+    }
+
+    /// [`try_write_shrinking`](Self::try_write_shrinking)'s reservation: `nwords` words at
+    /// the reserve pointer when they fit there as they are (no padding, no growth, no LOST
+    /// record pending, room free): the reserve counter where they start, and their first
+    /// word index. No populate: the caller populates for what it keeps.
+    #[inline(always)]
+    fn reserve_whole(&self, nwords: usize) -> Option<(u64, usize)> {
+        let need = nwords as u64 * 8;
+        loop {
+            // Relaxed: only this thread (and its signal handlers) store these.
+            let r = self.desc().reserved.load(Relaxed);
+            let size = u64::from(self.desc().size.load(Relaxed));
+            if r <= size && r + need > size {
+                return None;
+            }
+            let (pos, start, total) = span(r, need, size);
+            if start != pos || self.room(r, total, size) != Room::Fits {
+                return None;
+            }
+            self.point(hook::RESERVING);
+            if cmpxchg_local(&self.desc().reserved, r, r.wrapping_add(need)) {
+                self.point(hook::RESERVED);
+                return Some((r, (pos / 8) as usize));
+            }
+        }
+    }
+
+    /// First lap only (the counter is the position): a reservation from `r` to `new` that
+    /// enters a new chunk maps the next one in. Chunks start at multiples of 8 KiB: most
+    /// records cross no such line.
+    #[inline(always)]
+    fn populate_ahead(&self, r: u64, new: u64) {
+        let size = u64::from(self.desc().size.load(Relaxed));
+        if new <= size
+            && (r == 0 || (r ^ new) >= POPULATE_FIRST)
+            && (r == 0 || populate_chunk_index(r) != populate_chunk_index(new))
+        {
+            let k = populate_chunk_index(new);
+            let from = if r == 0 {
+                0
+            } else {
+                populate_chunk_start(k + 1)
+            };
+            self.populate(from, populate_chunk_start(k + 2).min(size));
         }
     }
 
@@ -901,6 +989,140 @@ mod tests {
             // The ring goes on.
             assert!(w.write3(2, 3, 4, 5));
             assert_eq!(drain_all(&mut r), vec![(2, vec![3, 4, 5])], "point {p}");
+        }
+    }
+
+    /// `try_write_shrinking` fills `used` words of a room of `most`, from `seq`.
+    fn shrinking(w: &RingWriter<'_>, rtype: u16, most: usize, used: usize, seq: u64) -> bool {
+        w.try_write_shrinking(rtype, 0, most, |body| {
+            for (k, s) in body.iter().take(used).enumerate() {
+                s.store(seq * 100 + k as u64, Relaxed);
+            }
+            used
+        })
+        .is_some()
+    }
+
+    /// Records written in room that shrinks to what they used, mixed with ordinary ones,
+    /// across ~40 wraps of a 4 KiB ring: each is read back with the size it used, the head
+    /// moves as if every record had been written with its exact size (a shrinking write that
+    /// would need padding at the end is refused, and the record written ordinarily), and
+    /// nothing is lost.
+    #[test]
+    fn shrinking_records_take_only_what_they_used() {
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        let (mut model_head, mut refused) = (0u64, 0);
+        let mut expected = Vec::new();
+        let mut got = Vec::new();
+        for i in 0..20_000u64 {
+            let used = (i % 13) as usize;
+            let most = used + (i % 5) as usize * 7;
+            let payload: Vec<u64> = (0..used as u64).map(|k| i * 100 + k).collect();
+            let to_end = 4096 - model_head % 4096;
+            let ok = shrinking(&w, 4, most, used, i);
+            assert_eq!(ok, (most as u64 + 1) * 8 <= to_end, "record {i}");
+            if !ok {
+                refused += 1;
+                assert!(w.write(4, &payload), "record {i}");
+            }
+            let need = (used as u64 + 1) * 8;
+            if need > to_end {
+                model_head += to_end;
+            }
+            model_head += need;
+            expected.push((4, payload));
+            if i % 7 == 6 {
+                r.drain(|t, p| got.push((t, p.to_vec())));
+                assert_eq!(head_of(&r), model_head, "record {i}");
+            }
+        }
+        r.drain(|t, p| got.push((t, p.to_vec())));
+        assert_eq!(got, expected);
+        assert_eq!(head_of(&r), model_head);
+        assert!(refused > 30, "refused {refused}");
+        assert_eq!((r.lost(), r.corrupt_bytes()), (0, 0));
+    }
+
+    /// A shrinking write is refused, reserving and counting nothing, where an ordinary write
+    /// of its room would pad to the end, grow the ring (first lap), find the ring full, or
+    /// first mark drops with a LOST record; the ordinary write then does that.
+    #[test]
+    fn shrinking_writes_are_refused_where_an_ordinary_one_would_do_more() {
+        // First lap: the ring (16 KiB of 64) would grow.
+        let sr = rings(1, 1 << 16);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        assert!(w.write(1, &[0; 2039])); // 16384 - 64 bytes
+        assert!(!shrinking(&w, 2, 8, 1, 1), "would grow");
+        assert!(shrinking(&w, 2, 7, 1, 1), "fits before the end");
+        assert_eq!(sr.ring_size(0), Some(16 << 10));
+        assert_eq!(drain_all(&mut r).len(), 2);
+        // Full: 4 KiB ring, 128 bytes free.
+        let sr = rings(1, 4096);
+        let w = sr.claim(1, COMM).unwrap();
+        let mut r = sr.reader(0).unwrap();
+        assert!(w.write(1, &[0; 495]));
+        assert!(!shrinking(&w, 2, 16, 1, 1), "full");
+        assert_eq!((r.lost(), w.reserved()), (0, 3968));
+        assert!(shrinking(&w, 2, 15, 1, 1), "fits");
+        assert_eq!(w.reserved(), 3984);
+        // After a drop: the ordinary write marks it; the shrinking one does not.
+        assert!(!w.write(3, &[0; 20]));
+        assert!(!shrinking(&w, 2, 1, 1, 2), "a LOST record pending");
+        assert_eq!(drain_all(&mut r).len(), 2);
+        assert!(!shrinking(&w, 2, 1, 1, 2), "a LOST record pending");
+        assert!(w.write(2, &[7]));
+        let got = drain_all(&mut r);
+        assert_eq!((got[0].0, got[0].1[1]), (RTYPE_LOST, 1), "{got:?}");
+        assert_eq!(got[1], (2, vec![7]));
+        assert!(shrinking(&w, 2, 1, 1, 3));
+        assert_eq!(drain_all(&mut r), vec![(2, vec![300])]);
+        assert_eq!((r.lost(), r.corrupt_bytes()), (1, 0));
+    }
+
+    /// A nested writer at each point of a shrinking write: both records whole, in the order
+    /// they reserved; one that reserved after the room and before the shrink leaves the
+    /// outer record its whole room, the unused words zero.
+    #[test]
+    fn a_shrinking_write_interrupted_at_each_point_by_a_nested_one() {
+        fn nested(w: &RingWriter<'_>) {
+            assert!(w.write3(9, 90, 91, 92));
+        }
+        let points = [
+            hook::BEGUN,
+            hook::RESERVING,
+            hook::RESERVED,
+            hook::FILLED,
+            hook::COMMIT_LOADED,
+            hook::PUBLISHED,
+            hook::UNNESTED,
+        ];
+        for p in points {
+            let sr = rings(1, 4096);
+            let w = sr.claim(1, COMM).unwrap();
+            let mut r = sr.reader(0).unwrap();
+            // Stale words where the room will be.
+            assert!(w.write(7, &[u64::MAX; 20]));
+            assert_eq!(drain_all(&mut r).len(), 1);
+            hook::AT.set((p, Some(nested)));
+            assert!(shrinking(&w, 1, 10, 3, 1), "point {p}");
+            assert_eq!(hook::AT.get().0, 0, "point {p} fired");
+            let inner = (9, vec![90, 91, 92]);
+            let want = match p {
+                hook::BEGUN | hook::RESERVING => vec![inner, (1, vec![100, 101, 102])],
+                hook::RESERVED | hook::FILLED => {
+                    let mut whole = vec![100, 101, 102];
+                    whole.resize(10, 0);
+                    vec![(1, whole), inner]
+                }
+                _ => vec![(1, vec![100, 101, 102]), inner],
+            };
+            assert_eq!(drain_all(&mut r), want, "point {p}");
+            assert_eq!(w.nesting(), 0, "point {p}");
+            assert_eq!(head_of(&r), w.desc().reserved.load(Relaxed), "point {p}");
+            assert_eq!((r.lost(), r.corrupt_bytes()), (0, 0), "point {p}");
         }
     }
 
