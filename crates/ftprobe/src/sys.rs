@@ -451,6 +451,12 @@ impl Nofault {
         }
     }
 
+    /// Whether reads are plain loads (not the system call).
+    #[inline(always)]
+    pub fn loads(self) -> bool {
+        self.loads
+    }
+
     /// [`read_u64_nofault`].
     #[inline]
     pub fn read_u64(self, addr: u64) -> Option<u64> {

@@ -113,6 +113,8 @@ pub struct TraceKprobe {
     fixed_words: usize,
     /// Some argument is a string read from memory: records have a data area.
     dynamic: bool,
+    /// Arguments that are one string ([`Store::Str`]).
+    strings: usize,
     /// Some argument reads memory ([`Fetch::reads_memory`]).
     reads_memory: bool,
     /// Every argument is a register's value (`%REG`, `$arg1`-`$arg6`, no dereference, no
@@ -750,6 +752,10 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
         head_words: record_head_words(args.len()) + usize::from(rp.is_some()),
         fixed_words: args.iter().map(|a| a.store.words()).sum(),
         dynamic: args.iter().any(|a| a.store.is_dynamic()),
+        strings: args
+            .iter()
+            .filter(|a| matches!(a.store, Store::Str { .. }))
+            .count(),
         reads_memory: args.iter().any(Fetch::reads_memory),
         regs_only: if rp.is_none() { regs_only(&args) } else { None },
         fast: if rp.is_none() { fast_args(&args) } else { None },
@@ -996,6 +1002,17 @@ static FAST_PROGRAMS: AtomicBool = AtomicBool::new(true);
 /// and benchmarks that compare the two.
 pub fn set_fast_programs(on: bool) {
     FAST_PROGRAMS.store(on, Ordering::Relaxed);
+}
+
+/// Whether the short programs copy strings in one pass where the ring has the room
+/// (`write_fast_record`).
+static ONE_PASS_STRINGS: AtomicBool = AtomicBool::new(true);
+
+/// Make the short programs measure strings before copying them (`false`: the kernel's two
+/// passes), or copy them in one pass into room that shrinks to them where the ring has it
+/// (`true`, the default). The records are the same either way: for tests and benchmarks.
+pub fn set_one_pass_strings(on: bool) {
+    ONE_PASS_STRINGS.store(on, Ordering::Relaxed);
 }
 
 /// Where a [`FastArg`]'s address starts.
@@ -1387,6 +1404,7 @@ fn write_event(tk: &TraceKprobe, at: At<'_>, addr: u64, ret_ip: Option<u64>) {
                 slots[head - 1].store(r, Ordering::Relaxed);
             }
             let (fixed_slots, data_slots) = slots.split_at(slots.len().min(head + fixed));
+            zero_last(data_slots);
             with_bytes(data_slots, |data| {
                 let data = data.get_mut(..data_bytes).unwrap_or_default();
                 let mut used = 0usize;
@@ -1453,46 +1471,201 @@ fn write_regs_record(
 
 /// Probe path: the record of an event with a [`TraceKprobe::fast`] program: the head (tsc,
 /// address, the fault mask), each argument's word, the strings' bytes; as the general path
-/// writes it. Out of line, as [`write_regs_record`].
-#[inline(never)]
+/// writes it. Three forms, each out of line (as [`write_regs_record`]) with a small frame:
+/// no strings; strings copied in one pass (with plain loads); strings measured first.
+#[inline(always)]
 fn write_fast_record(
+    w: crate::ring::SectionWriter<'static>,
+    tk: &TraceKprobe,
+    at: At<'_>,
+    fast: &[FastArg],
+    hit: (u64, u32, u64),
+) -> bool {
+    if !tk.dynamic {
+        write_fast_fixed(w, tk, at, fast, hit)
+    } else if at.mem.loads() && ONE_PASS_STRINGS.load(Ordering::Relaxed) {
+        write_fast_one_pass(w, tk, at, fast, hit)
+    } else {
+        write_fast_two_pass(w, tk, at, fast, hit)
+    }
+}
+
+/// The `pt_regs` of a hit as words, and the start address of a [`FastBase`] plus `off`.
+#[inline(always)]
+fn fast_regs(regs: &PtRegs) -> &[u64; PT_REGS_WORDS] {
+    // SAFETY: PtRegs is repr(C) and made only of u64 fields: the layout of [u64; N].
+    unsafe { &*(regs as *const PtRegs as *const [u64; PT_REGS_WORDS]) }
+}
+
+const PT_REGS_WORDS: usize = std::mem::size_of::<PtRegs>() / 8;
+
+#[inline(always)]
+fn fast_start(regs: &[u64; PT_REGS_WORDS], base: FastBase, off: i64) -> u64 {
+    let v = match base {
+        FastBase::Reg(i) => regs.get(usize::from(i)).copied().unwrap_or(0),
+        FastBase::Imm(v) => v,
+    };
+    v.wrapping_add(off as u64)
+}
+
+/// Probe path: the word of a [`FastArg`] that is not a string; `None` when its load faulted.
+#[inline(always)]
+fn fast_value(regs: &[u64; PT_REGS_WORDS], a: FastArg, mem: sys::Nofault) -> Option<u64> {
+    match a {
+        FastArg::Reg(i) => Some(regs.get(usize::from(i)).copied().unwrap_or(0)),
+        FastArg::Load { base, off, size: 8 } => mem.read_u64(fast_start(regs, base, off)),
+        FastArg::Load { base, off, size } => {
+            let mut b = [0u8; 8];
+            let len = usize::from(size);
+            (mem.read(fast_start(regs, base, off), &mut b[..len]) == len)
+                .then(|| u64::from_le_bytes(b))
+        }
+        FastArg::Str { .. } => None,
+    }
+}
+
+/// [`write_fast_record`] of an event without strings.
+#[inline(never)]
+fn write_fast_fixed(
     w: crate::ring::SectionWriter<'static>,
     tk: &TraceKprobe,
     at: At<'_>,
     fast: &[FastArg],
     (tsc, cpu, addr): (u64, u32, u64),
 ) -> bool {
-    const N: usize = std::mem::size_of::<PtRegs>() / 8;
-    // SAFETY: PtRegs is repr(C) and made only of u64 fields: the layout of [u64; N].
-    let regs = unsafe { &*(at.regs as *const PtRegs as *const [u64; N]) };
-    let reg = |i: u8| regs.get(usize::from(i)).copied().unwrap_or(0);
-    let start = |base: FastBase, off: i64| {
-        let v = match base {
-            FastBase::Reg(i) => reg(i),
-            FastBase::Imm(v) => v,
-        };
-        v.wrapping_add(off as u64)
-    };
+    let regs = fast_regs(at.regs);
     let head = tk.head_words;
-    // The strings' lengths first (the kernel's two passes: `fetch_store_strlen()`, then the
-    // copy), each kept for the copy; their sum capped so that the record fits.
-    let mut lens = [0u16; FAST_STRINGS];
-    let data_bytes = if tk.dynamic {
-        let room = MAX_RECORD_WORDS.saturating_sub(1 + head + fast.len()) * 8;
-        let mut total = 0usize;
-        let strs = fast.iter().filter_map(|a| match *a {
-            FastArg::Str { base, off } => Some(start(base, off)),
-            _ => None,
-        });
-        for (len, addr) in lens.iter_mut().zip(strs) {
-            let n = at.mem.strnlen(addr, MAX_STRING_SIZE).unwrap_or(0);
-            *len = n as u16;
-            total += n;
-        }
-        total.min(room)
-    } else {
-        0
+    w.write_with(
+        rtype::KPROBE,
+        crate::record::kprobe_aux(cpu, tk.id),
+        head + fast.len(),
+        |slots| {
+            slots[0].store(tsc, Ordering::Relaxed);
+            slots[1].store(addr, Ordering::Relaxed);
+            let mut mask = 0u64;
+            for (k, (&a, slot)) in fast.iter().zip(slots.iter().skip(head)).enumerate() {
+                let v = fast_value(regs, a, at.mem);
+                slot.store(v.unwrap_or(0), Ordering::Relaxed);
+                mask |= u64::from(v.is_none()) << k;
+            }
+            // The fault mask: one word (at most 64 arguments; the head is 3 words).
+            slots[2].store(mask, Ordering::Relaxed);
+        },
+    )
+}
+
+/// [`write_fast_record`] with its strings copied in one pass, each up to its NUL, straight
+/// into room for the most the record can hold (`MAX_STRING_SIZE` each, as the general
+/// program cuts them), which then shrinks to what they took
+/// ([`try_write_shrinking`](crate::ring::RingWriter::try_write_shrinking)). The kernel, and
+/// [`write_fast_two_pass`], measure each string first to size the record: that pass is saved,
+/// and its latency (the record's size no longer waits for it). Where the ring has no such
+/// room as it is (its end, its first lap's growth, a full ring, drops to mark), nothing is
+/// written and [`write_fast_two_pass`] writes the record. Only with plain loads (the system
+/// call would read all of that room). The signal stack's budget holds: on a signal stack
+/// reads go through the system call, and so straight to [`write_fast_two_pass`].
+#[inline(never)]
+fn write_fast_one_pass(
+    w: crate::ring::SectionWriter<'static>,
+    tk: &TraceKprobe,
+    at: At<'_>,
+    fast: &[FastArg],
+    hit: (u64, u32, u64),
+) -> bool {
+    let (tsc, cpu, addr) = hit;
+    let regs = fast_regs(at.regs);
+    let head = tk.head_words;
+    let fixed_words = head + fast.len();
+    let room = MAX_RECORD_WORDS.saturating_sub(1 + fixed_words) * 8;
+    let most = (tk.strings * MAX_STRING_SIZE).min(room);
+    w.try_write_shrinking(
+        rtype::KPROBE,
+        crate::record::kprobe_aux(cpu, tk.id),
+        fixed_words + most.div_ceil(8),
+        |slots| {
+            slots[0].store(tsc, Ordering::Relaxed);
+            slots[1].store(addr, Ordering::Relaxed);
+            let (fixed, data_slots) = slots.split_at(slots.len().min(fixed_words));
+            let mut mask = 0u64;
+            let used = with_bytes(data_slots, |data| {
+                let data = data.get_mut(..most).unwrap_or_default();
+                let mut used = 0usize;
+                for (k, (&a, slot)) in fast.iter().zip(fixed.iter().skip(head)).enumerate() {
+                    let v = match a {
+                        // As `store_arg`: a string that cannot be read has data_loc 0 and
+                        // no fault bit.
+                        FastArg::Str { base, off } => {
+                            Some(copy_string(data, &mut used, fast_start(regs, base, off)))
+                        }
+                        _ => fast_value(regs, a, at.mem),
+                    };
+                    slot.store(v.unwrap_or(0), Ordering::Relaxed);
+                    mask |= u64::from(v.is_none()) << k;
+                }
+                used
+            });
+            slots[2].store(mask, Ordering::Relaxed);
+            // The last word's bytes after the strings are 0.
+            if used % 8 != 0 {
+                if let Some(last) = data_slots.get(used / 8) {
+                    let keep = u64::MAX >> (64 - 8 * (used % 8));
+                    last.store(last.load(Ordering::Relaxed) & keep, Ordering::Relaxed);
+                }
+            }
+            fixed_words + used.div_ceil(8)
+        },
+    )
+    .is_some()
+        || write_fast_two_pass(w, tk, at, fast, hit)
+}
+
+/// Probe path, plain loads only: [`store_string`] inline, for [`write_fast_one_pass`].
+#[inline(always)]
+fn copy_string(data: &mut [u8], used: &mut usize, addr: u64) -> u64 {
+    let start = *used;
+    let cap = MAX_STRING_SIZE.min(data.len().saturating_sub(start));
+    let Some(buf) = data.get_mut(start..start + cap).filter(|b| !b.is_empty()) else {
+        return 0;
     };
+    let len = match crate::arch::x86_64::uaccess::strncpy_nofault(addr, buf) {
+        Some(n) if buf[n - 1] == 0 => n,
+        // No NUL in the first `cap` bytes: cut, as strncpy_from_kernel_nofault().
+        Some(_) => {
+            buf[cap - 1] = 0;
+            cap
+        }
+        None => return 0,
+    };
+    *used += len;
+    (start as u64) | ((len as u64) << 32)
+}
+
+/// [`write_fast_record`] with the kernel's two passes: the strings' lengths first
+/// (`fetch_store_strlen()`), each kept for the copy, their sum capped so that the record
+/// fits; then the record of that size.
+#[inline(never)]
+fn write_fast_two_pass(
+    w: crate::ring::SectionWriter<'static>,
+    tk: &TraceKprobe,
+    at: At<'_>,
+    fast: &[FastArg],
+    (tsc, cpu, addr): (u64, u32, u64),
+) -> bool {
+    let regs = fast_regs(at.regs);
+    let head = tk.head_words;
+    let mut lens = [0u16; FAST_STRINGS];
+    let room = MAX_RECORD_WORDS.saturating_sub(1 + head + fast.len()) * 8;
+    let mut total = 0usize;
+    let strs = fast.iter().filter_map(|a| match *a {
+        FastArg::Str { base, off } => Some(fast_start(regs, base, off)),
+        _ => None,
+    });
+    for (len, addr) in lens.iter_mut().zip(strs) {
+        let n = at.mem.strnlen(addr, MAX_STRING_SIZE).unwrap_or(0);
+        *len = n as u16;
+        total += n;
+    }
+    let data_bytes = total.min(room);
     w.write_with(
         rtype::KPROBE,
         crate::record::kprobe_aux(cpu, tk.id),
@@ -1501,42 +1674,43 @@ fn write_fast_record(
             slots[0].store(tsc, Ordering::Relaxed);
             slots[1].store(addr, Ordering::Relaxed);
             let (fixed, data_slots) = slots.split_at(slots.len().min(head + fast.len()));
+            zero_last(data_slots);
             let mut mask = 0u64;
             with_bytes(data_slots, |data| {
                 let data = data.get_mut(..data_bytes).unwrap_or_default();
                 let mut used = 0usize;
                 let mut lens = lens.iter();
-                for (k, (a, slot)) in fast.iter().zip(fixed.iter().skip(head)).enumerate() {
-                    let v = match *a {
-                        FastArg::Reg(i) => Some(reg(i)),
-                        FastArg::Load { base, off, size: 8 } => at.mem.read_u64(start(base, off)),
-                        FastArg::Load { base, off, size } => {
-                            let mut b = [0u8; 8];
-                            let len = usize::from(size);
-                            (at.mem.read(start(base, off), &mut b[..len]) == len)
-                                .then(|| u64::from_le_bytes(b))
-                        }
+                for (k, (&a, slot)) in fast.iter().zip(fixed.iter().skip(head)).enumerate() {
+                    let v = match a {
                         // As `store_arg`: a string that cannot be read has data_loc 0 and
                         // no fault bit.
                         FastArg::Str { base, off } => Some(store_string_of_len(
                             data,
                             &mut used,
-                            start(base, off),
+                            fast_start(regs, base, off),
                             lens.next().map_or(0, |&n| usize::from(n)),
                             at.mem,
                         )),
+                        _ => fast_value(regs, a, at.mem),
                     };
                     slot.store(v.unwrap_or(0), Ordering::Relaxed);
                     mask |= u64::from(v.is_none()) << k;
                 }
             });
-            // The fault mask: one word (at most 64 arguments), then any other head words.
+            // The fault mask: one word (at most 64 arguments; the head is 3 words).
             slots[2].store(mask, Ordering::Relaxed);
-            for s in slots.iter().take(head).skip(3) {
-                s.store(0, Ordering::Relaxed);
-            }
         },
     )
+}
+
+/// Probe path: zero a record's last data word before its strings are stored: the bytes
+/// after them in it are then 0, not what the ring held before (the same record from every
+/// program).
+#[inline(always)]
+fn zero_last(data_slots: &[AtomicU64]) {
+    if let Some(last) = data_slots.last() {
+        last.store(0, Ordering::Relaxed);
+    }
 }
 
 /// One argument of a record, decoded (see the module docs for the layout).

@@ -158,7 +158,7 @@ fn records_of(reader: &SharedRings, id: u32) -> Vec<Vec<u64>> {
 /// an offset, or the string there runs its short program (`write_fast_record`): its records
 /// are word for word those of the general program, on good memory, NULL, a `PROT_NONE` page,
 /// an unmapped page, a word and a string that run into the `PROT_NONE` page, and a string
-/// longer than `MAX_STRING_SIZE`. The plain loads with their fault fixups (this program
+/// longer than `MAX_STRING_SIZE`; its strings copied in one pass or measured first. The plain loads with their fault fixups (this program
 /// installs no signal action and changes no mask, as the agent's interposers ensure in a
 /// traced program).
 fn fast_programs_write_the_general_programs_records(reader: &SharedRings) {
@@ -211,19 +211,25 @@ fn fast_programs_write_the_general_programs_records(reader: &SharedRings) {
         (base, long.as_ptr() as u64),
         (base + 64, base),
     ];
+    // The short program with its strings in one pass and in two, and the general one.
     let mut fast = Vec::new();
+    let mut two_pass = Vec::new();
     let mut general = Vec::new();
     for (a, b) in cases {
-        trace_kprobe::set_fast_programs(true);
         hit(a, b);
         fast.extend(records_of(reader, 7));
+        trace_kprobe::set_one_pass_strings(false);
+        hit(a, b);
+        two_pass.extend(records_of(reader, 7));
+        trace_kprobe::set_one_pass_strings(true);
         trace_kprobe::set_fast_programs(false);
         hit(a, b);
         general.extend(records_of(reader, 7));
+        trace_kprobe::set_fast_programs(true);
     }
-    trace_kprobe::set_fast_programs(true);
     assert_eq!(fast.len(), cases.len(), "a record per hit");
     assert_eq!(fast, general, "the same records");
+    assert_eq!(two_pass, general, "the same records");
     // The first case, against what this test wrote.
     let mut words = vec![0u64];
     words.extend(&fast[0]);
