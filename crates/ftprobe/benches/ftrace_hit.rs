@@ -5,10 +5,13 @@
 //! kprobe event recording two arguments; each kprobe row twice: through the site's per-site
 //! trampoline (the default for a site with one probe) and through the shared kprobes ops
 //! with its lookup by address (`kprobes::set_per_site_trampolines(false)`); and events whose
-//! fetch args read memory (a `u64`, a 32-byte string) next to the register-only events of
-//! the same record size, in interleaved rounds, with the medians of the rounds' differences.
-//! Each figure is the median of 11 runs of 2M calls, minus the untraced median of the same
-//! run.
+//! fetch args read memory (a `u64`, a 32-byte string: copied in one pass, measured first,
+//! and by the general program) next to the register-only events of the same record size, in
+//! interleaved rounds, with the medians of the rounds' differences: once with records
+//! streaming into a 128 MiB ring (as a traced program's thread writes them), once into a
+//! 1 MiB ring drained every 2048 calls (it stays in cache: what the programs cost alone).
+//! Each other figure is the median of 11 runs of 2M calls, minus the untraced median of the
+//! same run.
 //!
 //! `cargo bench -p ftprobe --bench ftrace_hit`
 
@@ -23,6 +26,10 @@ use ftprobe::{trace, trace_kprobe};
 
 const N: i64 = 2_000_000;
 const RUNS: usize = 11;
+/// The fetch rows' interleaved rounds, and calls in each: short rounds, many of them, so
+/// that this VM's bursts of noise fall on every row alike.
+const FETCH_ROUNDS: usize = 41;
+const FETCH_N: i64 = 400_000;
 
 unsafe extern "C" fn empty(_ip: u64, _p: u64, _op: &FtraceOps, _r: &mut PtRegs) {}
 static EMPTY: FtraceOps = FtraceOps::new(empty, 0);
@@ -56,7 +63,9 @@ fn main() {
     let (rings, _fd) = SharedRings::create(RingConfig {
         nr_rings: 4,
         ring_bytes: 1 << 28,
-        budget_bytes: 0,
+        // The main thread's ring grows to 128 MiB (2M records of 48 bytes); the fetch rows'
+        // second thread's stays within 1 MiB, to wrap in this CPU's L2 (4 MiB).
+        budget_bytes: (1 << 27) + (1 << 20),
     })
     .unwrap();
     let mut rows = Vec::new();
@@ -133,47 +142,62 @@ fn main() {
     // This program installs no signal action and changes no mask: ftprobe's fault handler
     // stays in place, as the agent's interposers keep it in a traced program.
     ftprobe::arch::x86_64::uaccess::set_handlers_kept();
-    let fetch_rows: [(&str, &str, bool); 6] = [
+    // (row, definition, short program, strings in one pass)
+    let fetch_rows: [(&str, &str, bool, bool); 7] = [
         (
             "kprobe event, 2 register args (48 B)",
             "p:ev2 fx_add a=$arg1 b=%si",
+            true,
             true,
         ),
         (
             "kprobe event, 2 args, a u64 read (48 B)",
             "p:evu fx_add a=$arg1 v=+0(%sp):u64",
             true,
+            true,
         ),
         (
             "  the same, general program",
             "p:evu fx_add a=$arg1 v=+0(%sp):u64",
             false,
+            true,
         ),
         (
             "kprobe event, 7 register args (80 B)",
             "p:ev7 fx_add a=%di b=%si c=%dx d=%cx e=%r8 f=%r9 g=%ax",
+            true,
             true,
         ),
         (
             "kprobe event, 2 args, a 32-byte string (80 B)",
             "p:evs fx_add a=$arg1 s=@FTPROBE_BENCH_STR:string",
             true,
+            true,
+        ),
+        (
+            "  the same, string measured first",
+            "p:evs fx_add a=$arg1 s=@FTPROBE_BENCH_STR:string",
+            true,
+            false,
         ),
         (
             "  the same, general program",
             "p:evs fx_add a=$arg1 s=@FTPROBE_BENCH_STR:string",
             false,
+            true,
         ),
     ];
     let mut samples = vec![Vec::new(); fetch_rows.len()];
     let mut id = 1;
-    for _ in 0..RUNS {
-        for (k, (_, def, fast)) in fetch_rows.iter().enumerate() {
+    for _ in 0..FETCH_ROUNDS {
+        for (k, (_, def, fast, one_pass)) in fetch_rows.iter().enumerate() {
             let tk = trace_kprobe::create(id, def).unwrap();
             id += 1;
             trace_kprobe::set_fast_programs(*fast);
-            samples[k].push(loop_once());
+            trace_kprobe::set_one_pass_strings(*one_pass);
+            samples[k].push(common::loop_fx_add(FETCH_N));
             trace_kprobe::set_fast_programs(true);
+            trace_kprobe::set_one_pass_strings(true);
             kprobes::unregister_kprobe(tk.kp).unwrap();
             if let Some(mut r) = reader_view.reader(0) {
                 records += r.drain(|_, _| {});
@@ -185,21 +209,80 @@ fn main() {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         (v[v.len() / 2], v[0], v[v.len() - 1])
     };
-    for (k, (name, _, _)) in fetch_rows.iter().enumerate() {
+    for (k, (name, ..)) in fetch_rows.iter().enumerate() {
         rows.push((name, stats(&samples[k])));
     }
-    let diff = |a: usize, b: usize| {
-        let d: Vec<f64> = samples[a]
-            .iter()
-            .zip(&samples[b])
-            .map(|(x, y)| x - y)
-            .collect();
-        stats(&d)
+    let diff_rows = |samples: &[Vec<f64>]| {
+        let diff = |a: usize, b: usize| {
+            let d: Vec<f64> = samples[a]
+                .iter()
+                .zip(&samples[b])
+                .map(|(x, y)| x - y)
+                .collect();
+            stats(&d)
+        };
+        [
+            ("u64 read - 2 register args", diff(1, 0)),
+            ("32-byte string - 7 register args", diff(4, 3)),
+            ("  measured first - 7 register args", diff(5, 3)),
+            ("32-byte string - 2 register args", diff(4, 0)),
+        ]
     };
-    let fetch_diffs = [
-        ("u64 read - 2 register args", diff(1, 0)),
-        ("32-byte string - 7 register args", diff(4, 3)),
-    ];
+    let fetch_diffs = diff_rows(&samples);
+
+    // The same rows with a ring that stays in cache: a second thread (its own ring, which the
+    // budget keeps within 1 MiB) calls in batches of 2048, drained between batches (only the
+    // batches are timed). Above, each record goes to memory no cache holds (the ring is
+    // 128 MiB): that cost is the same for rows of one record size but varies with this VM's
+    // memory traffic; here the rows differ by the work of their programs alone.
+    const BATCH: i64 = 2048;
+    const BATCHES: usize = 100;
+    let l2_samples = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let mut samples = vec![Vec::new(); fetch_rows.len()];
+            let mut drained = 0usize;
+            let mut drain = || {
+                for i in 0..reader_view.claimed() {
+                    if let Some(mut r) = reader_view.reader(i) {
+                        drained += r.drain(|_, _| {});
+                    }
+                }
+            };
+            for _ in 0..FETCH_ROUNDS {
+                for (k, (_, def, fast, one_pass)) in fetch_rows.iter().enumerate() {
+                    let tk = trace_kprobe::create(id, def).unwrap();
+                    id += 1;
+                    trace_kprobe::set_fast_programs(*fast);
+                    trace_kprobe::set_one_pass_strings(*one_pass);
+                    let mut ns = 0.0;
+                    for _ in 0..BATCHES {
+                        ns += common::loop_fx_add(BATCH);
+                        drain();
+                    }
+                    samples[k].push(ns / BATCHES as f64);
+                    trace_kprobe::set_fast_programs(true);
+                    trace_kprobe::set_one_pass_strings(true);
+                    kprobes::unregister_kprobe(tk.kp).unwrap();
+                    drain();
+                }
+            }
+            (samples, drained)
+        })
+        .join()
+        .unwrap()
+    });
+    records += l2_samples.1;
+    let l2_samples = l2_samples.0;
+    let l2_size = reader_view.ring_size(1).unwrap_or(0);
+    assert!(
+        l2_size <= 1 << 20,
+        "the second ring stayed small: {l2_size}"
+    );
+    let mut l2_rows = Vec::new();
+    for (k, (name, ..)) in fetch_rows.iter().enumerate() {
+        l2_rows.push((*name, stats(&l2_samples[k])));
+    }
+    let l2_diffs = diff_rows(&l2_samples);
 
     function_tracer::start(None, &["fx_add".to_owned()], &[]).unwrap();
     let rec = median(|| {
@@ -209,8 +292,11 @@ fn main() {
     });
     rows.push(("function tracer, event recorded (32 B)", rec));
     ftrace::unregister_ftrace_function(&function_tracer::FUNCTION_OPS).unwrap();
-    let lost = reader_view.reader(0).map_or(0, |r| r.lost());
-    assert_eq!(lost, 0, "the ring held every event");
+    let lost: u64 = (0..reader_view.claimed())
+        .filter_map(|i| reader_view.reader(i))
+        .map(|r| r.lost())
+        .sum();
+    assert_eq!(lost, 0, "the rings held every event");
 
     // The timestamp alone, for reference: what every recorded event pays on this machine.
     let mut ts = Vec::new();
@@ -249,5 +335,18 @@ fn main() {
             "(rounds)"
         );
     }
-    println!("({RUNS} runs of {N} calls; 'per hit' = median minus the untraced median; the fetch rows in interleaved rounds, their differences the medians of the rounds'; {records} records drained)");
+    println!("fetch rows, ring in cache ({} KiB)", l2_size >> 10);
+    for (name, (m, lo, hi)) in l2_rows {
+        println!(
+            "{name:<42} {m:>10.2} {:>10.2} {lo:>7.2}-{hi:<7.2}",
+            m - base.0
+        );
+    }
+    for (name, (m, lo, hi)) in l2_diffs {
+        println!(
+            "{name:<42} {:>10} {m:>10.2} {lo:>7.2}-{hi:<7.2}",
+            "(rounds)"
+        );
+    }
+    println!("({RUNS} runs of {N} calls; 'per hit' = median minus the untraced median; the fetch rows in {FETCH_ROUNDS} interleaved rounds of {FETCH_N} calls, their differences the medians of the rounds'; {records} records drained)");
 }
