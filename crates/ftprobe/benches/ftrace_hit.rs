@@ -163,13 +163,13 @@ fn main() {
             true,
         ),
         (
-            "kprobe event, 7 register args (80 B)",
+            "kprobe event, 7 register args (88 B)",
             "p:ev7 fx_add a=%di b=%si c=%dx d=%cx e=%r8 f=%r9 g=%ax",
             true,
             true,
         ),
         (
-            "kprobe event, 2 args, a 32-byte string (80 B)",
+            "kprobe event, 2 args, a 32-byte string (88 B)",
             "p:evs fx_add a=$arg1 s=@FTPROBE_BENCH_STR:string",
             true,
             true,
