@@ -4,7 +4,7 @@
 //! for the same commands whatever happens around it: its output with ftprobe attaching and
 //! detaching must equal its output without.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::process::{Command, Output, Stdio};
 
 mod common;
@@ -269,18 +269,9 @@ fn trace_attached(pid: i32, args: &[&str], during: impl FnOnce()) -> (Output, St
     // A line says it is tracing (after the agent's messages, if any), or it fails.
     let mut err = BufReader::new(cli.stderr.take().unwrap());
     let mut first = String::new();
-    loop {
-        let mut l = String::new();
-        if err.read_line(&mut l).unwrap() == 0 {
-            break;
-        }
-        first.push_str(&l);
-        if l.starts_with("ftprobe: tracing process") {
-            during();
-            // SAFETY: kill has no memory effects; the pid is our live child.
-            unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
-            break;
-        }
+    if common::wait_until_tracing(&mut err, &mut first) {
+        during();
+        common::interrupt(&cli);
     }
     let mut rest = String::new();
     err.read_to_string(&mut rest).unwrap();

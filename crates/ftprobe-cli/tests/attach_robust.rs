@@ -5,7 +5,7 @@
 //! that checks every result (an `EINTR` is counted) and prints the same lines for the same
 //! commands whatever happens around it: its own output and exit status are the truth.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
 
@@ -192,16 +192,7 @@ impl Session {
         .unwrap();
         let mut err = BufReader::new(cli.stderr.take().unwrap());
         let mut said = String::new();
-        loop {
-            let mut l = String::new();
-            if err.read_line(&mut l).unwrap() == 0 {
-                break;
-            }
-            said.push_str(&l);
-            if l.starts_with("ftprobe: tracing process") {
-                break;
-            }
-        }
+        common::wait_until_tracing(&mut err, &mut said);
         Session {
             cli,
             err,

@@ -346,20 +346,11 @@ fn trace_window(pid: i32, out_dir: &std::path::Path, during: impl FnOnce()) -> W
     let mut stderr = String::new();
     let mut tracing = None;
     let mut interrupted = None;
-    loop {
-        let mut l = String::new();
-        if err.read_line(&mut l).unwrap() == 0 {
-            break;
-        }
-        stderr.push_str(&l);
-        if l.starts_with("ftprobe: tracing process") {
-            tracing = Some(Instant::now());
-            during();
-            interrupted = Some(Instant::now());
-            // SAFETY: kill has no memory effects; the pid is our live child.
-            unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
-            break;
-        }
+    if common::wait_until_tracing(&mut err, &mut stderr) {
+        tracing = Some(Instant::now());
+        during();
+        interrupted = Some(Instant::now());
+        common::interrupt(&cli);
     }
     err.read_to_string(&mut stderr).unwrap();
     let status = cli.wait().unwrap();

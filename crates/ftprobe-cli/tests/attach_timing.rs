@@ -40,14 +40,10 @@ fn the_timing_line_names_every_step_in_order() {
     .unwrap();
     let mut err = BufReader::new(cli.stderr.take().unwrap());
     let mut text = String::new();
-    loop {
-        let mut l = String::new();
-        assert_ne!(err.read_line(&mut l).unwrap(), 0, "no tracing line: {text}");
-        text.push_str(&l);
-        if l.starts_with("ftprobe: tracing process") {
-            break;
-        }
-    }
+    assert!(
+        common::wait_until_tracing(&mut err, &mut text),
+        "no tracing line: {text}"
+    );
     // Events to drain: the window's calls.
     stdin.write_all(b"window 100\n").unwrap();
     line.clear();

@@ -258,7 +258,7 @@ fn a_traced_program_core_holds_no_rings() {
 #[test]
 fn attached_bad_pointers_are_faults() {
     use common::attach_target::{Target, CLEAN_END};
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::{BufReader, Read};
     use std::process::Stdio;
 
     let mut t = Target::start(&[]);
@@ -275,18 +275,9 @@ fn attached_bad_pointers_are_faults() {
     .unwrap();
     let mut err = BufReader::new(cli.stderr.take().unwrap());
     let mut said = String::new();
-    loop {
-        let mut l = String::new();
-        if err.read_line(&mut l).unwrap() == 0 {
-            break;
-        }
-        said.push_str(&l);
-        if l.starts_with("ftprobe: tracing process") {
-            assert_eq!(t.window(50), "window 50 done\n");
-            // SAFETY: kill has no memory effects; the pid is our live child.
-            unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
-            break;
-        }
+    if common::wait_until_tracing(&mut err, &mut said) {
+        assert_eq!(t.window(50), "window 50 done\n");
+        common::interrupt(&cli);
     }
     err.read_to_string(&mut said).unwrap();
     assert!(cli.wait().unwrap().success(), "{said}");

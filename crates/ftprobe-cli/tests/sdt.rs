@@ -540,7 +540,7 @@ impl Rounds {
 
 #[test]
 fn an_attached_trace_holds_the_semaphore_only_while_attached() {
-    use std::io::{BufRead, Read};
+    use std::io::Read;
     use std::process::Stdio;
     let mut t = Rounds::start();
     assert_eq!(t.round(), 0, "not traced: the guarded marker does not run");
@@ -558,20 +558,11 @@ fn an_attached_trace_holds_the_semaphore_only_while_attached() {
     let mut err = std::io::BufReader::new(cli.stderr.take().unwrap());
     let mut said = String::new();
     let mut during = Vec::new();
-    loop {
-        let mut l = String::new();
-        if err.read_line(&mut l).unwrap() == 0 {
-            break;
+    if common::wait_until_tracing(&mut err, &mut said) {
+        for _ in 0..3 {
+            during.push(t.round());
         }
-        said.push_str(&l);
-        if l.starts_with("ftprobe: tracing process") {
-            for _ in 0..3 {
-                during.push(t.round());
-            }
-            // SAFETY: kill has no memory effects; the pid is our live child.
-            unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
-            break;
-        }
+        common::interrupt(&cli);
     }
     err.read_to_string(&mut said).unwrap();
     let status = cli.wait().unwrap();

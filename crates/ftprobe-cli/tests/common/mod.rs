@@ -19,6 +19,28 @@ pub fn tmp_dir(what: &str) -> std::path::PathBuf {
     d
 }
 
+/// Read an attaching CLI's standard error (`trace -p PID`) up to its "ftprobe: tracing
+/// process" line, or to its end if it never says it: what it said is added to `said`;
+/// whether it is tracing.
+pub fn wait_until_tracing(err: &mut impl std::io::BufRead, said: &mut String) -> bool {
+    loop {
+        let mut l = String::new();
+        if err.read_line(&mut l).unwrap() == 0 {
+            return false;
+        }
+        said.push_str(&l);
+        if l.starts_with("ftprobe: tracing process") {
+            return true;
+        }
+    }
+}
+
+/// SIGINT to the CLI (ends a `trace -p` session: it detaches).
+pub fn interrupt(cli: &std::process::Child) {
+    // SAFETY: kill has no memory effects; the pid is the caller's live child.
+    unsafe { libc::kill(cli.id() as i32, libc::SIGINT) };
+}
+
 /// `ftprobe record -d DIR ARGS -- CMD...`.
 pub fn record_to(
     dir: &std::path::Path,
