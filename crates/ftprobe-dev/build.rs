@@ -77,6 +77,7 @@ fn main() {
         "c/dlopen_lib.c",
         "c/dlopen_main.c",
         "c/probepath.c",
+        "c/sigjmp_ret.c",
         "c/signals.c",
         "c/cxx.cc",
         "c/cxx_stl.cc",
@@ -334,6 +335,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("execs", patchable.cflags(), patchable.ldflags()),
         ("libc_calls", &[], &[]),
         ("probepath", patchable.cflags(), &["-pthread"]),
+        // sigjmp_ret: a timer handler leaves by siglongjmp, maybe out of a return hook.
+        ("sigjmp_ret", &[], &[]),
         ("dlopen_main", patchable.cflags(), &["-pthread", "-ldl"]),
         ("signals", patchable.cflags(), &[]),
         // fgraph (return hooks), sites by attribute: fgraph_thr, pthread_exit and

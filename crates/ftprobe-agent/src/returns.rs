@@ -163,8 +163,12 @@ fn demangle(v: u64) -> u64 {
 
 /// Before a longjmp whose `jmp_buf` saved the (mangled) stack pointer `mangled_sp`.
 pub fn before_longjmp(mangled_sp: u64) {
+    let target = demangle(mangled_sp);
+    // First the probe path's guards of the frames left (a handler that interrupted a
+    // return hook and jumps out of it): the exits below are then written as events.
+    ftprobe::before_longjmp(target);
     if on() {
-        fgraph_unwind::longjmp_unwind(demangle(mangled_sp));
+        fgraph_unwind::longjmp_unwind(target);
     }
 }
 

@@ -142,3 +142,62 @@ fn wrapped_handlers_read_back_as_the_program_installed_them() {
         stdout(&plain)
     );
 }
+
+/// (hits, misses) of `event` in the `# kprobe_profile:` lines.
+fn profile(text: &str, event: &str) -> (u64, u64) {
+    let at = text.find("# kprobe_profile:").expect("a kprobe_profile");
+    text[at..]
+        .lines()
+        .find_map(|l| {
+            let mut w = l.trim_start_matches('#').split_whitespace();
+            (w.next() == Some(event)).then(|| {
+                let mut n = || w.next().unwrap().parse::<u64>().unwrap();
+                (n(), n())
+            })
+        })
+        .unwrap_or_else(|| panic!("no {event} in the profile: {text}"))
+}
+
+/// Regression (review 14, F1): a timer handler that left by `siglongjmp` while the thread was
+/// in a return hook (a good part of the time with `r:rh hot` on a hot loop) left the return
+/// path's state behind: its recursion guard (later probes taken for nested ones: the handler's
+/// own probe counted nothing), and its kretprobe instance closed twice by the jump (the live
+/// count wrapped below zero: every later return of `hot` counted as missed, 1.4 M misses for
+/// ~10 000 hits). Now the agent's `siglongjmp` clears the guards of the frames it leaves, and a
+/// closed call's users are never called twice: no miss, every return of `hot` an event but
+/// those a jump cut off, and every call of the handler an event of `pa` or one of the events
+/// counted lost (the handler's event was written inside the interrupted one, which the jump
+/// abandoned). Optimized and int3 probes, 3 runs each.
+#[test]
+fn siglongjmp_out_of_a_return_hook_leaves_the_probes_working() {
+    let exe = ftprobe_dev::sigjmp_ret_fixture();
+    let exe = exe.to_str().unwrap();
+    for opt in ["1", "0"] {
+        for run in 0..3 {
+            let (out, text) = common::trace_env(
+                &[("FTPROBE_KPROBES_OPTIMIZATION", opt)],
+                &["-e", "r:rh hot", "-e", "p:pa on_alrm"],
+                &[exe],
+            );
+            let said = stdout(&out);
+            assert!(out.status.success(), "{out:?}");
+            let (calls, returned) = (field(&said, "hot_calls"), field(&said, "returned"));
+            let (jumps, handled) = (field(&said, "jumps"), field(&said, "handler_calls"));
+            assert!(jumps >= 200 && handled == jumps, "{said}");
+            let lost: u64 = text
+                .lines()
+                .find_map(|l| l.strip_prefix("# lost events: "))
+                .unwrap_or_else(|| panic!("no lost line: {text}"))
+                .parse()
+                .unwrap();
+            let (rh, rh_missed) = profile(&text, "rh");
+            let (pa, pa_missed) = profile(&text, "pa");
+            let at = format!("optimization {opt}, run {run}: {said}rh {rh}/{rh_missed}, pa {pa}/{pa_missed}, lost {lost}");
+            assert_eq!((rh_missed, pa_missed), (0, 0), "{at}");
+            assert_eq!(hits(&text, "rh") as u64, rh, "{at}");
+            assert!(rh <= calls && rh + lost >= returned, "{at}");
+            assert_eq!(pa + lost, handled, "{at}");
+            assert!(lost <= jumps / 2, "{at}");
+        }
+    }
+}

@@ -445,6 +445,13 @@ pub fn nofault_int3_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("nofault_int3")
 }
 
+/// Path of `sigjmp_ret [JUMPS]` (no site flags, see `c/sigjmp_ret.c`): a 500 us SIGALRM
+/// whose handler `on_alrm` leaves by `siglongjmp`, JUMPS times (default 200), out of a loop
+/// calling `hot`; prints `hot_calls=C returned=R jumps=J handler_calls=H`.
+pub fn sigjmp_ret_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("sigjmp_ret")
+}
+
 /// Path of `probepath MODE [ARGS]` (`-fpatchable-function-entry=5`, see
 /// `c/probepath.c`): what a probe must not change in a program (errno, SIGTRAP dispositions
 /// and flags, faults in XOL slots, non-local exits out of signal handlers, a slow `dlopen`).

@@ -21,3 +21,12 @@ pub mod ring;
 pub mod sys;
 pub mod trace;
 pub mod trace_kprobe;
+
+/// Before a non-local jump (`longjmp`, `siglongjmp`, `_longjmp`, `__longjmp_chk`) that sets
+/// this thread's stack pointer to `target_sp` (the agent's interposers call it with the
+/// `jmp_buf`'s stack pointer): the probe path's per-thread state held by the frames the
+/// jump leaves is released (a signal handler that interrupted the probe path and jumps out
+/// of it). Async-signal-safe.
+pub fn before_longjmp(target_sp: u64) {
+    probe_state::before_longjmp(target_sp);
+}

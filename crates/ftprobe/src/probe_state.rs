@@ -441,6 +441,20 @@ impl ThreadState {
     }
 }
 
+/// Before a non-local jump (`longjmp`, `siglongjmp`, ...) that sets this thread's stack
+/// pointer to `target_sp`: the guards set by frames below it, which the jump leaves (a
+/// signal handler that interrupted the probe path and jumps out of it), are cleared now,
+/// their open writer sections abandoned ([`ThreadState::repair`] as for an entry at
+/// `target_sp`). Left to the thread's next entry, they would be cleared only if that entry's
+/// frame were at or above theirs: the calls made after the jump run deeper, and took them
+/// for live (their hits counted as missed, their events lost).
+pub(crate) fn before_longjmp(target_sp: u64) {
+    let t = this_thread();
+    if t.maybe_stale(target_sp) {
+        let _ = t.repair(Entry::Here(target_sp));
+    }
+}
+
 /// The signals a thread runs a non-boosted slot with blocked (as the kernel single-steps a
 /// kprobe with interrupts off): every one but those the slot's own instruction can raise
 /// (`SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`), SIGTRAP (the slot's trap) and those that cannot

@@ -65,11 +65,17 @@ pub fn ftprobe() -> Command {
 
 /// Run `ftprobe trace ARGS -o TMP -- CMD`; returns (the CLI's output, the trace text).
 pub fn trace(args: &[&str], cmd: &[&str]) -> (Output, String) {
+    trace_env(&[], args, cmd)
+}
+
+/// [`trace`] with variables added to ftprobe's environment (so to the program's).
+pub fn trace_env(env: &[(&str, &str)], args: &[&str], cmd: &[&str]) -> (Output, String) {
     static N: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!("ftprobe-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out_file = dir.join(format!("trace-{}.txt", N.fetch_add(1, Ordering::Relaxed)));
     let out = ftprobe()
+        .envs(env.iter().copied())
         .arg("trace")
         .args(args)
         .arg("-o")

@@ -658,11 +658,15 @@ pub(crate) fn parent_data_of(
     other.filter(|_| unwind::on_signal_stack(retp))
 }
 
-/// Call the return callback of each user of entry `i` (then the caller frees it).
+/// Call the return callback of each user of entry `i` (then the caller frees it). Each
+/// user is taken out of the entry's `users` before its callback runs: a signal handler that
+/// interrupts this and leaves by `siglongjmp` closes the entry with the users not called
+/// yet, never one twice (a kretprobe's count of live instances taken down twice wrapped
+/// below zero: every later call of the function was missed).
 #[inline(always)]
 pub(crate) fn call_retfuncs(
     t: &probe_state::ThreadState,
-    ss: &ShadowStack,
+    ss: &mut ShadowStack,
     i: usize,
     regs: &PtRegs,
     exit: FgraphExit,
@@ -682,13 +686,18 @@ pub(crate) fn call_retfuncs(
         retp: e.retp,
         thread: t,
     };
-    let mut users = e.users;
-    while users != 0 {
-        let u = users.trailing_zeros() as usize;
-        users &= users - 1;
+    loop {
+        let e = &mut ss.entries[i];
+        if e.users == 0 {
+            break;
+        }
+        let u = e.users.trailing_zeros() as usize;
+        e.users &= e.users - 1;
+        let data = e.data[u];
+        compiler_fence(Ordering::SeqCst);
         if let Some(g) = user(u) {
             // SAFETY: the user's callback, with its contract.
-            unsafe { (g.retfunc)(&r, g, regs, &ss.entries[i].data[u]) };
+            unsafe { (g.retfunc)(&r, g, regs, &data) };
         }
     }
 }
