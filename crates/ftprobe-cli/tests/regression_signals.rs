@@ -165,9 +165,10 @@ fn profile(text: &str, event: &str) -> (u64, u64) {
 /// count wrapped below zero: every later return of `hot` counted as missed, 1.4 M misses for
 /// ~10 000 hits). Now the agent's `siglongjmp` clears the guards of the frames it leaves, and a
 /// closed call's users are never called twice: no miss, every return of `hot` an event but
-/// those a jump cut off, and every call of the handler an event of `pa` or one of the events
-/// counted lost (the handler's event was written inside the interrupted one, which the jump
-/// abandoned). Optimized and int3 probes, 3 runs each.
+/// those a jump cut off, and every call of the handler an event of `pa` or counted lost: a
+/// jump out of a handler that interrupted an event abandons that event, and with it the
+/// handler's event written inside it (review 14, F5: that one was counted nowhere). Optimized
+/// and int3 probes, 3 runs each.
 #[test]
 fn siglongjmp_out_of_a_return_hook_leaves_the_probes_working() {
     let exe = ftprobe_dev::sigjmp_ret_fixture();
@@ -195,9 +196,12 @@ fn siglongjmp_out_of_a_return_hook_leaves_the_probes_working() {
             let at = format!("optimization {opt}, run {run}: {said}rh {rh}/{rh_missed}, pa {pa}/{pa_missed}, lost {lost}");
             assert_eq!((rh_missed, pa_missed), (0, 0), "{at}");
             assert_eq!(hits(&text, "rh") as u64, rh, "{at}");
-            assert!(rh <= calls && rh + lost >= returned, "{at}");
-            assert_eq!(pa + lost, handled, "{at}");
-            assert!(lost <= jumps / 2, "{at}");
+            // Each jump that abandoned an event (rh's, in the loop) discarded it and the
+            // handler's event written inside it: two events lost, both counted.
+            assert_eq!(lost % 2, 0, "{at}");
+            assert!(rh <= calls && rh + lost / 2 >= returned, "{at}");
+            assert_eq!(pa + lost / 2, handled, "{at}");
+            assert!(lost <= jumps, "{at}");
         }
     }
 }

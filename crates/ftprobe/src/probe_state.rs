@@ -86,6 +86,9 @@ pub(crate) struct ThreadState {
     /// Level 0 (the outermost) nests in nothing and keeps nothing.
     pub level_prev: [Cell<u64>; MAX_NEST as usize],
     pub level_reserved: [Cell<u64>; MAX_NEST as usize],
+    /// Per open section level: the sections that committed while nested in it (their own
+    /// nested ones included). An abandoned section's rewind discards their records too.
+    pub level_nested: [Cell<u64>; MAX_NEST as usize],
     /// An `FTRACE_OPS_FL_RECURSION` ops' callback is running.
     pub in_ftrace: Cell<u64>,
     /// The kprobe running (`current_kprobe`), from `kprobe_sp`.
@@ -120,6 +123,7 @@ impl ThreadState {
         writing: Cell::new(0),
         level_prev: [const { Cell::new(0) }; MAX_NEST as usize],
         level_reserved: [const { Cell::new(0) }; MAX_NEST as usize],
+        level_nested: [const { Cell::new(0) }; MAX_NEST as usize],
         in_ftrace: Cell::new(0),
         kprobe: Cell::new(std::ptr::null()),
         kprobe_sp: Cell::new(0),
@@ -142,9 +146,15 @@ pub(crate) unsafe fn reset_this_thread() {
     let init = ThreadState::INIT;
     t.ring.set(init.ring.get());
     t.writing.set(0);
-    for (a, b) in t.level_prev.iter().zip(&t.level_reserved) {
+    for ((a, b), c) in t
+        .level_prev
+        .iter()
+        .zip(&t.level_reserved)
+        .zip(&t.level_nested)
+    {
         a.set(0);
         b.set(0);
+        c.set(0);
     }
     t.in_ftrace.set(0);
     t.kprobe.set(std::ptr::null());
@@ -397,12 +407,18 @@ impl ThreadState {
                 d => self.level_prev.get(d as usize).map_or(0, Cell::get),
             });
             // Sections d.. that had not committed (the ring's nesting still counts them):
-            // their records are never published, one event lost each. A section that had
-            // committed (a jump between its commit and the restore of `writing`) is not
-            // counted.
+            // their records are never published, one event lost each, and so are the
+            // records of the sections that committed inside them (a signal handler's events,
+            // written while it interrupted one: the rewind below discards them). A section
+            // that had committed (a jump between its commit and the restore of `writing`)
+            // is not counted.
             if let ThreadRing::Claimed(w) = self.ring.get() {
                 let n = w.nesting();
-                let lost = u64::from(n.saturating_sub(d));
+                let inside: u64 = (d..n)
+                    .filter_map(|l| self.level_nested.get(l as usize))
+                    .map(Cell::get)
+                    .sum();
+                let lost = u64::from(n.saturating_sub(d)) + if n > d { inside } else { 0 };
                 let at = self.level_reserved.get(d as usize).map_or(0, Cell::get);
                 if n > d {
                     w.abandon(d, at);

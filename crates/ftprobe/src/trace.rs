@@ -263,6 +263,7 @@ fn begin_section(t: &ThreadState, w: RingWriter<'static>, sp: u64) -> Option<u32
     // The outermost: it nests in nothing (`level_prev[0]` is never read) and a repair of it
     // goes back to the ring's `head` (no reserve pointer to keep).
     t.writing.set(sp & !7);
+    t.level_nested[0].set(0);
     Some(0)
 }
 
@@ -282,8 +283,24 @@ fn begin_nested(t: &ThreadState, w: RingWriter<'static>, sp: u64, level: u32) ->
     };
     prev.set(t.writing.get());
     res.set(w.reserved());
+    if let Some(c) = t.level_nested.get(level as usize) {
+        c.set(0);
+    }
     t.writing.set((sp & !7) | u64::from(level));
     Some(level)
+}
+
+/// A nested section at `level` committed: one more in the section it nests in, with those
+/// that committed inside it (`ThreadState::level_nested`: what a rewind of the enclosing one
+/// would discard).
+#[cold]
+#[inline(never)]
+fn nested_committed(t: &ThreadState, level: u32) {
+    let l = level as usize;
+    let inner = t.level_nested.get(l).map_or(0, |c| c.get());
+    if let Some(c) = l.checked_sub(1).and_then(|k| t.level_nested.get(k)) {
+        c.set(c.get() + 1 + inner);
+    }
 }
 
 /// Close the section at `level`: commit (the outermost publishes), then restore `writing`.
@@ -293,6 +310,7 @@ fn end_section(t: &ThreadState, w: RingWriter<'static>, level: u32) {
     let prev = if level == 0 {
         0
     } else {
+        nested_committed(t, level);
         t.level_prev.get(level as usize).map_or(0, |c| c.get())
     };
     t.writing.set(prev);
