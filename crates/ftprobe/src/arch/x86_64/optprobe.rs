@@ -597,12 +597,23 @@ pub fn analyze(func_bytes: &[u8], func_addr: u64, addr: u64) -> Result<Vec<Range
             FlowControl::Call | FlowControl::IndirectCall
         ) && !last
         {
-            return Err(OptRefusal::NotRelocatable {
-                at: r.addr,
-                why: "a call that is not the last instruction replaced: its callee would \
-                      return into the jump"
-                    .into(),
-            });
+            let after: usize = range[k + 1..].iter().map(|r| usize::from(r.len)).sum();
+            let why = if k == 0 {
+                format!(
+                    "the probed instruction is a {}-byte call, shorter than the 5-byte jump \
+                     that would replace it: the jump would also cover the {after} byte(s) \
+                     after it, where its callee returns",
+                    r.len
+                )
+            } else {
+                format!(
+                    "a {}-byte call among the replaced bytes (+{}), with {after} of them \
+                     after it: its callee would return into the jump",
+                    r.len,
+                    r.addr - addr
+                )
+            };
+            return Err(OptRefusal::NotRelocatable { at: r.addr, why });
         }
     }
     Ok(range)
@@ -938,12 +949,30 @@ mod tests {
         // push rbp; call rel32; ...: the call is the range's last instruction: fine
         let g = [0x55, 0xe8, 0, 0, 0, 0, 0x5d, 0xc3];
         assert!(analyze(&g, 0x1000, 0x1000).is_ok());
-        // call *%rax (2); mov eax,1 (5): the call is not last
+        // call *%rax (2); mov eax,1 (5): the call is not last. The reason names the probed
+        // call and the bytes after it (review 14, F8).
         let h = [0xff, 0xd0, 0xb8, 1, 0, 0, 0, 0xc3];
-        assert!(matches!(
-            analyze(&h, 0x1000, 0x1000),
-            Err(OptRefusal::NotRelocatable { at: 0x1000, .. })
-        ));
+        let Err(OptRefusal::NotRelocatable { at: 0x1000, why }) = analyze(&h, 0x1000, 0x1000)
+        else {
+            panic!("refused at the call");
+        };
+        assert_eq!(
+            why,
+            "the probed instruction is a 2-byte call, shorter than the 5-byte jump that would \
+             replace it: the jump would also cover the 5 byte(s) after it, where its callee \
+             returns"
+        );
+        // push rbp (1); call *0x10(%rax) (3); mov eax,1 (5): a call inside the range.
+        let k = [0x55, 0xff, 0x50, 0x10, 0xb8, 1, 0, 0, 0, 0xc3];
+        let Err(OptRefusal::NotRelocatable { at: 0x1001, why }) = analyze(&k, 0x1000, 0x1000)
+        else {
+            panic!("refused at the call");
+        };
+        assert_eq!(
+            why,
+            "a 3-byte call among the replaced bytes (+1), with 5 of them after it: its callee \
+             would return into the jump"
+        );
     }
 
     #[test]
