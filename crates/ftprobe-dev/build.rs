@@ -78,6 +78,7 @@ fn main() {
         "c/dlopen_main.c",
         "c/probepath.c",
         "c/sigjmp_ret.c",
+        "c/coswitch.c",
         "c/signals.c",
         "c/cxx.cc",
         "c/cxx_stl.cc",
@@ -337,6 +338,8 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
         ("probepath", patchable.cflags(), &["-pthread"]),
         // sigjmp_ret: a timer handler leaves by siglongjmp, maybe out of a return hook.
         ("sigjmp_ret", &[], &[]),
+        // coswitch: main and a generator switch with swapcontext, many times.
+        ("coswitch", &[], &[]),
         ("dlopen_main", patchable.cflags(), &["-pthread", "-ldl"]),
         ("signals", patchable.cflags(), &[]),
         // fgraph (return hooks), sites by attribute: fgraph_thr, pthread_exit and

@@ -452,6 +452,13 @@ pub fn sigjmp_ret_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("sigjmp_ret")
 }
 
+/// Path of `coswitch [N]` (no site flags, see `c/coswitch.c`): main's `resume` and a
+/// generator's `yield` switch with `swapcontext` N times (default 20000); prints
+/// `resumes=R yields=Y`.
+pub fn coswitch_fixture() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("coswitch")
+}
+
 /// Path of `probepath MODE [ARGS]` (`-fpatchable-function-entry=5`, see
 /// `c/probepath.c`): what a probe must not change in a program (errno, SIGTRAP dispositions
 /// and flags, faults in XOL slots, non-local exits out of signal handlers, a slow `dlopen`).

@@ -770,6 +770,9 @@ fn create_with(id: u32, cmd: &str, enabled: bool) -> Result<&'static TraceKprobe
     }));
     if let Some(c) = shared {
         kp.count_nmissed_in(&c.nmissed);
+        if let Some(rp) = rp {
+            rp.count_overrun_in(&c.nmissed);
+        }
     }
     match rp {
         None => kp

@@ -156,6 +156,8 @@ pub struct FgraphOps {
     /// User index + 1 while registered (0: not registered).
     index: AtomicU32,
     overrun: AtomicU64,
+    /// Another counter each overrun is also added to (null: none).
+    overrun_also: AtomicPtr<AtomicU64>,
 }
 
 impl FgraphOps {
@@ -170,7 +172,18 @@ impl FgraphOps {
             ops: FtraceOps::new(fgraph_ftrace_entry, FTRACE_OPS_FL_GRAPH),
             index: AtomicU32::new(0),
             overrun: AtomicU64::new(0),
+            overrun_also: AtomicPtr::new(std::ptr::null_mut()),
         }
+    }
+
+    /// Also count each overrun from now on in `counter` (a kretprobe event's misses in
+    /// memory shared with the CLI: the kernel counts a kretprobe instance it could not take
+    /// in the probe's `nmissed`).
+    pub fn count_overrun_in(&self, counter: &'static AtomicU64) {
+        self.overrun_also.store(
+            counter as *const AtomicU64 as *mut AtomicU64,
+            Ordering::Release,
+        );
     }
 
     /// Its site filter (set before register): the kernel's `ops->ops` filter hash.
@@ -387,7 +400,14 @@ impl ShadowStack {
     /// The depth of a call pushed now: one more than the nearest live entry below.
     #[inline(always)]
     fn next_depth(&self) -> u32 {
-        let mut i = self.top;
+        self.depth_below(self.top)
+    }
+
+    /// The depth of a call whose entry goes at `at`: one more than the nearest live entry
+    /// below it.
+    #[inline(always)]
+    fn depth_below(&self, at: usize) -> u32 {
+        let mut i = at;
         while i > 0 {
             i -= 1;
             let e = &self.entries[i];
@@ -514,6 +534,12 @@ pub unsafe fn function_graph_exit_nohijack(func: u64, sp: u64, regs: &PtRegs) {
 #[inline(never)]
 fn count_overrun(gops: &'static FgraphOps) {
     gops.overrun.fetch_add(1, Ordering::Relaxed);
+    // Acquire pairs with the Release store in `count_overrun_in`.
+    let also = gops.overrun_also.load(Ordering::Acquire);
+    if !also.is_null() {
+        // SAFETY: a &'static AtomicU64 (`count_overrun_in`).
+        unsafe { &*also }.fetch_add(1, Ordering::Relaxed);
+    }
     if std::ptr::eq(gops, &crate::function_graph::GRAPH_OPS) {
         if let Some(b) = crate::trace::buffer() {
             b.note_fgraph_overrun(1);
@@ -566,19 +592,31 @@ unsafe fn enter(
             return false;
         }
     }
+    let mut at = top;
     if top >= FGRAPH_CAPACITY && !unwind::reclaim(ss) {
-        count_overrun(gops);
-        return false;
+        match unwind::reusable_hole(ss, retp_v) {
+            Some(h) => at = h,
+            None => {
+                count_overrun(gops);
+                return false;
+            }
+        }
     }
     let top = ss.top;
-    let depth = ss.next_depth();
+    let (top, depth) = if at < top {
+        (at, ss.depth_below(at))
+    } else {
+        (top, ss.next_depth())
+    };
     let calltime = crate::ring::read_tsc();
     // Reserve the slot first (retp 0: not matched by a return yet), then fill it: a signal
     // handler that interrupts us pushes above it and pops back down to it.
     ss.entries[top].retp = 0;
     ss.entries[top].state = LIVE;
     compiler_fence(Ordering::SeqCst);
-    ss.top = top + 1;
+    if top >= ss.top {
+        ss.top = top + 1;
+    }
     compiler_fence(Ordering::SeqCst);
     let e = &mut ss.entries[top];
     e.ret = if nohijack {

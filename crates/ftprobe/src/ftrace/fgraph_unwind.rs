@@ -87,8 +87,8 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::fgraph::{
-    call_retfuncs, return_trampoline, shadow_stack, FgraphExit, ShadowStack, FL_NOHIJACK, HOLE,
-    LIVE, RESTORED, ZOMBIE,
+    call_retfuncs, return_trampoline, shadow_stack, FgraphExit, ShadowStack, FGRAPH_CAPACITY,
+    FL_NOHIJACK, HOLE, LIVE, RESTORED, ZOMBIE,
 };
 use super::{FtraceError, PtRegs};
 use crate::probe_state;
@@ -372,6 +372,31 @@ pub(crate) fn reclaim(ss: &mut ShadowStack) -> bool {
     }
     ss.shrink();
     ss.top < ss.entries.len()
+}
+
+/// A full stack that `reclaim` could not shrink: a hole where a call at slot `retp` may go,
+/// the lowest one above every entry of `retp`'s stack that is not a hole (so the calls of
+/// each stack stay in the order they nest; entries of other stacks may stay above it).
+/// Coroutines that switch with `swapcontext` leave such holes: each switch's return frees
+/// an entry below the other stack's live one, and only holes at the top are dropped
+/// (`shrink`), so a few hundred switches filled the stack with holes and calls went
+/// unhooked. The trailing holes go once the entries above return.
+#[cold]
+#[inline(never)]
+pub(crate) fn reusable_hole(ss: &ShadowStack, retp: u64) -> Option<usize> {
+    let mut hole = None;
+    let mut i = ss.top.min(FGRAPH_CAPACITY);
+    while i > 0 {
+        i -= 1;
+        let e = &ss.entries[i];
+        if e.state == HOLE {
+            hole = Some(i);
+        } else if e.retp == 0 || same_stack(e.retp, retp) {
+            // An entry being made (retp 0: an interrupted push) or one of this stack.
+            break;
+        }
+    }
+    hole
 }
 
 /// No entry anywhere for a return through the trampoline: the real address is unknown.

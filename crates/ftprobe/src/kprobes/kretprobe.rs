@@ -79,6 +79,12 @@ impl Kretprobe {
         }
     }
 
+    /// Also count the calls the shadow stack had no room for in `counter` from now on (as
+    /// [`Kprobe::count_nmissed_in`] counts the entry probe's misses).
+    pub fn count_overrun_in(&self, counter: &'static AtomicU64) {
+        self.gops.count_overrun_in(counter);
+    }
+
     /// Calls not hooked: more than `maxactive` alive or a probe already running on the
     /// thread (both counted in the entry probe's `nmissed`, as the kernel adds them up), or
     /// no room on the thread's shadow stack.
