@@ -143,21 +143,6 @@ fn wrapped_handlers_read_back_as_the_program_installed_them() {
     );
 }
 
-/// (hits, misses) of `event` in the `# kprobe_profile:` lines.
-fn profile(text: &str, event: &str) -> (u64, u64) {
-    let at = text.find("# kprobe_profile:").expect("a kprobe_profile");
-    text[at..]
-        .lines()
-        .find_map(|l| {
-            let mut w = l.trim_start_matches('#').split_whitespace();
-            (w.next() == Some(event)).then(|| {
-                let mut n = || w.next().unwrap().parse::<u64>().unwrap();
-                (n(), n())
-            })
-        })
-        .unwrap_or_else(|| panic!("no {event} in the profile: {text}"))
-}
-
 /// Regression (review 14, F1): a timer handler that left by `siglongjmp` while the thread was
 /// in a return hook (a good part of the time with `r:rh hot` on a hot loop) left the return
 /// path's state behind: its recursion guard (later probes taken for nested ones: the handler's
@@ -185,14 +170,9 @@ fn siglongjmp_out_of_a_return_hook_leaves_the_probes_working() {
             let (calls, returned) = (field(&said, "hot_calls"), field(&said, "returned"));
             let (jumps, handled) = (field(&said, "jumps"), field(&said, "handler_calls"));
             assert!(jumps >= 200 && handled == jumps, "{said}");
-            let lost: u64 = text
-                .lines()
-                .find_map(|l| l.strip_prefix("# lost events: "))
-                .unwrap_or_else(|| panic!("no lost line: {text}"))
-                .parse()
-                .unwrap();
-            let (rh, rh_missed) = profile(&text, "rh");
-            let (pa, pa_missed) = profile(&text, "pa");
+            let lost = common::lost_events(&text);
+            let (rh, rh_missed) = common::profile(&text, "rh");
+            let (pa, pa_missed) = common::profile(&text, "pa");
             let at = format!("optimization {opt}, run {run}: {said}rh {rh}/{rh_missed}, pa {pa}/{pa_missed}, lost {lost}");
             assert_eq!((rh_missed, pa_missed), (0, 0), "{at}");
             assert_eq!(hits(&text, "rh") as u64, rh, "{at}");

@@ -256,15 +256,35 @@ fn no_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
 /// counted in `lost_recursion`) when [`MAX_NEST`] sections are open already.
 #[inline(always)]
 fn begin_section(t: &ThreadState, w: RingWriter<'static>, sp: u64) -> Option<u32> {
-    let level = w.begin();
-    if level != 0 {
+    if w.nesting() != 0 {
+        let level = w.begin();
         return begin_nested(t, w, sp, level);
     }
-    // The outermost: it nests in nothing (`level_prev[0]` is never read) and a repair of it
-    // goes back to the ring's `head` (no reserve pointer to keep).
+    // The outermost: it nests in nothing and a repair of it goes back to the ring's `head`
+    // (no reserve pointer to keep). `writing` is set before the ring's nesting moves: a
+    // signal handler that interrupts in between and leaves by `siglongjmp` then finds the
+    // section (had it come after, the ring would have stayed nested with no section to
+    // repair: nothing published again). Such a handler's own outermost section keeps the
+    // interrupted one's `writing` in `level_prev[0]` and puts it back at its end.
+    t.level_prev[0].set(t.writing.get());
     t.writing.set(sp & !7);
     t.level_nested[0].set(0);
+    signal_fence();
+    let level = w.begin();
+    if level != 0 {
+        // A handler's section left the ring nested (it jumped out; repaired at the next
+        // entry): this one nests in it.
+        t.writing.set(t.level_prev[0].get());
+        return begin_nested(t, w, sp, level);
+    }
     Some(0)
+}
+
+/// Stops the compiler from moving memory accesses across it: a signal handler of this
+/// thread sees the stores before it in program order.
+#[inline(always)]
+fn signal_fence() {
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
 }
 
 /// [`begin_section`] of a nested section (a signal handler's, inside a write).
@@ -308,7 +328,7 @@ fn nested_committed(t: &ThreadState, level: u32) {
 fn end_section(t: &ThreadState, w: RingWriter<'static>, level: u32) {
     w.commit();
     let prev = if level == 0 {
-        0
+        t.level_prev[0].get()
     } else {
         nested_committed(t, level);
         t.level_prev.get(level as usize).map_or(0, |c| c.get())

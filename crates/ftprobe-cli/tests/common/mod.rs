@@ -91,6 +91,30 @@ pub fn trace_env(env: &[(&str, &str)], args: &[&str], cmd: &[&str]) -> (Output, 
     (out, text)
 }
 
+/// (hits, misses) of `event` in a trace's `# kprobe_profile:` lines.
+pub fn profile(text: &str, event: &str) -> (u64, u64) {
+    let at = text.find("# kprobe_profile:").expect("a kprobe_profile");
+    text[at..]
+        .lines()
+        .find_map(|l| {
+            let mut w = l.trim_start_matches('#').split_whitespace();
+            (w.next() == Some(event)).then(|| {
+                let mut n = || w.next().unwrap().parse::<u64>().unwrap();
+                (n(), n())
+            })
+        })
+        .unwrap_or_else(|| panic!("no {event} in the profile: {text}"))
+}
+
+/// `# lost events: N` of a trace.
+pub fn lost_events(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("# lost events: "))
+        .unwrap_or_else(|| panic!("no lost line: {text}"))
+        .parse()
+        .unwrap()
+}
+
 /// The same program, not traced.
 pub fn untraced(cmd: &[&str]) -> Output {
     Command::new(cmd[0]).args(&cmd[1..]).output().unwrap()
