@@ -57,6 +57,25 @@ fn median(mut between: impl FnMut()) -> (f64, f64, f64) {
     })
 }
 
+/// One round of a fetch row: its event created as event `id` (then the next id), `measure`
+/// run with the row's programs (short or general, strings in one pass or measured first),
+/// the event removed.
+fn fetch_round(
+    id: &mut u32,
+    (def, fast, one_pass): (&str, bool, bool),
+    measure: impl FnOnce() -> f64,
+) -> f64 {
+    let tk = trace_kprobe::create(*id, def).unwrap();
+    *id += 1;
+    trace_kprobe::set_fast_programs(fast);
+    trace_kprobe::set_one_pass_strings(one_pass);
+    let ns = measure();
+    trace_kprobe::set_fast_programs(true);
+    trace_kprobe::set_one_pass_strings(true);
+    kprobes::unregister_kprobe(tk.kp).unwrap();
+    ns
+}
+
 fn main() {
     // SAFETY: first thing in main, single-threaded.
     unsafe { ftrace::init() }.expect("init");
@@ -190,15 +209,10 @@ fn main() {
     let mut samples = vec![Vec::new(); fetch_rows.len()];
     let mut id = 1;
     for _ in 0..FETCH_ROUNDS {
-        for (k, (_, def, fast, one_pass)) in fetch_rows.iter().enumerate() {
-            let tk = trace_kprobe::create(id, def).unwrap();
-            id += 1;
-            trace_kprobe::set_fast_programs(*fast);
-            trace_kprobe::set_one_pass_strings(*one_pass);
-            samples[k].push(common::loop_fx_add(FETCH_N));
-            trace_kprobe::set_fast_programs(true);
-            trace_kprobe::set_one_pass_strings(true);
-            kprobes::unregister_kprobe(tk.kp).unwrap();
+        for (k, &(_, def, fast, one_pass)) in fetch_rows.iter().enumerate() {
+            samples[k].push(fetch_round(&mut id, (def, fast, one_pass), || {
+                common::loop_fx_add(FETCH_N)
+            }));
             if let Some(mut r) = reader_view.reader(0) {
                 records += r.drain(|_, _| {});
             }
@@ -249,20 +263,16 @@ fn main() {
                 }
             };
             for _ in 0..FETCH_ROUNDS {
-                for (k, (_, def, fast, one_pass)) in fetch_rows.iter().enumerate() {
-                    let tk = trace_kprobe::create(id, def).unwrap();
-                    id += 1;
-                    trace_kprobe::set_fast_programs(*fast);
-                    trace_kprobe::set_one_pass_strings(*one_pass);
-                    let mut ns = 0.0;
-                    for _ in 0..BATCHES {
-                        ns += common::loop_fx_add(BATCH);
-                        drain();
-                    }
-                    samples[k].push(ns / BATCHES as f64);
-                    trace_kprobe::set_fast_programs(true);
-                    trace_kprobe::set_one_pass_strings(true);
-                    kprobes::unregister_kprobe(tk.kp).unwrap();
+                for (k, &(_, def, fast, one_pass)) in fetch_rows.iter().enumerate() {
+                    let ns = fetch_round(&mut id, (def, fast, one_pass), || {
+                        let mut ns = 0.0;
+                        for _ in 0..BATCHES {
+                            ns += common::loop_fx_add(BATCH);
+                            drain();
+                        }
+                        ns / BATCHES as f64
+                    });
+                    samples[k].push(ns);
                     drain();
                 }
             }

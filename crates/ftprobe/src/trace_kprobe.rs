@@ -1192,12 +1192,23 @@ fn with_bytes<R>(words: &[AtomicU64], f: impl FnOnce(&mut [u8]) -> R) -> R {
 /// and the room left; returns its data_loc (0 when it cannot be read or there is no room).
 #[inline(never)]
 fn store_string(data: &mut [u8], used: &mut usize, addr: u64, mem: sys::Nofault) -> u64 {
+    store_string_by(data, used, |buf| mem.strncpy(addr, buf))
+}
+
+/// [`store_string`] with the copy `strncpy(buf)` (the bytes copied, NUL included if one was
+/// found; `None`: unreadable).
+#[inline(always)]
+fn store_string_by(
+    data: &mut [u8],
+    used: &mut usize,
+    strncpy: impl FnOnce(&mut [u8]) -> Option<usize>,
+) -> u64 {
     let start = *used;
     let cap = MAX_STRING_SIZE.min(data.len().saturating_sub(start));
     let Some(buf) = data.get_mut(start..start + cap).filter(|b| !b.is_empty()) else {
         return 0;
     };
-    let len = match mem.strncpy(addr, buf) {
+    let len = match strncpy(buf) {
         Some(n) if buf[n - 1] == 0 => n,
         // No NUL in the first `cap` bytes: cut, as strncpy_from_kernel_nofault().
         Some(_) => {
@@ -1625,22 +1636,9 @@ fn write_fast_one_pass(
 /// Probe path, plain loads only: [`store_string`] inline, for [`write_fast_one_pass`].
 #[inline(always)]
 fn copy_string(data: &mut [u8], used: &mut usize, addr: u64) -> u64 {
-    let start = *used;
-    let cap = MAX_STRING_SIZE.min(data.len().saturating_sub(start));
-    let Some(buf) = data.get_mut(start..start + cap).filter(|b| !b.is_empty()) else {
-        return 0;
-    };
-    let len = match crate::arch::x86_64::uaccess::strncpy_nofault(addr, buf) {
-        Some(n) if buf[n - 1] == 0 => n,
-        // No NUL in the first `cap` bytes: cut, as strncpy_from_kernel_nofault().
-        Some(_) => {
-            buf[cap - 1] = 0;
-            cap
-        }
-        None => return 0,
-    };
-    *used += len;
-    (start as u64) | ((len as u64) << 32)
+    store_string_by(data, used, |buf| {
+        crate::arch::x86_64::uaccess::strncpy_nofault(addr, buf)
+    })
 }
 
 /// [`write_fast_record`] with the kernel's two passes: the strings' lengths first

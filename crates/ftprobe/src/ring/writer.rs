@@ -950,6 +950,17 @@ mod tests {
         assert_eq!(r.lost(), 72);
     }
 
+    /// Every point of a write where a nested writer may run.
+    const EVERY_POINT: [u32; 7] = [
+        hook::BEGUN,
+        hook::RESERVING,
+        hook::RESERVED,
+        hook::FILLED,
+        hook::COMMIT_LOADED,
+        hook::PUBLISHED,
+        hook::UNNESTED,
+    ];
+
     /// A nested writer ("a signal handler" of the owner thread) at each point of a write:
     /// both records are published, whole, in the order they reserved, by the outermost
     /// commit at the latest; nothing is left reserved and unpublished, nothing stuck.
@@ -958,16 +969,7 @@ mod tests {
         fn nested(w: &RingWriter<'_>) {
             assert!(w.write3(9, 90, 91, 92));
         }
-        let points = [
-            hook::BEGUN,
-            hook::RESERVING,
-            hook::RESERVED,
-            hook::FILLED,
-            hook::COMMIT_LOADED,
-            hook::PUBLISHED,
-            hook::UNNESTED,
-        ];
-        for p in points {
+        for p in EVERY_POINT {
             let sr = rings(1, 4096);
             let w = sr.claim(1, COMM).unwrap();
             let mut r = sr.reader(0).unwrap();
@@ -1090,16 +1092,7 @@ mod tests {
         fn nested(w: &RingWriter<'_>) {
             assert!(w.write3(9, 90, 91, 92));
         }
-        let points = [
-            hook::BEGUN,
-            hook::RESERVING,
-            hook::RESERVED,
-            hook::FILLED,
-            hook::COMMIT_LOADED,
-            hook::PUBLISHED,
-            hook::UNNESTED,
-        ];
-        for p in points {
+        for p in EVERY_POINT {
             let sr = rings(1, 4096);
             let w = sr.claim(1, COMM).unwrap();
             let mut r = sr.reader(0).unwrap();
@@ -1269,16 +1262,7 @@ mod tests {
         fn nested(w: &RingWriter<'_>) {
             assert!(w.write3(9, 90, 91, 92));
         }
-        let points = [
-            hook::BEGUN,
-            hook::RESERVING,
-            hook::RESERVED,
-            hook::FILLED,
-            hook::COMMIT_LOADED,
-            hook::PUBLISHED,
-            hook::UNNESTED,
-        ];
-        for p in points {
+        for p in EVERY_POINT {
             let sr = rings(1, 4096);
             let w = sr.claim(1, COMM).unwrap();
             let mut r = sr.reader(0).unwrap();
