@@ -83,7 +83,9 @@ pub(crate) struct ThreadState {
     pub writing: Cell<u64>,
     /// Per nested section level (as `RingWriter::begin` numbers them, 1 and up): the
     /// `writing` of the section it nests in, and the ring's reserve pointer when it began.
-    /// Level 0 (the outermost) nests in nothing and keeps nothing.
+    /// Level 0 (the outermost) nests in nothing: its `level_prev` is the `writing` of a section
+    /// a signal handler interrupted before that section's ring nesting moved (put back at its
+    /// end; `trace::begin_section`), its `level_reserved` unused.
     pub level_prev: [Cell<u64>; MAX_NEST as usize],
     pub level_reserved: [Cell<u64>; MAX_NEST as usize],
     /// Per open section level: the sections that committed while nested in it (their own
