@@ -166,8 +166,20 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
+/// 1 000 changes: the quick tier's run.
 #[test]
+fn a_thousand_changes_while_eight_threads_run() {
+    changes_while_eight_threads_run(1_000);
+}
+
+/// 10 000 changes (~100 s here): the stress tier's run (`cargo test -- --ignored`).
+#[test]
+#[ignore = "stress tier: .ci/run runs it with --ignored"]
 fn ten_thousand_changes_while_eight_threads_run() {
+    changes_while_eight_threads_run(10_000);
+}
+
+fn changes_while_eight_threads_run(total: u32) {
     let (exe, dir, shm, shared) = setup("ctl_stress.c", FIXTURE, "control");
     let out = dir.join("trace.txt");
     let mut cli = common::ftprobe()
@@ -210,7 +222,7 @@ fn ten_thousand_changes_while_eight_threads_run() {
     eprintln!("seed {seed}");
     let names = ["a", "b", "c"];
     let mut changes = 0;
-    while changes < 10_000 {
+    while changes < total {
         let which = names[(xorshift(&mut seed) % 3) as usize];
         let before = shared.counts();
         let turning_on = !open.contains_key(which);

@@ -8,7 +8,8 @@
 //! - [`fxsites`]: C functions with patchable entries linked into every test executable that
 //!   depends on this crate;
 //! - [`KillOnDrop`], so a failing test leaves no child behind;
-//! - [`target_dir`], to find the other crates' build outputs.
+//! - [`target_dir`], to find the other crates' build outputs;
+//! - [`tier`]: the quick and stress tiers of the `harness = false` test binaries.
 //!
 //! The exact outputs the fixtures print are documented on [`fixture`]; FLAVOURS.md shows the
 //! disassembly of each flavour.
@@ -18,6 +19,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 
 include!("flavour.rs");
+
+pub mod tier;
 
 /// The C fixture programs, each built in every flavour (`calls_lib` only where
 /// [`Flavour::supports_pic`]).

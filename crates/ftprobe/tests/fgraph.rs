@@ -465,7 +465,11 @@ fn unregistered_users_stop_hooking() {
 }
 
 fn main() {
-    // SAFETY: first thing in main: no other thread runs.
+    // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
+    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+        return;
+    }
+    // SAFETY: early in main (reading the arguments starts no thread): no other thread runs.
     let skipped = unsafe { ftrace::init() }.expect("ftrace init");
     let _ = skipped;
     // Ground truth, untraced.

@@ -476,7 +476,11 @@ fn no_allocation_per_hit() {
 }
 
 fn main() {
-    // SAFETY: first thing in main: no other thread exists yet.
+    // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
+    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+        return;
+    }
+    // SAFETY: early in main (reading the arguments starts no thread): no other thread exists yet.
     let skipped = unsafe { ftrace::init() }.expect("ftrace::init");
     assert!(skipped.is_empty(), "{skipped:?}");
     let cases: &[(&str, fn())] = &[

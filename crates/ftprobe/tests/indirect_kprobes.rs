@@ -195,7 +195,11 @@ fn jump_table_with_pre_and_post_handlers() {
 }
 
 fn main() {
-    // SAFETY: first thing in main, single-threaded.
+    // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
+    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+        return;
+    }
+    // SAFETY: early in main (reading the arguments starts no thread): single-threaded.
     unsafe { ftrace::init() }.expect("ftrace::init");
     let cases: &[(&str, fn())] = &[
         (

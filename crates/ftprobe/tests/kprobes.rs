@@ -660,7 +660,11 @@ fn bad_targets() {
 }
 
 fn main() {
-    // SAFETY: first thing in main, single-threaded.
+    // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
+    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+        return;
+    }
+    // SAFETY: early in main (reading the arguments starts no thread): single-threaded.
     unsafe { ftrace::init() }.expect("ftrace::init");
     let cases: &[(&str, fn())] = &[
         (

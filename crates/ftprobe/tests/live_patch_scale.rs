@@ -45,6 +45,10 @@ fn site_bytes(ip: u64) -> [u8; 5] {
 }
 
 fn main() {
+    // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
+    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+        return;
+    }
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let mut walks = Vec::new();
     let mut sos = Vec::new();

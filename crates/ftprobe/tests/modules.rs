@@ -96,7 +96,11 @@ unsafe extern "C" fn never(_ip: u64, _parent: u64, _op: &FtraceOps, _regs: &mut 
 }
 
 fn main() {
-    // SAFETY: first thing in main, single-threaded.
+    // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
+    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+        return;
+    }
+    // SAFETY: early in main (reading the arguments starts no thread): single-threaded.
     unsafe { ftrace::init() }.expect("ftrace::init");
     let (rings, fd) = SharedRings::create(RingConfig {
         nr_rings: 2,

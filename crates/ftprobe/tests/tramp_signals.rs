@@ -182,10 +182,14 @@ fn siglongjmp_out_of_a_held_delivery_leaves_tracing_working() {
 }
 
 fn main() {
+    // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
+    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+        return;
+    }
     install(libc::SIGUSR1, 0);
     install(libc::SIGUSR2, libc::SA_RESETHAND);
     install(libc::SIGURG, libc::SA_NODEFER);
-    // SAFETY: first thing in main: no other thread exists yet.
+    // SAFETY: early in main (reading the arguments starts no thread): no other thread exists yet.
     let skipped = unsafe { ftrace::init() }.expect("ftrace::init");
     assert!(skipped.is_empty(), "{skipped:?}");
     ftrace::ftrace_set_filter(&OPS, "fx_add", true).unwrap();

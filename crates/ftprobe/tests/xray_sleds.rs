@@ -84,6 +84,10 @@ fn snapshot(at: u64) -> [u8; SNAP] {
 }
 
 fn main() {
+    // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
+    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+        return;
+    }
     let Some(so) = build() else {
         eprintln!("skipped: clang -fxray-instrument could not build the shared object");
         return;
