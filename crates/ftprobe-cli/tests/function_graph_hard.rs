@@ -24,7 +24,11 @@ enum Ev {
 }
 
 /// A graph: per task (the TASK-PID column, "" when absent), its events in order, and how
-/// many calls were closed (returned or cut).
+/// many calls were closed (returned or cut). Tests that count tasks trace with `-O
+/// funcgraph-proc`: without it the column turns on only at the first poll that sees a second
+/// thread, so the first thread's earlier lines carry no task, and where that poll falls is
+/// up to the scheduler (context-switch banners are no count either: the kernel prints one
+/// only when a CPU changes task).
 #[derive(Debug, Default)]
 struct Graph {
     tasks: Vec<(String, Vec<Ev>)>,
@@ -186,7 +190,10 @@ fn pthread_exit_and_cancel_in_hooked_calls_close_them_unwound() {
     let exe = exe.to_str().unwrap();
     let plain = untraced(&[exe, "4"]);
     assert!(plain.status.success(), "{plain:?}");
-    let (out, text) = trace(&["-t", "function_graph"], &[exe, "4"]);
+    let (out, text) = trace(
+        &["-t", "function_graph", "-O", "funcgraph-proc"],
+        &[exe, "4"],
+    );
     assert_eq!(out.status.code(), Some(0), "{out:?}\n{text}");
     assert_eq!(out.stdout, plain.stdout, "program output unchanged");
     let stdout = String::from_utf8_lossy(&plain.stdout);
@@ -366,7 +373,10 @@ fn recursion_deeper_than_the_shadow_stack_fork_and_exit_inside_hooked_calls() {
     let exe = exe.to_str().unwrap();
     let plain = untraced(&[exe, "1500"]);
     assert_eq!(plain.status.code(), Some(3), "{plain:?}");
-    let (out, text) = trace(&["-t", "function_graph"], &[exe, "1500"]);
+    let (out, text) = trace(
+        &["-t", "function_graph", "-O", "funcgraph-proc"],
+        &[exe, "1500"],
+    );
     assert_eq!(
         out.status.code(),
         Some(3),
