@@ -6,6 +6,7 @@ mod control;
 mod dump;
 mod filter;
 mod graph;
+mod heap;
 mod merge;
 mod output;
 mod perfetto;
@@ -126,7 +127,12 @@ enum ListWhat {
     },
 }
 
+/// Counts its bytes only with `FTPROBE_TEST_HEAP=1` (tests of what the CLI keeps per thread).
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
+
 fn main() {
+    heap::init_from_env();
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,

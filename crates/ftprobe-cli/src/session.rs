@@ -1000,10 +1000,28 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
             args.cmd[0]
         );
     }
-    sink.finish(&mut live, &end)?;
+    finish_counting_heap(sink, &mut live, &end)?;
     let code = end.exit_code();
     // A trace that could not be written is a failure even when the target succeeded.
     Ok(if sink.failed() && code == 0 { 1 } else { code })
+}
+
+/// With `FTPROBE_TEST_HEAP=1` (crate::heap), on stderr: the CLI's heap in use once the last
+/// poll is done (what the sink keeps, per thread ever seen among it), then the most in use
+/// while the sink finished (writing what it kept), above that:
+/// `ftprobe: heap: N bytes in use before finishing, M more at most while finishing`.
+fn finish_counting_heap<K: Sink, S: Source>(sink: &mut K, src: &mut S, end: &End) -> Result<()> {
+    if !crate::heap::counting() {
+        return sink.finish(src, end);
+    }
+    let before = crate::heap::in_use();
+    crate::heap::reset_peak();
+    let r = sink.finish(src, end);
+    eprintln!(
+        "ftprobe: heap: {before} bytes in use before finishing, {} more at most while finishing",
+        crate::heap::peak() - before
+    );
+    r
 }
 
 /// The control channel's CLI side for the program `pid`: its controller (which `sink`
@@ -1222,7 +1240,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
             attach_times.report(first_drained, detach_times.as_ref())
         );
     }
-    sink.finish(&mut live, &end)?;
+    finish_counting_heap(sink, &mut live, &end)?;
     Ok(if sink.failed() { 1 } else { 0 })
 }
 
