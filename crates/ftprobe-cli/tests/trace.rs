@@ -232,20 +232,32 @@ fn forked_children_are_traced_and_waited_for() {
             );
         }
     }
-    // Interrupted while waiting: what was recorded is kept, the missing child is named.
+    // Interrupted while waiting: what was recorded is kept, the missing child is named. The
+    // child (`hold`) calls `leaf` only once its standard input, a pipe of this test, ends:
+    // after the SIGINT, which is sent once ftprobe says it waits (the parent exited).
     let file = std::env::temp_dir().join(format!("ftprobe-forks-{}.txt", std::process::id()));
     let mut child = ftprobe()
         .args(["trace", "-F", "leaf", "-o"])
         .arg(&file)
-        .args(["--", exe, "daemon"])
+        .args(["--", exe, "hold"])
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(150));
+    let hold = child.stdin.take().unwrap();
+    let mut said = String::new();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    while !said.contains("waiting for the forked processes") {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(n > 0, "ftprobe ended without waiting: {said}");
+        said += &line;
+    }
     // SAFETY: kill has no memory effects; the pid is our child, not yet reaped.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    assert!(child.wait().unwrap().success());
+    assert!(child.wait().unwrap().success(), "{said}");
+    drop(hold);
     let text = std::fs::read_to_string(&file).unwrap();
     let _ = std::fs::remove_file(&file);
     assert_eq!(args(&text).len(), 3, "the parent's:\n{text}");
@@ -254,7 +266,6 @@ fn forked_children_are_traced_and_waited_for() {
             && l.ends_with(" was still running: its later events are not in this trace")),
         "{text}"
     );
-    std::thread::sleep(std::time::Duration::from_millis(300));
 }
 
 /// A trace that cannot be written is an error in the exit status too (found by a user:

@@ -135,8 +135,9 @@ pub fn spawns_fixture() -> PathBuf {
 
 /// Path of `forks MODE` (`-fpatchable-function-entry=5`): the parent calls `leaf` 3 times and
 /// forks a child that calls it 5 times (arguments 100..105); with `daemon` the parent
-/// returns at once and the child calls `leaf` 300 ms later; with `wait` the parent waits
-/// for it. The parent prints `forks done`.
+/// returns at once and the child calls `leaf` 300 ms later; with `hold` the same, but the
+/// child calls `leaf` once its standard input ends; with `wait` the parent waits for it. The
+/// parent prints `forks done`.
 pub fn forks_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("forks")
 }
