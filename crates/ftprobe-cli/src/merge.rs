@@ -40,6 +40,12 @@ pub struct Queue {
     /// was read), and when a drain last brought records (CLOCK_MONOTONIC ns).
     pub drained_tsc: u64,
     pub arrival_ns: u64,
+    /// Live rings: the last poll may have left records in the ring (its drain stopped at a
+    /// piece's size, or the queue was too full to drain). While such a queue is empty,
+    /// nothing later than its newest timestamp may be handed out, however old: the records
+    /// still in the ring may be earlier (unlike a ring that is silent, the backlog is the
+    /// reader's own; see [`Merge::backlog_bound`]).
+    pub backlog: bool,
     /// Its first record is in the merge's heap.
     in_heap: bool,
 }
@@ -211,6 +217,18 @@ impl Merge {
             q.pop();
             self.held -= 1;
         }
+    }
+
+    /// The smallest newest timestamp of the empty queues whose rings have a
+    /// [`backlog`](Queue::backlog): nothing later may be handed out, however long it waited
+    /// (`u64::MAX`: no such ring).
+    pub fn backlog_bound(&self) -> u64 {
+        self.queues
+            .values()
+            .filter(|q| !q.done && q.is_empty() && q.backlog)
+            .map(|q| q.last_ts)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// The smallest [`Queue::bound`] of the rings that hold nothing and may still bring

@@ -571,7 +571,7 @@ struct Stream {
 }
 
 /// What [`Live`]'s drain of a ring takes at most (the rest at the next drain).
-const LIVE_DRAIN_BYTES: u64 = 1 << 20;
+pub(crate) const LIVE_DRAIN_BYTES: u64 = 1 << 20;
 /// The same for a raw drain (`record`, which writes each piece out before the next).
 const LIVE_DRAIN_RAW_BYTES: u64 = 4 << 20;
 

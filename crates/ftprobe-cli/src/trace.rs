@@ -376,6 +376,8 @@ impl Printer {
             let q = self.merge.queue(i);
             let limit = if chunked { chunk / 2 } else { DRAIN_BELOW };
             if q.done || q.len() >= limit {
+                // Not drained: its ring may hold records (earlier than other rings' ones).
+                q.backlog |= !chunked && !q.done;
                 continue;
             }
             if let Some(task) = rings.task(i).filter(|t| t.1 != 0) {
@@ -405,8 +407,10 @@ impl Printer {
                 q.drained_tsc = ftprobe::ring::read_tsc();
             }
             let mut records = 0usize;
+            let mut bytes = 0u64;
             let readable = rings.drain_max(i, chunk, |rt, aux, w| {
                 records += 1;
+                bytes += 8 + 8 * w.len() as u64;
                 // Timed records (with a timestamp) are merged; TEXT is the agent's.
                 if record::timestamp(rt, w).is_some() {
                     got += 1;
@@ -421,6 +425,10 @@ impl Printer {
             }
             if !chunked && got > 0 {
                 self.merge.queue(i).arrival_ns = ftprobe::ring::monotonic_ns();
+            }
+            if !chunked {
+                // A drain that stopped at its piece's size left the rest in the ring.
+                self.merge.queue(i).backlog = bytes >= crate::session::LIVE_DRAIN_BYTES;
             }
             if readable {
                 self.texts(i, texts);
@@ -542,6 +550,10 @@ impl Printer {
         let now_ns = ftprobe::ring::monotonic_ns();
         let idle = (!self.recorded).then_some(MERGE_DELAY_NS);
         let mut horizon = self.merge.horizon(now_ns, idle);
+        // Records still in rings the last drains did not empty: even an aged record waits
+        // for them (review of issue 31: a live trace went back by 1-2 ms every 32 768
+        // records of a thread, a drain's piece, while the CLI was over 100 ms behind).
+        let mut backlog = self.merge.backlog_bound();
         let force = keep != usize::MAX;
         let all_done = self.merge.queues.values().all(|q| q.done);
         let graph = self.graph.is_some();
@@ -549,12 +561,15 @@ impl Printer {
         let mut started_lines = false;
         let clock = Clock::from_parts(self.clock.to_parts());
         // Whether ring `r`'s first record (key `key`) may be printed now.
-        let may_print = |m: &Merge, key: u64, r: u32, horizon: u64| -> bool {
+        let may_print = |m: &Merge, key: u64, r: u32, horizon: u64, backlog: u64| -> bool {
             if force {
                 return m.held > keep;
             }
             if all_done {
                 return true;
+            }
+            if key > backlog {
+                return false;
             }
             let q = &m.queues[&r];
             let aged = idle.is_some_and(|d| now_ns.saturating_sub(clock.tsc_to_mono_ns(key)) >= d);
@@ -570,7 +585,7 @@ impl Printer {
             !(later || waits_next) || aged
         };
         while let Some((key, r)) = self.merge.peek() {
-            if !may_print(&self.merge, key, r, horizon) {
+            if !may_print(&self.merge, key, r, horizon, backlog) {
                 break;
             }
             if !started_lines {
@@ -594,12 +609,15 @@ impl Printer {
                 let Some(h) = q.head() else {
                     if !q.done {
                         horizon = horizon.min(q.bound(now_ns, idle));
+                        if q.backlog {
+                            backlog = backlog.min(q.last_ts);
+                        }
                     }
                     break;
                 };
                 let key = h.key;
                 if self.merge.peek().is_some_and(|next| next < (key, r))
-                    || !may_print(&self.merge, key, r, horizon)
+                    || !may_print(&self.merge, key, r, horizon, backlog)
                 {
                     break;
                 }
