@@ -248,6 +248,33 @@ mod tests {
     use super::*;
     use ftprobe::record::rtype;
 
+    /// Regression (issue 31's runs): an empty queue whose ring still holds undrained records
+    /// bounds what may be handed out by its newest timestamp; one that is done, holds
+    /// records, or has no backlog does not.
+    #[test]
+    fn backlog_bound_is_the_oldest_empty_backlogged_queue() {
+        let mut m = Merge::default();
+        assert_eq!(m.backlog_bound(), u64::MAX);
+        for (ring, ts) in [(0, 100), (1, 200), (2, 50), (3, 10)] {
+            m.push(ring, rtype::FUNC, 0, &[ts, 1, 0]);
+        }
+        // Ring 0 and 1: emptied, with a backlog; ring 2: backlog but still holds a record;
+        // ring 3: emptied, done.
+        while let Some(r) = m.take() {
+            if r != 2 {
+                m.pop_record(r);
+            }
+        }
+        m.queue(0).backlog = true;
+        m.queue(1).backlog = true;
+        m.queue(2).backlog = true;
+        m.queue(3).backlog = true;
+        m.queue(3).done = true;
+        assert_eq!(m.backlog_bound(), 100);
+        m.queue(0).backlog = false;
+        assert_eq!(m.backlog_bound(), 200);
+    }
+
     #[test]
     fn merges_by_timestamp_ties_by_ring() {
         let mut m = Merge::default();

@@ -121,7 +121,9 @@ const NOTE: u16 = 0xfff1;
 /// has been idle this long (then up to the ring's last read), or once the record is this
 /// old: threads are merged strictly by timestamp, as the kernel's `trace` file is, at the
 /// cost of this delay at most (a thread preempted for longer between taking a timestamp
-/// and publishing its record may still come out of order).
+/// and publishing its record may still come out of order). An old record still waits for
+/// the rings whose last drain left records behind (the CLI's own backlog:
+/// [`Queue::backlog`](crate::merge::Queue::backlog)).
 pub const MERGE_DELAY_NS: u64 = 100_000_000;
 
 /// Records the merge holds at most (all rings together, 5-6 MiB), plus what one drain of a
@@ -543,7 +545,8 @@ impl Printer {
     }
 
     /// Print the merged records that may be printed: those no ring can still bring an
-    /// earlier record than, and those [`MERGE_DELAY_NS`] old (live). `keep`: with fewer
+    /// earlier record than, and those [`MERGE_DELAY_NS`] old (live) that no undrained ring
+    /// may still bring an earlier record than. `keep`: with fewer
     /// records than `MAX_HELD`, print until only `keep` are held, whatever the rings may
     /// still bring (the bound).
     fn emit(&mut self, prefault: &mut dyn FnMut(), keep: usize) {
@@ -582,7 +585,9 @@ impl Printer {
                 && q.len() < 2
                 && !q.done
                 && idle.is_none_or(|d| now_ns.saturating_sub(q.arrival_ns) < d);
-            !(later || waits_next) || aged
+            // An entry whose return may be in the ring's undrained records waits for them
+            // however old (else a leaf would print as `func() {` ... `}`).
+            !(later || waits_next) || (aged && !(waits_next && q.backlog))
         };
         while let Some((key, r)) = self.merge.peek() {
             if !may_print(&self.merge, key, r, horizon, backlog) {
