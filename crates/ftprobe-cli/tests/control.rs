@@ -82,6 +82,14 @@ struct Shared {
     base: *mut i64,
 }
 
+/// A test that fails stops its program too (else it ran on, traced, its trace file growing
+/// by gigabytes: found by a fresh user's run, issue 31).
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 impl Shared {
     fn open(path: &Path) -> Shared {
         let f = std::fs::OpenOptions::new()
@@ -427,7 +435,11 @@ fn ctl_and_interactive_commands() {
             String::from_utf8_lossy(&o.stderr).into_owned(),
         )
     };
-    // The program runs an extra thread of the agent's, named so.
+    let (code, o, _) = ctl(&["cat kprobe_events"]);
+    assert_eq!((code, o.as_str()), (Some(0), "p:a probed_a t=%di:u32\n"));
+    // The program runs an extra thread of the agent's, named so (it names itself before it
+    // serves a command: read after the first answer, issue 31: read before, it could still
+    // bear the program's name).
     let comms: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .map(|e| {
@@ -440,8 +452,6 @@ fn ctl_and_interactive_commands() {
     assert!(comms.iter().any(|c| c == "ftprobe-ctl"), "{comms:?}");
     assert_eq!(comms.len(), THREADS + 2, "{comms:?}");
 
-    let (code, o, _) = ctl(&["cat kprobe_events"]);
-    assert_eq!((code, o.as_str()), (Some(0), "p:a probed_a t=%di:u32\n"));
     // A bad definition: the kernel's error_log text, exit 1.
     let (code, _, e) = ctl(&["echo 'p:x no_such_function' >> kprobe_events"]);
     assert_eq!(code, Some(1));

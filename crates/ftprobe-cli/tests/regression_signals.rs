@@ -73,12 +73,14 @@ fn a_handler_without_sa_onstack_runs_on_the_interrupted_stack() {
 #[test]
 fn an_asynchronous_signal_never_sees_a_pc_inside_an_xol_slot() {
     let exe = exe();
-    let cmd = [exe.as_str(), "pcs", "1500"];
+    // Until 1000 ticks came (a count, not a time: issue 31, a loaded machine delivered 173
+    // in 1.5 s).
+    let cmd = [exe.as_str(), "pcs", "1000"];
     let (out, text) = trace(&["-e", "p:h hot_loop+2"], &cmd);
     assert!(out.status.success(), "{out:?}\n{text}");
     let o = stdout(&out);
     let tail = &text[text.len().saturating_sub(1500)..];
-    assert!(field(&o, "ticks") > 300, "the timer ran: {o}");
+    assert!(field(&o, "ticks") >= 1000, "the timer ran: {o}");
     assert_eq!(field(&o, "sum_ok"), 1, "{o}");
     assert!(hits(&text, "h") > 1000, "the probe was hit: {tail}");
     assert_eq!(
@@ -101,7 +103,8 @@ fn an_asynchronous_signal_never_sees_a_pc_inside_an_xol_slot() {
 #[test]
 fn an_asynchronous_signal_in_an_optprobe_sees_the_program_registers() {
     let exe = exe();
-    let cmd = [exe.as_str(), "regs", "1500"];
+    // Until 1000 ticks hit the loop.
+    let cmd = [exe.as_str(), "regs", "1000"];
     let (out, text) = trace(&["-e", "p:h hot_sp_loop+16"], &cmd);
     assert!(out.status.success(), "{out:?}\n{text}");
     assert!(
@@ -110,7 +113,7 @@ fn an_asynchronous_signal_in_an_optprobe_sees_the_program_registers() {
         &text[..text.len().min(600)]
     );
     let o = stdout(&out);
-    assert!(field(&o, "in_loop") > 300, "the timer hit the loop: {o}");
+    assert!(field(&o, "in_loop") >= 1000, "the timer hit the loop: {o}");
     assert_eq!(field(&o, "sum_ok"), 1, "{o}");
     for bad in ["bad_pc", "bad_sp", "bad_args", "bad_flags"] {
         assert_eq!(field(&o, bad), 0, "{bad}: {o}");
@@ -173,7 +176,14 @@ fn siglongjmp_out_of_a_return_hook_leaves_the_probes_working() {
             let lost = common::lost_events(&text);
             let (rh, rh_missed) = common::profile(&text, "rh");
             let (pa, pa_missed) = common::profile(&text, "pa");
-            let at = format!("optimization {opt}, run {run}: {said}rh {rh}/{rh_missed}, pa {pa}/{pa_missed}, lost {lost}");
+            // The trace's loss lines say which losses these are (a ring-full loss would
+            // break the pairing below: seen once, issue 31, not reproduced in 50 runs).
+            let losses: String = text
+                .lines()
+                .filter(|l| l.starts_with('#') && l.contains("lost"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let at = format!("optimization {opt}, run {run}: {said}rh {rh}/{rh_missed}, pa {pa}/{pa_missed}, lost {lost}\n{losses}");
             assert_eq!((rh_missed, pa_missed), (0, 0), "{at}");
             assert_eq!(hits(&text, "rh") as u64, rh, "{at}");
             // Each jump that abandoned an event (rh's, in the loop) discarded it and the

@@ -8,11 +8,12 @@
  *                 already on the signal stack: each line says whether the handler's local
  *                 variable is on the signal stack and whether sigaltstack says SS_ONSTACK; a
  *                 handler's change of rax and xmm0 in its ucontext takes effect
- *   pcs MS        a 1 ms ITIMER_REAL whose SA_SIGINFO handler looks up the interrupted PC in
+ *   pcs N         a 1 ms ITIMER_REAL whose SA_SIGINFO handler looks up the interrupted PC in
  *                 the executable segments of every loaded object (dl_iterate_phdr: the
- *                 program, libc, the vdso, ...) while the main thread runs hot_loop for MS
- *                 milliseconds; prints how many ticks interrupted a PC outside all of them
- *   regs MS       as pcs, with hot_sp_loop (an optprobe's detour, entry and exit, around
+ *                 program, libc, the vdso, ...) while the main thread runs hot_loop until N
+ *                 ticks came (however long the machine takes to deliver them; 120 s at most);
+ *                 prints how many ticks interrupted a PC outside all of them
+ *   regs N        as pcs, until N ticks interrupted hot_sp_loop (an optprobe's detour, entry and exit, around
  *                 hot_sp_loop+16): every tick that interrupted it checks what the program
  *                 must see there: the PC at an instruction boundary, the stack pointer the
  *                 function saved, rdi and rax in range, the flags the instruction before
@@ -248,9 +249,11 @@ static double now(void)
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-/* Runs loop(1000) for MS milliseconds under a 1 ms ITIMER_REAL whose SA_SIGINFO handler is
- * `tick`; returns whether every call counted to 1000. */
-static int under_timer(int ms, void (*tick)(int, siginfo_t *, void *), long (*loop)(long))
+/* Runs loop(1000) under a 1 ms ITIMER_REAL whose SA_SIGINFO handler is `tick` until *count
+ * reaches `target` (a count of ticks, not a time: a loaded machine delivers fewer a second;
+ * 120 s at most); returns whether every call counted to 1000. */
+static int under_timer(long target, volatile long *count, void (*tick)(int, siginfo_t *, void *),
+                       long (*loop)(long))
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -259,19 +262,19 @@ static int under_timer(int ms, void (*tick)(int, siginfo_t *, void *), long (*lo
     sigaction(SIGALRM, &sa, 0);
     struct itimerval it = {{0, 1000}, {0, 1000}};
     setitimer(ITIMER_REAL, &it, 0);
-    double end = now() + ms / 1000.0;
+    double end = now() + 120;
     long sum = 0;
-    while (now() < end)
+    while (*count < target && now() < end)
         sum += loop(1000);
     struct itimerval off = {{0, 0}, {0, 0}};
     setitimer(ITIMER_REAL, &off, 0);
     return sum % 1000 == 0;
 }
 
-static int pcs_mode(int ms)
+static int pcs_mode(long target)
 {
     dl_iterate_phdr(add_object, 0);
-    int ok = under_timer(ms, on_tick, hot_loop);
+    int ok = under_timer(target, &ticks, on_tick, hot_loop);
     printf("ticks=%ld outside=%ld first_outside=%#lx sum_ok=%d\n", ticks, outside,
            (unsigned long)first_outside, ok);
     return 0;
@@ -305,9 +308,9 @@ static void on_tick_regs(int s, siginfo_t *si, void *ucv)
         bad_flags++; /* after cmp %rdi,%rax */
 }
 
-static int regs_mode(int ms)
+static int regs_mode(long target)
 {
-    int ok = under_timer(ms, on_tick_regs, hot_sp_loop);
+    int ok = under_timer(target, &in_loop, on_tick_regs, hot_sp_loop);
     printf("ticks=%ld in_loop=%ld bad_pc=%ld bad_sp=%ld bad_args=%ld bad_flags=%ld sum_ok=%d\n",
            ticks, in_loop, bad_pc, bad_sp, bad_args, bad_flags, ok);
     return 0;
@@ -385,9 +388,9 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "actions"))
         return actions_mode();
     if (!strcmp(mode, "pcs"))
-        return pcs_mode(argc > 2 ? atoi(argv[2]) : 1500);
+        return pcs_mode(argc > 2 ? atol(argv[2]) : 1000);
     if (!strcmp(mode, "regs"))
-        return regs_mode(argc > 2 ? atoi(argv[2]) : 1500);
+        return regs_mode(argc > 2 ? atol(argv[2]) : 1000);
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;
 }
