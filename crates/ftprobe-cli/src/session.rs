@@ -493,6 +493,12 @@ pub trait Source {
     /// Hand every record of stream `i` now available to `f` (rtype, aux, payload words), in
     /// the ring's order; `false` when the stream cannot be read.
     fn drain(&mut self, i: u32, f: impl FnMut(u16, u32, &[u64])) -> bool;
+    /// Whether the last [`drain`](Self::drain) stopped at the size of its piece, so that the
+    /// stream may still hold records it could have handed out (a live ring; never a
+    /// recording's stream).
+    fn drain_stopped_short(&self) -> bool {
+        false
+    }
     /// [`drain`](Self::drain), at most `max` records of a [`chunked`](Self::chunked) stream
     /// (a live one hands out what it has).
     fn drain_max(&mut self, i: u32, _max: usize, f: impl FnMut(u16, u32, &[u64])) -> bool {
@@ -571,7 +577,7 @@ struct Stream {
 }
 
 /// What [`Live`]'s drain of a ring takes at most (the rest at the next drain).
-pub(crate) const LIVE_DRAIN_BYTES: u64 = 1 << 20;
+const LIVE_DRAIN_BYTES: u64 = 1 << 20;
 /// The same for a raw drain (`record`, which writes each piece out before the next).
 const LIVE_DRAIN_RAW_BYTES: u64 = 4 << 20;
 
@@ -586,6 +592,8 @@ pub struct Live<'a> {
     drained_bytes: u64,
     /// The words of a drain, kept from drain to drain.
     scratch: Vec<u64>,
+    /// The last [`Source::drain`] stopped at [`LIVE_DRAIN_BYTES`].
+    stopped_short: bool,
     /// At the last [`Live::free_drained`]: rings freed, and rings still held by ended
     /// threads.
     freed_now: u32,
@@ -601,6 +609,7 @@ impl<'a> Live<'a> {
             open: vec![None; rings.config().nr_rings as usize],
             drained_bytes: 0,
             scratch: Vec::new(),
+            stopped_short: false,
             freed_now: 0,
             held_by_ended: 0,
         }
@@ -685,6 +694,7 @@ impl Source for Live<'_> {
         out.sort_unstable();
     }
     fn drain(&mut self, i: u32, mut f: impl FnMut(u16, u32, &[u64])) -> bool {
+        self.stopped_short = false;
         if i as usize >= self.streams.len() {
             return false;
         }
@@ -703,7 +713,12 @@ impl Source for Live<'_> {
             f(t, a, w)
         });
         self.drained_bytes += bytes;
+        // The reader stops only once a piece's bytes are taken (whole records).
+        self.stopped_short = bytes >= LIVE_DRAIN_BYTES;
         true
+    }
+    fn drain_stopped_short(&self) -> bool {
+        self.stopped_short
     }
     fn drain_raw(&mut self, i: u32, buf: &mut Vec<u64>) -> Option<usize> {
         if i as usize >= self.streams.len() {

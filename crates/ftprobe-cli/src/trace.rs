@@ -409,10 +409,8 @@ impl Printer {
                 q.drained_tsc = ftprobe::ring::read_tsc();
             }
             let mut records = 0usize;
-            let mut bytes = 0u64;
             let readable = rings.drain_max(i, chunk, |rt, aux, w| {
                 records += 1;
-                bytes += 8 + 8 * w.len() as u64;
                 // Timed records (with a timestamp) are merged; TEXT is the agent's.
                 if record::timestamp(rt, w).is_some() {
                     got += 1;
@@ -430,7 +428,7 @@ impl Printer {
             }
             if !chunked {
                 // A drain that stopped at its piece's size left the rest in the ring.
-                self.merge.queue(i).backlog = bytes >= crate::session::LIVE_DRAIN_BYTES;
+                self.merge.queue(i).backlog = rings.drain_stopped_short();
             }
             if readable {
                 self.texts(i, texts);
