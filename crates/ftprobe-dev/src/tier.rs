@@ -68,6 +68,11 @@ impl Selection {
     }
 }
 
+/// For a binary with no stress case: whether its (quick) cases run at all.
+pub fn quick_tier_requested() -> bool {
+    Selection::from_args().runs_tier(Tier::Quick)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

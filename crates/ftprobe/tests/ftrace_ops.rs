@@ -477,7 +477,7 @@ fn no_allocation_per_hit() {
 
 fn main() {
     // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
-    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+    if !ftprobe_dev::tier::quick_tier_requested() {
         return;
     }
     // SAFETY: early in main (reading the arguments starts no thread): no other thread exists yet.

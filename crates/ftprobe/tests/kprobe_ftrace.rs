@@ -39,7 +39,7 @@ fn run_phase(reader: &SharedRings) -> (usize, usize) {
 
 fn main() {
     // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
-    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+    if !ftprobe_dev::tier::quick_tier_requested() {
         return;
     }
     // SAFETY: early in main (reading the arguments starts no thread): single-threaded.

@@ -355,7 +355,7 @@ fn same_semantics_on_both_paths() {
 
 fn main() {
     // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
-    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+    if !ftprobe_dev::tier::quick_tier_requested() {
         return;
     }
     // SAFETY: early in main (reading the arguments starts no thread): single-threaded.

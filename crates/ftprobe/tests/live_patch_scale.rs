@@ -46,7 +46,7 @@ fn site_bytes(ip: u64) -> [u8; 5] {
 
 fn main() {
     // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
-    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+    if !ftprobe_dev::tier::quick_tier_requested() {
         return;
     }
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));

@@ -183,7 +183,7 @@ fn siglongjmp_out_of_a_held_delivery_leaves_tracing_working() {
 
 fn main() {
     // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
-    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+    if !ftprobe_dev::tier::quick_tier_requested() {
         return;
     }
     install(libc::SIGUSR1, 0);

@@ -85,7 +85,7 @@ fn snapshot(at: u64) -> [u8; SNAP] {
 
 fn main() {
     // Quick tier only: this binary has no stress case (ftprobe_dev::tier).
-    if !ftprobe_dev::tier::Selection::from_args().runs_tier(ftprobe_dev::tier::Tier::Quick) {
+    if !ftprobe_dev::tier::quick_tier_requested() {
         return;
     }
     let Some(so) = build() else {
