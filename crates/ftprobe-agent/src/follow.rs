@@ -19,8 +19,8 @@
 //!   [`TEXT_IMAGE`] record (`PID\tTSC\tFIRST\tCOUNT\tEXE`: the image starts at TSC, with
 //!   the COUNT objects from table index FIRST) from which the CLI symbolizes that pid's later records. Its threads
 //!   claim rings as a forked child's do. A child it forks runs the same image: the
-//!   interposed [`fork`] announces the child's image (from the parent, before the child
-//!   runs: nothing is claimed in the child for it).
+//!   interposed [`fork`] makes the child's first claimed ring start with the child's
+//!   image (nothing is claimed in the child for it).
 //! - Not followed (the exec note says why, and the program's environment is passed as it
 //!   is): a statically linked file (no `PT_INTERP`: no dynamic loader to preload the agent),
 //!   a setuid or setgid one (the loader ignores `LD_PRELOAD`), or the memfd is no longer
@@ -391,9 +391,11 @@ pub fn init() {
 }
 
 /// Interposed `fork(2)`. A forked child runs its parent's image: when that is an exec'd
-/// image, the parent announces the child's (a [`TEXT_IMAGE`] with the child's pid, from
-/// before the fork), so the CLI names the child's records from it. Otherwise the C
-/// library's `fork`, nothing more.
+/// image, the child's first claimed ring starts with a [`TEXT_IMAGE`] for the child's pid
+/// (from before the fork), so the CLI names the child's records from it, having read it
+/// before them (a note the parent wrote into its own ring could be read after the child's
+/// records: the parent may not run again for a while). Built before the fork: the child
+/// allocates nothing. Otherwise the C library's `fork`, nothing more.
 ///
 /// # Safety
 /// As `fork(2)`.
@@ -405,16 +407,39 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         unsafe { *libc::__errno_location() = libc::ENOSYS };
         return -1;
     }
-    let image = IMAGE.get().filter(|_| trace::buffer().is_some());
-    let tsc = ftprobe::ring::read_tsc();
+    // `\tTSC\tFIRST\tCOUNT\tEXE`, and room for the note's words (the pid first).
+    let note = IMAGE
+        .get()
+        .filter(|_| trace::buffer().is_some())
+        .map(|image| {
+            let tail = format!("\t{}\t{image}", ftprobe::ring::read_tsc());
+            let words = Vec::<u64>::with_capacity((tail.len() + 10).div_ceil(8));
+            (tail, words)
+        });
     // SAFETY: the C library's `fork`, of this type.
     let pid = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() };
-    if let (Some(image), true) = (image, pid > 0) {
-        // SAFETY: this thread's errno, kept across the note.
-        let e = unsafe { *libc::__errno_location() };
-        trace::write_text(TEXT_IMAGE, &format!("{pid}\t{tsc}\t{image}"));
-        // SAFETY: as above.
-        unsafe { *libc::__errno_location() = e };
+    if let (Some((tail, mut words)), 0) = (note, pid) {
+        let mut digits = [0u8; 10];
+        let mut n = sys::getpid() as u32;
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut bytes = digits[at..].iter().chain(tail.as_bytes()).copied();
+        // Within the capacity reserved: no allocation.
+        while words.len() < words.capacity() {
+            let mut w = [0u8; 8];
+            w.iter_mut().zip(&mut bytes).for_each(|(d, b)| *d = b);
+            words.push(u64::from_le_bytes(w));
+        }
+        // The child's: kept for its life (never freed, nothing allocated here).
+        std::mem::forget(tail);
+        trace::note_at_first_claim(TEXT_IMAGE, words.leak());
     }
     pid
 }

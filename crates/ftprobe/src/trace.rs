@@ -46,9 +46,61 @@ pub mod rtype {
 
 static RINGS: OnceLock<SharedRings> = OnceLock::new();
 
-/// After `fork`, the child's only thread must not write into its parent's ring.
+/// After `fork`, the child's only thread must not write into its parent's ring (nor write
+/// a note its parent left for its own first claim).
 extern "C" fn forget_ring_in_child() {
     probe_state::this_thread().ring.set(ThreadRing::Unclaimed);
+    CLAIM_NOTE.store(std::ptr::null_mut(), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A TEXT record for the first ring this process claims, written into it before anything
+/// else ([`note_at_first_claim`]): the words, then their count and the record's kind.
+static CLAIM_NOTE: std::sync::atomic::AtomicPtr<u64> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static CLAIM_NOTE_LEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static CLAIM_NOTE_KIND: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Control path, in a process with one thread (a child just forked): the first ring this
+/// process claims starts with a [`rtype::TEXT`] record of kind `kind` holding `words` (text
+/// bytes, little-endian, zero-padded), so that a reader sees it before any record of that
+/// ring, whichever thread claims it. A thread that claimed a ring already writes it now.
+/// Nothing is claimed for it: a process that never writes an event never writes it. A later
+/// call replaces a note not written yet. Async-signal-safe (no allocation).
+pub fn note_at_first_claim(kind: u32, words: &'static [u64]) {
+    use std::sync::atomic::Ordering::{Relaxed, Release};
+    if claimed_writer(probe_state::this_thread()).is_some() {
+        with_ring_guarded(|w| {
+            w.write_aux(rtype::TEXT, kind, words);
+        });
+        return;
+    }
+    CLAIM_NOTE.store(std::ptr::null_mut(), Relaxed);
+    CLAIM_NOTE_KIND.store(kind, Relaxed);
+    CLAIM_NOTE_LEN.store(words.len(), Relaxed);
+    // Release: the kind and length are seen by the claim that takes the pointer.
+    CLAIM_NOTE.store(words.as_ptr().cast_mut(), Release);
+}
+
+/// Probe path, a claim (signals blocked): write the note of [`note_at_first_claim`], if one
+/// waits, as the ring's first record (in its own section: the claiming event's section has
+/// not begun).
+#[inline(never)]
+#[cold]
+fn write_claim_note(t: &ThreadState, w: RingWriter<'static>) {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    let p = CLAIM_NOTE.swap(std::ptr::null_mut(), Acquire);
+    if p.is_null() {
+        return;
+    }
+    let kind = CLAIM_NOTE_KIND.load(Relaxed);
+    // SAFETY: `p` and the length are a `&'static [u64]`'s (note_at_first_claim), published
+    // with Release before the pointer.
+    let words = unsafe { std::slice::from_raw_parts(p, CLAIM_NOTE_LEN.load(Relaxed)) };
+    let sp = probe_state::stack_pointer();
+    if let Some(level) = begin_section(t, w, sp) {
+        w.in_section().write_aux(rtype::TEXT, kind, words);
+        end_section(t, w, level);
+    }
 }
 
 /// Make `rings` this process's trace buffer. Once; later calls return `false`.
@@ -452,6 +504,12 @@ fn claim_ring(t: &ThreadState, rings: &'static SharedRings) -> Option<RingWriter
             match rings.claim_or_why(tid, sys::thread_comm()) {
                 Ok(w) => {
                     note_thread_ring();
+                    if !CLAIM_NOTE
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                        .is_null()
+                    {
+                        write_claim_note(t, w);
+                    }
                     ThreadRing::Claimed(w)
                 }
                 // The thread's losses keep the kind of its first: why it had no ring from
