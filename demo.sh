@@ -6,19 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-need=()
-command -v cc >/dev/null || need+=(gcc)
-command -v g++ >/dev/null || need+=(g++)
-[ -e /usr/include/stdio.h ] || need+=(libc6-dev)
-# libiberty: the C++ demangler c++filt uses (ftprobe links it; see crates/ftprobe/build.rs).
-[ -e /usr/include/libiberty/demangle.h ] || need+=(libiberty-dev)
-if [ ${#need[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq && apt-get install -y -qq "${need[@]}"
-    else
-        sudo apt-get update -qq && sudo apt-get install -y -qq "${need[@]}"
-    fi
-fi
+# The system packages the build needs (compilers, libiberty, <sys/sdt.h>): installed if
+# missing, quietly.
+scripts/deps.sh build
 if ! command -v cargo >/dev/null; then
     echo "demo.sh: cargo not found; install Rust (https://rustup.rs), then run this again" >&2
     exit 1

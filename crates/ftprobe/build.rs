@@ -1,7 +1,9 @@
 //! Links libiberty's C++ demangler (`cplus_demangle_v3_callback`, the code `c++filt` and
-//! `perf` use) from the system's `libiberty.a` (Debian: `libiberty-dev`). Without it, C++
-//! names are demangled by the `cpp_demangle` crate, which gets some of them wrong or not at
-//! all (`ftprobe::demangle` says which), and the build says so.
+//! `perf` use) from the system's `libiberty.a` (Debian: `libiberty-dev`). Without it the build
+//! stops and says what to install: a build that fell back silently to the `cpp_demangle`
+//! crate (which gets some names wrong or not at all) printed other names from the same
+//! source, and kept doing so after libiberty was installed. `FTPROBE_NO_LIBIBERTY=1` asks for
+//! that crate explicitly.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,10 +23,16 @@ fn main() {
             println!("cargo:rustc-link-lib=static=iberty");
             println!("cargo:rustc-cfg=ftprobe_libiberty");
         }
-        None => println!(
-            "cargo:warning=libiberty.a not found (Debian: apt-get install libiberty-dev): \
-             C++ names are demangled by the cpp_demangle crate, which gets some wrong"
-        ),
+        None => {
+            eprintln!(
+                "error: libiberty.a not found (the C compiler's -print-file-name=libiberty.a).\n\
+                 ftprobe demangles C++ names with libiberty's demangler, as c++filt does.\n\
+                 Install it (Debian: apt-get install libiberty-dev, or scripts/deps.sh build),\n\
+                 or build with FTPROBE_NO_LIBIBERTY=1 for the cpp_demangle crate, which gets\n\
+                 some names wrong."
+            );
+            std::process::exit(1);
+        }
     }
 }
 

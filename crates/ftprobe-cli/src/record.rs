@@ -29,6 +29,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -238,7 +239,11 @@ fn make_staging(dir: &Path) -> Result<PathBuf> {
         std::fs::remove_dir_all(&staging)
             .with_context(|| format!("removing {}", staging.display()))?;
     }
-    std::fs::create_dir_all(staging.join("objects"))
+    // Private, as perf's: the recording holds the program's command line and its objects.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(staging.join("objects"))
         .with_context(|| format!("creating {}", staging.display()))?;
     Ok(staging)
 }
@@ -314,7 +319,13 @@ impl Recorder {
     fn file(&mut self, i: u32) -> Result<&mut File, String> {
         if !self.files.contains_key(&i) {
             let path = self.dir.join(ring_file(i));
-            let open = || OpenOptions::new().create(true).append(true).open(&path);
+            let open = || {
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o600)
+                    .open(&path)
+            };
             let f = match open() {
                 // Out of descriptors (many threads alive at once, a low `ulimit -n`): close
                 // the other streams' files (they are opened again when they bring more), and
@@ -418,6 +429,7 @@ impl Recorder {
             let f = OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(0o600)
                 .open(&path)
                 .map_err(|e| format!("creating {}: {e}", path.display()))?;
             self.small = Some(f);
@@ -542,7 +554,17 @@ fn copy_object(dir: &Path, path: &Path) -> Result<(Option<String>, Option<String
     let rel = format!("objects/{key}-{name}");
     let dest = dir.join(&rel);
     if !dest.exists() {
-        std::fs::write(&dest, &data).with_context(|| format!("writing {}", dest.display()))?;
+        // 0600 whatever the program's own mode: a copy of a 0700 program is not readable by
+        // others either.
+        let write = || {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&dest)?
+                .write_all(&data)
+        };
+        write().with_context(|| format!("writing {}", dest.display()))?;
     }
     Ok((build_id, Some(rel)))
 }
@@ -703,7 +725,13 @@ impl Sink for Recorder {
             rings: SeqOf(|| streams.clone().filter_map(ring_info)),
         };
         let write = || -> std::io::Result<()> {
-            let mut w = std::io::BufWriter::new(File::create(&tmp)?);
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            let mut w = std::io::BufWriter::new(f);
             serde_json::to_writer_pretty(&mut w, &out)?;
             w.write_all(b"\n")?;
             w.into_inner().map_err(|e| e.into_error())?.sync_all()?;

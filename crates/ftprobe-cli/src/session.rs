@@ -154,10 +154,72 @@ fn agent_path_found(explicit: Option<PathBuf>) -> Result<PathBuf> {
     if let Some((_, p)) = newest {
         return Ok(p);
     }
+    #[cfg(ftprobe_embedded_agent)]
+    return embedded_agent();
+    #[cfg(not(ftprobe_embedded_agent))]
     bail!(
-        "cannot find libftprobe_agent.so next to {} (build it with `cargo build`, or pass --agent)",
+        "cannot find libftprobe_agent.so next to {} or in ../lib (this is a debug build, which \
+         does not carry the agent: build it with `cargo build`, or pass --agent)",
         exe.display()
     )
+}
+
+/// The agent a release build carries (build.rs), written out the first time a directory of
+/// its own is needed: `$XDG_CACHE_HOME/ftprobe/agent-HASH/libftprobe_agent.so` (else
+/// `~/.cache/...`, else `/tmp/ftprobe-UID/...`). The target loads code from there, so every
+/// directory on the way that ftprobe makes is 0700, and one found must be the user's own and
+/// writable by no one else.
+#[cfg(ftprobe_embedded_agent)]
+fn embedded_agent() -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    const AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libftprobe_agent.so"));
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .filter(|p| p.is_absolute())
+        .map(|p| p.join("ftprobe"))
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/ftprobe-{uid}")));
+    let dir = base.join(concat!("agent-", env!("FTPROBE_EMBEDDED_AGENT_HASH")));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("creating {} for the agent", dir.display()))?;
+    for d in [&base, &dir] {
+        let m = std::fs::symlink_metadata(d).with_context(|| format!("{}", d.display()))?;
+        if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
+            bail!(
+                "{} is not a directory of this user's that others cannot write: ftprobe \
+                 will not load its agent from there (remove it, or pass --agent)",
+                d.display()
+            );
+        }
+    }
+    let path = dir.join("libftprobe_agent.so");
+    if std::fs::symlink_metadata(&path)
+        .is_ok_and(|m| m.is_file() && m.uid() == uid && m.len() == AGENT.len() as u64)
+    {
+        return Ok(path);
+    }
+    let tmp = dir.join(format!(".libftprobe_agent.so.{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o700)
+            .open(&tmp)?;
+        std::io::Write::write_all(&mut f, AGENT)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing the agent to {}", path.display()));
+    }
+    Ok(path)
 }
 
 /// The files process `pid` maps (its program and libraries), for SDT markers.

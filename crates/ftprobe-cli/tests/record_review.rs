@@ -430,3 +430,61 @@ fn exported_string_args_are_the_strings_without_ftraces_quotes() {
     assert_eq!(got, ["heap string 0", "stack string 1"]);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Issue 25, item 4: a recording is private, as perf's `perf.data` (0600): its `info.json`
+/// holds the program's whole command line and `objects/` copies of the program and its
+/// libraries. A mode-0700 program recorded under umask 022 gave 0644 copies and `info.json`,
+/// readable by every user. Every file is 0600 and every directory 0700, the replaced
+/// recording moved to `.old` too.
+#[test]
+fn a_recording_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tmp_dir("private");
+    let prog = tmp.join("secret-prog");
+    std::fs::copy(churn_fixture(), &prog).unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let dir = tmp.join("rec");
+    let args = [
+        prog.to_str().unwrap(),
+        "2",
+        "3",
+        "0",
+        "5",
+        "--password=hunter2",
+    ];
+    for _ in 0..2 {
+        let out = common::record_to(&dir, &["-F", "churn_mid"], args);
+        assert!(out.status.success(), "{out:?}");
+    }
+    let mut seen = Vec::new();
+    let mut stack = vec![dir.clone(), tmp.join("rec.old")];
+    while let Some(d) = stack.pop() {
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        seen.push((d.clone(), mode, 0o700));
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+                seen.push((p, mode, 0o600));
+            }
+        }
+    }
+    let names = |sub: &str| {
+        seen.iter()
+            .filter(|s| s.0.starts_with(dir.join(sub)))
+            .count()
+    };
+    assert!(
+        names("objects") > 2,
+        "the program and its libraries: {seen:?}"
+    );
+    assert!(dir.join("info.json").exists());
+    let wrong: Vec<_> = seen.iter().filter(|s| s.1 != s.2).collect();
+    assert!(wrong.is_empty(), "not private: {wrong:?}");
+    // The command line is in it: that is why.
+    let info = std::fs::read_to_string(dir.join("info.json")).unwrap();
+    assert!(info.contains("--password=hunter2"), "{info}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
