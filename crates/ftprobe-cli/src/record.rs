@@ -19,7 +19,14 @@
 //!   recordings (`rtype | payload words << 16 | aux << 32`) are read too;
 //! - `info.json` ([`Info`]): the command, tracer, options and event definitions, the clock's
 //!   conversion, per ring its thread and lost count, the header's counters, how the run ended,
-//!   and the loaded objects;
+//!   and the loaded objects. Written first when the run starts recording, marked `partial`
+//!   (what is known then), and replaced at the end (format 5);
+//! - `journal.jsonl` while the run records ([`JournalEntry`], one JSON line each, appended
+//!   before the bytes they describe): each object of the objects table as it is copied, each
+//!   stream's thread and place as its records first reach a file, each exec'd image. A
+//!   recorder killed or stopped by a full disk leaves a partial `info.json` and this journal,
+//!   from which the readers read every whole record the files hold (and say what is
+//!   unknown); the final `info.json` makes it redundant, and it is removed;
 //! - `objects/`: a copy of each loaded object's file, named by its build-id (or, without one,
 //!   a hash of its contents), so that a recording replays after the program's binaries
 //!   changed or were deleted. The whole file is copied rather than a symbol table extracted:
@@ -41,8 +48,27 @@ use crate::session::{self, End, SessionArgs, Sink, Source};
 /// The `format` of the `info.json` this code writes (2: ring files hold records as the
 /// rings do; 3: and the streams of short-lived threads share [`SMALL_FILE`]; 4: and the
 /// records may include LOST records, the marks of the gaps a full ring left, which older
-/// builds would have ignored silently; 1 to 3 are read too).
-pub const FORMAT: u32 = 4;
+/// builds would have ignored silently; 5: and `info.json` may be `partial`, completed by
+/// [`JOURNAL`], which older builds would have read as an empty recording; 1 to 4 are read
+/// too).
+pub const FORMAT: u32 = 5;
+
+/// The journal of a recording being written (see the module docs).
+pub const JOURNAL: &str = "journal.jsonl";
+
+/// A line of [`JOURNAL`].
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(rename_all = "snake_case")]
+pub enum JournalEntry {
+    /// The next entry of the objects table (entries keep the table's order: images name
+    /// them by index).
+    Object(ObjectInfo),
+    /// A stream's thread and where its records are: its own file (`records` and `bytes` 0:
+    /// to the file's end), or a segment of [`SMALL_FILE`] (`offset`, `records`, `bytes`).
+    Stream(RingInfo),
+    /// A process exec'd into an image (`--follow-exec`).
+    Image(crate::symbols::Image),
+}
 
 /// The file the streams of short-lived threads share: a stream's records are kept in memory
 /// until it ended (then appended here, one after another) or holds [`SPILL`] bytes (then it
@@ -77,6 +103,14 @@ pub struct RecordArgs {
 #[derive(Serialize, Deserialize, Debug)]
 pub struct Info {
     pub format: u32,
+    /// Written when the run started recording: what was known then (no streams, no
+    /// counters, no end); [`JOURNAL`] has the rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
+    /// Why the run stopped recording before the program ended (a write failed: a full
+    /// disk); what was written before is in the files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
     pub command: Vec<String>,
     /// `function`, `function_graph` or `nop`.
     pub tracer: String,
@@ -295,6 +329,9 @@ struct Recorder {
     /// The first write error.
     error: Option<String>,
     info: Info,
+    /// [`JOURNAL`], open once the run records, and the objects table's entries it has.
+    journal: Option<File>,
+    journaled_objects: usize,
     /// The words of a drain, reused.
     buf: Vec<u64>,
 }
@@ -385,7 +422,8 @@ impl Recorder {
                 p.extend_from_slice(words_as_bytes(&buf));
                 self.pending_bytes += buf.len() * 8;
                 if p.len() >= SPILL {
-                    self.spill(i)
+                    let entry = stream_entry(src, i);
+                    self.spill(i, entry)
                 } else {
                     Ok(())
                 }
@@ -405,9 +443,13 @@ impl Recorder {
         self.buf = buf;
     }
 
-    /// Stream `i`'s records kept in memory go to a file of its own, where the rest will go.
-    fn spill(&mut self, i: u32) -> Result<(), String> {
+    /// Stream `i`'s records kept in memory go to a file of its own, where the rest will go
+    /// (`entry`: its thread, for the journal).
+    fn spill(&mut self, i: u32, entry: Option<RingInfo>) -> Result<(), String> {
         self.own_file[i as usize] = true;
+        if let Some(entry) = entry {
+            self.journal(&JournalEntry::Stream(entry))?;
+        }
         let Some(p) = self.pending.remove(&i) else {
             return Ok(());
         };
@@ -418,8 +460,9 @@ impl Recorder {
             .map_err(|e| format!("writing {}: {e}", path.display()))
     }
 
-    /// Stream `i` ended: its records kept in memory go to the end of [`SMALL_FILE`].
-    fn settle(&mut self, i: u32) -> Result<(), String> {
+    /// Stream `i` ended: its records kept in memory go to the end of [`SMALL_FILE`] (`entry`:
+    /// its thread, for the journal).
+    fn settle(&mut self, i: u32, entry: Option<RingInfo>) -> Result<(), String> {
         let Some(p) = self.pending.remove(&i) else {
             return Ok(());
         };
@@ -434,21 +477,30 @@ impl Recorder {
                 .map_err(|e| format!("creating {}: {e}", path.display()))?;
             self.small = Some(f);
         }
+        self.offsets[i as usize] = Some(self.small_len);
+        if let Some(mut entry) = entry {
+            entry.file = SMALL_FILE.to_owned();
+            entry.offset = Some(self.small_len);
+            entry.records = self.records[i as usize];
+            entry.bytes = p.len() as u64;
+            self.journal(&JournalEntry::Stream(entry))?;
+        }
         let f = self.small.as_mut().expect("opened above");
+        // Counted first: a write cut short by a full disk leaves the stream's first records
+        // readable, and the next segment (if any) starts after all of it.
+        self.small_len += p.len() as u64;
         f.write_all(&p)
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
-        self.offsets[i as usize] = Some(self.small_len);
-        self.small_len += p.len() as u64;
         Ok(())
     }
 
     /// Over the memory budget: the largest streams kept in memory get files of their own.
-    fn trim_pending(&mut self) {
+    fn trim_pending<S: Source>(&mut self, src: &S) {
         while self.pending_bytes > PENDING_BUDGET && self.error.is_none() {
             let Some((&i, _)) = self.pending.iter().max_by_key(|(_, p)| p.len()) else {
                 break;
             };
-            if let Err(e) = self.spill(i) {
+            if let Err(e) = self.spill(i, stream_entry(src, i)) {
                 self.fail(e);
             }
         }
@@ -474,6 +526,9 @@ impl Recorder {
                     .collect();
                 if let Some(im) = crate::trace::parse_image(&String::from_utf8_lossy(&bytes)) {
                     if !self.info.images.contains(&im) {
+                        if let Err(e) = self.journal(&JournalEntry::Image(im.clone())) {
+                            self.fail(e);
+                        }
                         self.info.images.push(im);
                     }
                 }
@@ -493,13 +548,86 @@ impl Recorder {
                 self.dir = self.target.clone();
                 self.rotated = true;
             }
-            Err(e) => self.fail(format!("{e:#}")),
+            Err(e) => return self.fail(format!("{e:#}")),
         }
+        // What a reader needs from the start: a partial info.json, then the journal.
+        self.info.clock = src.clock().to_parts();
+        self.info.tsc_hz = src.clock().tsc_hz();
+        self.info.armed = true;
+        self.info.partial = true;
+        let journal = || {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(self.dir.join(JOURNAL))
+        };
+        let started = self
+            .write_info(Vec::<RingInfo>::new())
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|()| {
+                journal().map_err(|e| format!("creating {}: {e}", self.dir.join(JOURNAL).display()))
+            });
+        match started {
+            Ok(f) => {
+                self.journal = Some(f);
+                self.journal_objects();
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Append `entry` to the journal, in one write (a line cut by a kill or a full disk is
+    /// the last one, and readers skip it).
+    fn journal(&mut self, entry: &JournalEntry) -> Result<(), String> {
+        let Some(f) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        let mut line = serde_json::to_vec(entry).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        f.write_all(&line)
+            .map_err(|e| format!("writing {}: {e}", self.dir.join(JOURNAL).display()))
+    }
+
+    /// Write `info.json` (with `rings`) whole or not at all: a full disk must not leave an
+    /// empty `info.json` beside the records.
+    fn write_info<R: Serialize>(&self, rings: R) -> Result<()> {
+        let path = self.dir.join("info.json");
+        let tmp = self.dir.join("info.json.tmp");
+        let out = InfoOut {
+            info: &self.info,
+            rings,
+        };
+        let write = || -> std::io::Result<()> {
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            let mut w = std::io::BufWriter::new(f);
+            serde_json::to_writer_pretty(&mut w, &out)?;
+            w.write_all(b"\n")?;
+            w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            anyhow::Error::from(e).context(format!("writing {}", path.display()))
+        })
     }
 
     fn fail(&mut self, what: String) {
         if self.error.is_none() {
-            eprintln!("ftprobe: {what}");
+            if self.rotated {
+                eprintln!(
+                    "ftprobe: {what}: recording stopped; what was written before is readable \
+                     (`ftprobe replay -d {}`)",
+                    self.target.display()
+                );
+            } else {
+                eprintln!("ftprobe: {what}");
+            }
             self.error = Some(what);
         }
     }
@@ -530,7 +658,46 @@ impl Recorder {
             });
         }
         self.table = table;
+        self.journal_objects();
     }
+
+    /// The table's entries not in the journal yet go there, in the table's order.
+    fn journal_objects(&mut self) {
+        while self.journal.is_some() && self.journaled_objects < self.table.len() {
+            let (bias, path) = &self.table[self.journaled_objects];
+            let path = String::from_utf8_lossy(path);
+            let Some(o) = self
+                .objects
+                .iter()
+                .find(|o| o.bias == *bias && o.path == path)
+                .cloned()
+            else {
+                break;
+            };
+            if let Err(e) = self.journal(&JournalEntry::Object(o)) {
+                return self.fail(e);
+            }
+            self.journaled_objects += 1;
+        }
+    }
+}
+
+/// Stream `i`'s thread, for the journal (its place and counts are the caller's to fill).
+fn stream_entry<S: Source>(src: &S, i: u32) -> Option<RingInfo> {
+    let (comm, tid) = src.task(i)?;
+    Some(RingInfo {
+        index: i,
+        ring: src.ring_index(i),
+        tid,
+        pid: src.pid(i),
+        comm: String::from_utf8_lossy(&comm).into_owned(),
+        comm_bytes: std::str::from_utf8(&comm).is_err().then_some(comm),
+        lost: 0,
+        records: 0,
+        bytes: 0,
+        file: ring_file(i),
+        offset: None,
+    })
 }
 
 /// Copy the object at `path` into `dir/objects/` (once per build-id or contents): its
@@ -564,7 +731,11 @@ fn copy_object(dir: &Path, path: &Path) -> Result<(Option<String>, Option<String
                 .open(&dest)?
                 .write_all(&data)
         };
-        write().with_context(|| format!("writing {}", dest.display()))?;
+        if let Err(e) = write() {
+            // No cut copy left behind (a full disk): the reader falls back to the original.
+            let _ = std::fs::remove_file(&dest);
+            return Err(e).with_context(|| format!("writing {}", dest.display()));
+        }
     }
     Ok((build_id, Some(rel)))
 }
@@ -607,14 +778,14 @@ impl Sink for Recorder {
             .filter(|i| active.binary_search(i).is_err())
             .collect();
         for i in settled {
-            if let Err(e) = self.settle(i) {
+            if let Err(e) = self.settle(i, stream_entry(src, i)) {
                 self.fail(e);
             }
         }
         for &i in &active {
             self.drain_stream(src, i, final_poll);
         }
-        self.trim_pending();
+        self.trim_pending(src);
         self.active = active;
     }
 
@@ -630,7 +801,7 @@ impl Sink for Recorder {
         // The streams still in memory (threads alive at the end), to the shared file.
         let kept: Vec<u32> = self.pending.keys().copied().collect();
         for i in kept {
-            if let Err(e) = self.settle(i) {
+            if let Err(e) = self.settle(i, stream_entry(src, i)) {
                 self.fail(e);
             }
         }
@@ -695,10 +866,8 @@ impl Sink for Recorder {
                 self.target.display()
             );
         }
-        // Written whole or not at all (a full disk must not leave an empty `info.json`
-        // beside the records).
-        let path = self.dir.join("info.json");
-        let tmp = self.dir.join("info.json.tmp");
+        self.info.partial = false;
+        self.info.stopped = self.error.clone();
         let (records, bytes, offsets) = (&self.records, &self.bytes, &self.offsets);
         let ring_info = |i: u32| -> Option<RingInfo> {
             let (comm, tid) = src.task(i)?;
@@ -720,24 +889,14 @@ impl Sink for Recorder {
                 offset,
             })
         };
-        let out = InfoOut {
-            info: &self.info,
-            rings: SeqOf(|| streams.clone().filter_map(ring_info)),
-        };
-        let write = || -> std::io::Result<()> {
-            let f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            let mut w = std::io::BufWriter::new(f);
-            serde_json::to_writer_pretty(&mut w, &out)?;
-            w.write_all(b"\n")?;
-            w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        };
-        write().with_context(|| format!("writing {}", path.display()))?;
+        if let Err(e) = self.write_info(SeqOf(|| streams.clone().filter_map(ring_info))) {
+            // The partial info.json and the journal stay: the recording is read from them.
+            self.fail(format!("{e:#}"));
+            return Ok(());
+        }
+        // The final info.json holds everything the journal said.
+        self.journal = None;
+        let _ = std::fs::remove_file(self.dir.join(JOURNAL));
         Ok(())
     }
 
@@ -762,6 +921,8 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     let a = &plan.args;
     let info = Info {
         format: FORMAT,
+        partial: false,
+        stopped: None,
         command: a.cmd.clone(),
         tracer: plan.tracer.to_owned(),
         filter: a.filter.clone(),
@@ -809,6 +970,8 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         objects: Vec::new(),
         error: None,
         info,
+        journal: None,
+        journaled_objects: 0,
         buf: Vec::new(),
     };
     let r = session::run(plan, &mut recorder);

@@ -8,6 +8,12 @@
 //! off (unwound, longjmp, lost), and a call still open at the thread's last record, counts
 //! with its time to the cut and is marked `cut`. A call's self time is its duration less its
 //! children's.
+//!
+//! A recording whose recorder died (killed, a full disk) or whose files were damaged is read
+//! as far as it goes, as perf and trace-cmd read a cut file: a partial `info.json` is
+//! completed from the journal ([`crate::record::JOURNAL`]), ring files no entry names are
+//! read as threads of unknown identity, a file cut short is read up to its last whole
+//! record, and every such thing is said on standard error (`ftprobe: warning: ...`), once.
 
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -20,7 +26,7 @@ use ftprobe::ring::Clock;
 use ftprobe::trace_kprobe;
 
 use crate::filter::{Ctx as FilterCx, Filters, Names, ThreadFilter};
-use crate::record::{Info, FORMAT};
+use crate::record::{Info, JournalEntry, RingInfo, FORMAT, JOURNAL, SMALL_FILE};
 use crate::session::Source;
 use crate::symbols::Symbols;
 use ftprobe::ftrace::fgraph::FgraphExit;
@@ -54,10 +60,14 @@ pub struct Stream {
     pub path: PathBuf,
     /// Its first byte in the file.
     pub offset: u64,
-    /// Its bytes and records, as `info.json` gives them.
+    /// Its bytes and records, as `info.json` gives them ([`UNKNOWN`] records: as many as
+    /// the bytes hold).
     pub bytes: u64,
     pub records: u64,
 }
+
+/// A stream's record count when nothing says it (a journal's stream, a damaged entry).
+pub const UNKNOWN: u64 = u64::MAX;
 
 /// A stream's file, read one record at a time through a buffer.
 pub struct RingFile {
@@ -70,6 +80,8 @@ pub struct RingFile {
     /// Words of the stream read so far (for errors), and the stream's length in words.
     at: u64,
     len: u64,
+    /// The stream ended inside a record (a file cut short): the records before it were read.
+    cut: bool,
 }
 
 impl RingFile {
@@ -78,22 +90,11 @@ impl RingFile {
     }
 
     /// Stream `s` from word `at` on (a record's start: where an earlier `RingFile` of it
-    /// stopped). Its file must hold all the bytes `info.json` says it has: a file cut short
-    /// (or emptied) is an error, not a shorter stream.
+    /// stopped). A file shorter than the stream (said when the recording was opened) ends
+    /// it: the records before are read.
     fn open_at(s: &Stream, format: u32, at: u64) -> std::io::Result<RingFile> {
         use std::io::Seek;
         let mut f = File::open(&s.path)?;
-        let size = f.metadata()?.len();
-        if size < s.offset.saturating_add(s.bytes) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{} bytes, where info.json puts {} bytes ({} records) at offset {}: the file \
-                     was cut short",
-                    size, s.bytes, s.records, s.offset
-                ),
-            ));
-        }
         let start = s.offset + at * 8;
         if start != 0 {
             f.seek(std::io::SeekFrom::Start(start))?;
@@ -107,10 +108,12 @@ impl RingFile {
             bytes: Vec::new(),
             at,
             len: s.bytes / 8,
+            cut: false,
         })
     }
 
-    /// The next record (rtype, aux; its payload in `self.words`), `None` at the end.
+    /// The next record (rtype, aux; its payload in `self.words`), `None` at the end (and
+    /// `self.cut` when the stream ends inside a record).
     fn next(&mut self) -> Result<Option<(u16, u32)>> {
         if self.at >= self.len {
             return Ok(None);
@@ -118,7 +121,10 @@ impl RingFile {
         let mut b = [0u8; 8];
         match self.r.read_exact(&mut b) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                self.cut = true;
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         }
         let h = u64::from_le_bytes(b);
@@ -129,25 +135,25 @@ impl RingFile {
         } else {
             let len = (h & 0xffff) as usize;
             if len == 0 {
-                bail!("a record at word {} has no length", self.at);
+                // Not a record: the stream is damaged from here.
+                self.cut = true;
+                return Ok(None);
             }
             (((h >> 16) & 0xffff) as u16, len - 1)
         };
         if self.at + 1 + len as u64 > self.len {
-            bail!(
-                "a record at word {} runs past the end of the stream ({} words)",
-                self.at,
-                self.len
-            );
+            self.cut = true;
+            return Ok(None);
         }
         self.bytes.resize(len * 8, 0);
-        self.r.read_exact(&mut self.bytes).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                anyhow::anyhow!("a record at word {} runs past the end", self.at)
-            } else {
-                e.into()
+        match self.r.read_exact(&mut self.bytes) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                self.cut = true;
+                return Ok(None);
             }
-        })?;
+            Err(e) => return Err(e.into()),
+        }
         self.words.clear();
         self.words.extend(
             self.bytes
@@ -157,6 +163,231 @@ impl RingFile {
         self.at += 1 + len as u64;
         Ok(Some((rtype, (h >> 32) as u32)))
     }
+}
+
+/// Complete and check `info` against the files of `dir` (module docs): a partial
+/// `info.json` from the journal, ring files no entry names, entries whose files are missing,
+/// shorter than they say, or whose counts disagree. What it finds goes to `warnings`.
+fn complete(dir: &Path, info: &mut Info, warnings: &mut Vec<String>) {
+    if info.partial {
+        warnings.push(
+            "the recording was not finished (its recorder was killed, or stopped on an \
+             error): reading what its files hold; its lost-event counts and how the program \
+             ended are unknown"
+                .to_owned(),
+        );
+        read_journal(dir, info, warnings);
+    }
+    if let Some(why) = &info.stopped {
+        warnings.push(format!(
+            "recording stopped before the program ended ({why}): the records after are missing"
+        ));
+    }
+    if info.format >= 2 {
+        add_unnamed_streams(dir, info, warnings);
+    }
+    for r in &mut info.rings {
+        if r.records == 0 && r.bytes == 0 {
+            continue;
+        }
+        let thread = format!("thread {} ({})", r.tid, r.comm);
+        let Ok(size) = std::fs::metadata(dir.join(&r.file)).map(|m| m.len()) else {
+            warnings.push(format!("{}: missing: {thread}'s records are lost", r.file));
+            (r.records, r.bytes) = (0, 0);
+            continue;
+        };
+        let offset = r.offset.unwrap_or(0);
+        if r.records == UNKNOWN && r.bytes == 0 && r.offset.is_none() {
+            // A journal's stream with a file of its own: to the file's end.
+            r.bytes = size;
+            continue;
+        }
+        if size < offset.saturating_add(r.bytes) {
+            warnings.push(format!(
+                "{}: cut short: {size} bytes, where info.json puts {thread}'s {} bytes at \
+                 offset {offset}: the records before the cut are read",
+                r.file, r.bytes
+            ));
+            r.bytes = size.saturating_sub(offset);
+            r.records = UNKNOWN;
+        }
+        if r.records == 0 && r.bytes > 0 {
+            warnings.push(format!(
+                "info.json says {thread} has no records, and gives it {} bytes in {}: they are \
+                 read",
+                r.bytes, r.file
+            ));
+            r.records = UNKNOWN;
+        } else if r.bytes == 0 && r.records != 0 && r.records != UNKNOWN {
+            warnings.push(format!(
+                "info.json gives {thread} {} records and no bytes in {}{}",
+                r.records,
+                r.file,
+                if r.offset.is_none() {
+                    ": its file is read"
+                } else {
+                    ""
+                }
+            ));
+            if r.offset.is_none() {
+                r.bytes = size;
+            }
+            r.records = UNKNOWN;
+        }
+    }
+    if info.format >= 2 {
+        let end = info.rings.iter().map(|r| r.index + 1).max().unwrap_or(0);
+        info.claimed = info.claimed.max(end);
+    }
+    check_objects(dir, info, warnings);
+}
+
+/// Object copies that are missing or cut (shorter than their ELF header's section table
+/// says): said, once per file; their addresses print as numbers.
+fn check_objects(dir: &Path, info: &Info, warnings: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    for o in &info.objects {
+        let Some(copy) = &o.copy else { continue };
+        if !seen.insert(copy.as_str()) {
+            continue;
+        }
+        if let Err(why) = whole_elf(&dir.join(copy)) {
+            warnings.push(format!(
+                "{copy} (the copy of {}) is missing or cannot be read ({why}): addresses in it \
+                 print as numbers",
+                o.path
+            ));
+        }
+    }
+}
+
+/// Whether `path` is an ELF file as long as its header says (its section headers, which
+/// come last, inside it).
+fn whole_elf(path: &Path) -> std::result::Result<(), String> {
+    let mut f = File::open(path).map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    let mut h = [0u8; 64];
+    f.read_exact(&mut h).map_err(|_| format!("{len} bytes"))?;
+    if &h[..4] != b"\x7fELF" || h[4] != 2 {
+        return Err("not a 64-bit ELF file".to_owned());
+    }
+    let u = |at: usize, n: usize| {
+        h[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u64, |v, &b| (v << 8) | u64::from(b))
+    };
+    // e_shoff, e_shentsize, e_shnum.
+    let end = u(0x28, 8).saturating_add(u(0x3a, 2).saturating_mul(u(0x3c, 2)));
+    if len < end {
+        return Err(format!("{len} bytes, its section headers end at {end}"));
+    }
+    Ok(())
+}
+
+/// Add to a partial `info.json` what the journal says (a line cut by the recorder's death
+/// is skipped).
+fn read_journal(dir: &Path, info: &mut Info, warnings: &mut Vec<String>) {
+    let text = match std::fs::read(dir.join(JOURNAL)) {
+        Ok(t) => t,
+        Err(e) => {
+            warnings.push(format!(
+                "{JOURNAL}: {e}: the threads and objects of the recording are unknown"
+            ));
+            return;
+        }
+    };
+    let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+    for (k, line) in lines.iter().enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        match serde_json::from_slice::<JournalEntry>(line) {
+            Ok(JournalEntry::Object(o)) => info.objects.push(o),
+            Ok(JournalEntry::Stream(mut r)) => {
+                if r.offset.is_none() {
+                    (r.records, r.bytes) = (UNKNOWN, 0);
+                }
+                info.rings.retain(|x| x.index != r.index);
+                info.rings.push(r);
+            }
+            Ok(JournalEntry::Image(im)) => {
+                if !info.images.contains(&im) {
+                    info.images.push(im);
+                }
+            }
+            Err(_) if k + 1 == lines.len() => {
+                warnings.push(format!("{JOURNAL}: its last line is cut: skipped"));
+            }
+            Err(e) => warnings.push(format!("{JOURNAL}, line {}: {e}: skipped", k + 1)),
+        }
+    }
+    info.rings.sort_by_key(|r| r.index);
+}
+
+/// Ring files no entry of `info` names (a stream whose journal line was never written, a
+/// `rings` list removed), and the end of [`SMALL_FILE`] past every segment named: read as
+/// threads of unknown identity (tid 0), and said.
+fn add_unnamed_streams(dir: &Path, info: &mut Info, warnings: &mut Vec<String>) {
+    let mut next = info.rings.iter().map(|r| r.index + 1).max().unwrap_or(0);
+    let mut unnamed = |info: &mut Info, file: String, offset: Option<u64>, bytes: u64| {
+        let taken = |i: u32| info.rings.iter().any(|r| r.index == i);
+        let own = file
+            .strip_prefix("ring-")
+            .and_then(|f| f.strip_suffix(".dat"))
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|&n| !taken(n));
+        let index = own.unwrap_or_else(|| {
+            next += 1;
+            next - 1
+        });
+        next = next.max(index + 1);
+        warnings.push(format!(
+            "{file}{}: {bytes} bytes no entry of info.json names: read as thread 0 (<unknown>)",
+            offset.map_or_else(String::new, |o| format!(" from byte {o}"))
+        ));
+        info.rings.push(RingInfo {
+            index,
+            ring: None,
+            tid: 0,
+            pid: None,
+            comm: "<unknown>".to_owned(),
+            comm_bytes: None,
+            lost: 0,
+            records: UNKNOWN,
+            bytes,
+            file,
+            offset,
+        });
+    };
+    let mut files: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().into_string().ok()?;
+            let is_ring = name.starts_with("ring-") && name.ends_with(".dat");
+            (is_ring || name == SMALL_FILE).then_some((name, e.metadata().ok()?.len()))
+        })
+        .collect();
+    files.sort();
+    for (name, size) in files {
+        if name == SMALL_FILE {
+            let named = info
+                .rings
+                .iter()
+                .filter(|r| r.file == SMALL_FILE)
+                .map(|r| r.offset.unwrap_or(0).saturating_add(r.bytes))
+                .max()
+                .unwrap_or(0);
+            if size > named {
+                unnamed(info, name, Some(named), size - named);
+            }
+        } else if size > 0 && !info.rings.iter().any(|r| r.file == name) {
+            unnamed(info, name, None, size);
+        }
+    }
+    info.rings.sort_by_key(|r| r.index);
 }
 
 /// A ring of a recording being read.
@@ -191,6 +422,8 @@ pub struct Recording {
     error: Option<anyhow::Error>,
     /// Per stream, its first timestamp (raw TSC), once asked ([`Recording::select_stream`]).
     first_tsc: std::collections::HashMap<u32, u64>,
+    /// What was said on standard error about the recording (each once).
+    warned: std::cell::RefCell<Vec<String>>,
 }
 
 impl Recording {
@@ -215,8 +448,10 @@ impl Recording {
                     }) =>
             {
                 bail!(
-                    "{} has records but no info.json yet: `ftprobe record` is still writing \
-                     it (it is written when the program ends), or was killed before",
+                    "{} has records but no info.json: `ftprobe record` was killed before it \
+                     wrote it (it writes one when the program starts recording), or it was \
+                     removed: without it (the clock, the tracer, the events) the records \
+                     cannot be read",
                     dir.display()
                 )
             }
@@ -225,7 +460,7 @@ impl Recording {
                     .with_context(|| format!("reading {} (not a recording?)", path.display()))
             }
         };
-        let info: Info =
+        let mut info: Info =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         if !(1..=FORMAT).contains(&info.format) {
             bail!(
@@ -234,6 +469,8 @@ impl Recording {
                 info.format
             );
         }
+        let mut warnings = Vec::new();
+        complete(dir, &mut info, &mut warnings);
         let objects = info
             .objects
             .iter()
@@ -257,7 +494,11 @@ impl Recording {
             start_ns: 0,
             error: None,
             first_tsc: std::collections::HashMap::new(),
+            warned: std::cell::RefCell::new(Vec::new()),
         };
+        for w in warnings {
+            rec.warn(w);
+        }
         if let Some(t) = rec
             .filters
             .tids
@@ -321,9 +562,11 @@ impl Recording {
             if s.records == 0 {
                 continue;
             }
-            let mut f = RingFile::open(&s, self.info.format)
-                .with_context(|| format!("reading {}", s.path.display()))?;
-            while let Some((rt, _)) = f.next().with_context(|| format!("{}", s.path.display()))? {
+            let Ok(mut f) = RingFile::open(&s, self.info.format) else {
+                // Said when it is read.
+                continue;
+            };
+            while let Ok(Some((rt, _))) = f.next() {
                 if let Some(ts) = record::timestamp(rt, &f.words) {
                     first = first.min(clock.tsc_to_mono_ns(ts));
                     break;
@@ -371,13 +614,12 @@ impl Recording {
             match RingFile::open_at(&c.stream, format, c.at) {
                 Ok(file) => c.file = Some(file),
                 Err(e) => {
-                    self.error
-                        .get_or_insert(anyhow::Error::from(e).context(format!(
-                            "reading {} (info.json: {} records in it)",
-                            c.stream.path.display(),
-                            c.stream.records
-                        )));
+                    let what = format!(
+                        "{}: {e}: its thread's records are missing",
+                        c.stream.path.display()
+                    );
                     c.done = true;
+                    self.warn(what);
                     return false;
                 }
             }
@@ -399,8 +641,17 @@ impl Recording {
                 }
             };
             let Some((rt, aux)) = rec else {
-                if c.read != c.stream.records && self.error.is_none() {
-                    self.error = Some(anyhow::anyhow!(
+                let mut said = Vec::new();
+                if file.cut {
+                    said.push(format!(
+                        "{}: cut inside a record (at byte {} of the stream): its {} records \
+                         before were read",
+                        c.stream.path.display(),
+                        c.stream.offset + file.at * 8,
+                        c.read
+                    ));
+                } else if c.read != c.stream.records && c.stream.records != UNKNOWN {
+                    said.push(format!(
                         "{}: {} records, where info.json says {}",
                         c.stream.path.display(),
                         c.read,
@@ -410,6 +661,9 @@ impl Recording {
                 c.filter.finish(&mut out);
                 c.done = true;
                 c.file = None;
+                for w in said {
+                    self.warn(w);
+                }
                 return false;
             };
             c.read += 1;
@@ -430,6 +684,15 @@ impl Recording {
     }
 
     /// The first error reading the files, if any.
+    /// Say `what` about the recording on standard error, once.
+    fn warn(&self, what: String) {
+        let mut warned = self.warned.borrow_mut();
+        if !warned.contains(&what) {
+            eprintln!("ftprobe: warning: {}: {what}", self.dir.display());
+            warned.push(what);
+        }
+    }
+
     pub fn take_error(&mut self) -> Option<anyhow::Error> {
         self.error.take()
     }

@@ -49,8 +49,11 @@ const WHOLE: View = (0, usize::MAX, usize::MAX);
 
 /// Symbolizer over the target's objects.
 pub struct Symbols {
-    /// (the entry's index in the table, load bias, the object).
-    objects: Vec<(usize, u64, ElfImage)>,
+    /// (the entry's index in the table, load bias, the object's index in `elf`).
+    objects: Vec<(usize, u64, usize)>,
+    /// Each object file once (a table may name one file many times: a damaged or crafted
+    /// recording's, 800 times, must not load it 800 times).
+    elf: Vec<ElfImage>,
     images: Vec<Image>,
     /// The view lookups use now, and the address cache of each view seen.
     view: usize,
@@ -161,16 +164,23 @@ impl Symbols {
     /// Load every object of the table (objects that cannot be read are left out), with the
     /// images processes exec'd into.
     pub fn with_images(table: &[(u64, Vec<u8>)], images: &[Image]) -> Symbols {
-        let objects = table
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (bias, path))| {
-                let path = PathBuf::from(String::from_utf8_lossy(path).into_owned());
-                Some((i, *bias, ElfImage::open_symbols(&path).ok()?))
-            })
-            .collect();
+        let mut elf = Vec::new();
+        let mut by_path: FxHashMap<&[u8], Option<usize>> = FxHashMap::default();
+        let mut objects = Vec::new();
+        for (i, (bias, path)) in table.iter().enumerate() {
+            let loaded = *by_path.entry(path.as_slice()).or_insert_with(|| {
+                let p = PathBuf::from(String::from_utf8_lossy(path).into_owned());
+                let img = ElfImage::open_symbols(&p).ok()?;
+                elf.push(img);
+                Some(elf.len() - 1)
+            });
+            if let Some(e) = loaded {
+                objects.push((i, *bias, e));
+            }
+        }
         Symbols {
             objects,
+            elf,
             images: images.to_vec(),
             view: 0,
             caches: vec![(WHOLE, FxHashMap::default())],
@@ -243,8 +253,9 @@ impl Symbols {
             .enumerate()
             .rev()
             .filter(|(_, (t, _, _))| (lo..hi).contains(t) && !theirs(*t))
-            .find_map(|(o, (_, bias, img))| {
-                let svma = addr.checked_sub(*bias)?;
+            .find_map(|(o, &(_, bias, e))| {
+                let img = &self.elf[e];
+                let svma = addr.checked_sub(bias)?;
                 if !img.contains(svma) {
                     return None;
                 }
@@ -262,8 +273,9 @@ impl Symbols {
             let name = *self.name_ids.entry((o, i)).or_insert(next);
             if name == next {
                 self.owner.push((o, i));
-                let img = &self.objects[o].2;
-                let distinct = self.distinct.entry(o).or_insert_with(|| Distinct::new(img));
+                let e = self.objects[o].2;
+                let img = &self.elf[e];
+                let distinct = self.distinct.entry(e).or_insert_with(|| Distinct::new(img));
                 self.names.push(match img.funcs.get(i) {
                     Some(f) => distinct
                         .get(i)
@@ -288,7 +300,7 @@ impl Symbols {
     pub fn names_at(&mut self, addr: u64) -> Option<(&str, String)> {
         let r = self.resolve(addr)?;
         let (o, i) = self.owner[r.name as usize];
-        Some(match self.objects[o].2.funcs.get(i) {
+        Some(match self.elf[self.objects[o].2].funcs.get(i) {
             Some(f) => (f.name.as_str(), ftprobe::elf::display_name(&f.name)),
             // An `.eh_frame` range with no symbol.
             None => {

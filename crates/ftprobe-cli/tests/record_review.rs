@@ -5,7 +5,9 @@
 //! - `replay` of a recording of ~100 threads that overlap printed records out of timestamp
 //!   order (the merge's bound, made for the live trace, forced it);
 //! - `record` never said it lost events (only the recording did);
-//! - a ring file emptied, cut short or missing was read as a shorter stream, silently.
+//! - a ring file emptied, cut short or missing was read as a shorter stream, silently (it
+//!   was then made an error; since issue 25 its whole records are read and the damage is
+//!   said, exit status 0: tests/record_salvage.rs).
 
 use std::path::Path;
 
@@ -154,7 +156,7 @@ fn record_says_how_many_events_it_lost() {
 }
 
 #[test]
-fn a_ring_file_emptied_cut_short_or_missing_is_an_error() {
+fn a_ring_file_emptied_cut_short_or_missing_is_said() {
     let tmp = tmp_dir("cut");
     // 2 threads long enough to have files of their own (> 64 KiB each), and 20 short ones
     // in the shared file.
@@ -188,7 +190,7 @@ fn a_ring_file_emptied_cut_short_or_missing_is_an_error() {
             }
         }
     };
-    // Each damage, on a copy: replay fails, naming the file.
+    // Each damage, on a copy: replay reads what is left and warns, naming the file.
     type Damage = Box<dyn Fn(&Path)>;
     let cases: Vec<(&str, &Path, Damage)> = vec![
         (
@@ -221,9 +223,12 @@ fn a_ring_file_emptied_cut_short_or_missing_is_an_error() {
         };
         damage(&victim);
         let (code, _, err) = replay(&d);
-        assert_eq!(code, Some(1), "{what}: {err}");
+        assert_eq!(code, Some(0), "{what}: {err}");
         let name = victim.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(err.contains(&name), "{what}: {err}");
+        assert!(
+            err.contains("ftprobe: warning:") && err.contains(&name),
+            "{what}: {err}"
+        );
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
