@@ -66,5 +66,12 @@ fi
 if [[ " $* " == *" test "* ]] && ! python3 -c 'import perfetto' 2>/dev/null; then
     echo "scripts/deps.sh: installing the perfetto Python package (pip)" >&2
     pip=(python3 -m pip install -q --disable-pip-version-check perfetto)
-    "${pip[@]}" 2>/dev/null || "${pip[@]}" --break-system-packages >&2
+    # pip has its own CA bundle: the one the system names, if any (a proxy's CA).
+    if [ -z "${PIP_CERT:-}" ] && [ -n "${SSL_CERT_FILE:-}" ]; then
+        pip+=(--cert "$SSL_CERT_FILE")
+    fi
+    if ! "${pip[@]}" 2>/dev/null && ! "${pip[@]}" --break-system-packages >&2; then
+        echo "scripts/deps.sh: pip could not install perfetto (tests/perfetto.rs needs it)" >&2
+        exit 1
+    fi
 fi

@@ -8,8 +8,8 @@
 # read-only (`rustc --print sysroot`, at /opt/rust: Rust is the one thing the README assumes
 # installed), clones this repository's committed HEAD into it, and runs, in a chroot, the
 # commands of the README's "Two commands" block, one after the other, exactly as written.
-# The host's CA file ($SSL_CERT_FILE, when set) is copied in for cargo and apt, with
-# SSL_CERT_FILE and CARGO_HTTP_CAINFO set. Exit status: the first failing command's.
+# The host's CA file ($SSL_CERT_FILE, when set) is copied in for cargo, apt and pip, with
+# SSL_CERT_FILE, CARGO_HTTP_CAINFO and PIP_CERT set. Exit status: the first failing command's.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 root=${1:-/var/tmp/ftprobe-fresh-debian}
@@ -63,7 +63,8 @@ ca_env=()
 if [ -n "${SSL_CERT_FILE:-}" ] && [ -f "$SSL_CERT_FILE" ]; then
     mkdir -p "$root/etc/ssl"
     cp "$SSL_CERT_FILE" "$root/etc/ssl/host-ca.pem"
-    ca_env=(SSL_CERT_FILE=/etc/ssl/host-ca.pem CARGO_HTTP_CAINFO=/etc/ssl/host-ca.pem)
+    ca_env=(SSL_CERT_FILE=/etc/ssl/host-ca.pem CARGO_HTTP_CAINFO=/etc/ssl/host-ca.pem
+        PIP_CERT=/etc/ssl/host-ca.pem)
 fi
 mnt "$root/proc" -t proc proc
 mnt "$root/sys" -t sysfs sysfs
