@@ -14,7 +14,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use ftprobe::control::{ControlArea, Reply, Request};
-use ftprobe::events::{parse_probe_command, ProbeCommand, ProbeDef};
+use ftprobe::events::{
+    error_log, parse_probe_command, ProbeCommand, ProbeDef, ProbeError, ProbeErrorKind,
+};
+use ftprobe::trace_kprobe;
 
 /// What the printer and the controller share: events added while the session runs (the
 /// printer takes them before it reads the records that use them) and the profile counts.
@@ -373,9 +376,8 @@ impl Controller {
             .enumerate()
             .filter(|(_, e)| !e.removed)
             .collect::<Vec<_>>();
-        let placed =
-            crate::session::place_def(live.iter().map(|(_, e)| (e.defs.as_slice(), &e.def)), value)
-                .map_err(|r| r.text)?;
+        let placed = place_def(live.iter().map(|(_, e)| (e.defs.as_slice(), &e.def)), value)
+            .map_err(|r| r.text)?;
         let (def, id) = match placed {
             (def, None) => {
                 if st.events.len() >= ftprobe::ring::MAX_EVENTS {
@@ -737,6 +739,71 @@ pub fn ctl(pid: u32, commands: &[String]) -> anyhow::Result<i32> {
         }
     }
     Ok(code)
+}
+
+/// A probe definition refused: the kernel's `error_log` text, and its error's name.
+pub struct DefRefused {
+    pub text: String,
+    pub kind: &'static str,
+}
+
+/// Where probe definition `d` goes among the events `events` (each: its definitions and
+/// the first one parsed), as a write to `kprobe_events` places it: a new event (`None`), or
+/// one more probe of event `i` (`Some(i)`, the same group/event name, kind and arguments).
+pub fn place_def<'a>(
+    events: impl Iterator<Item = (&'a [String], &'a ProbeDef)>,
+    d: &str,
+) -> std::result::Result<(ProbeDef, Option<usize>), DefRefused> {
+    let refuse = |kind: ProbeErrorKind, pos: usize| DefRefused {
+        text: error_log(d, &ProbeError::new(kind, pos)),
+        kind: kind.name(),
+    };
+    let def = match trace_kprobe::check(d) {
+        Ok(def) => def,
+        Err(e) => {
+            let mut text = error_log(d, &e.err);
+            if let Some(detail) = &e.detail {
+                text.push_str(&format!("  ({detail})\n"));
+            }
+            return Err(DefRefused {
+                text,
+                kind: e.err.kind.name(),
+            });
+        }
+    };
+    let Some((i, (defs, first))) = events
+        .enumerate()
+        .find(|(_, (_, e))| e.group == def.group && e.event == def.event)
+    else {
+        return Ok((def, None));
+    };
+    if first.kind != def.kind {
+        return Err(refuse(ProbeErrorKind::DiffProbeType, 0));
+    }
+    // The first argument whose name or type differs, or the first one past the shorter
+    // list (after the end when the new one is shorter).
+    let differs = (0..def.args.len().max(first.args.len())).find(|&i| {
+        match (def.args.get(i), first.args.get(i)) {
+            (Some(a), Some(b)) => a.name != b.name || a.ty != b.ty,
+            _ => true,
+        }
+    });
+    if let Some(i) = differs {
+        let pos = def.args.get(i).map_or(d.trim_end().len() + 1, |a| a.pos);
+        return Err(refuse(ProbeErrorKind::DiffArgType, pos));
+    }
+    let same_args = |a: &ProbeDef| {
+        a.args
+            .iter()
+            .zip(&def.args)
+            .all(|(x, y)| x.fetch == y.fetch)
+    };
+    if defs.iter().any(|other| {
+        trace_kprobe::check(other).is_ok_and(|o| o.target == def.target && same_args(&o))
+    }) {
+        return Err(refuse(ProbeErrorKind::SameProbe, 0));
+    }
+    Ok((def, Some(i)))
 }
 
 #[cfg(test)]

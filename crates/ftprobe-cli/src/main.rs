@@ -4,12 +4,13 @@
 mod attach;
 mod control;
 mod dump;
+mod export;
 mod filter;
+mod format;
 mod graph;
 mod heap;
 mod merge;
 mod output;
-mod perfetto;
 mod record;
 mod recording;
 mod replay;

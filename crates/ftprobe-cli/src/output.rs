@@ -379,6 +379,31 @@ impl<W: Write> Drop for PipeLines<W> {
     }
 }
 
+/// The trace's output: FILE, or standard output (none, or `-`). When standard output is a
+/// pipe, whole lines of at most `PIPE_BUF` bytes per write ([`PipeLines`]): the traced
+/// program inherits the same pipe, and its own lines must not land inside trace lines.
+pub fn open_output(path: Option<&std::path::PathBuf>) -> Result<Box<dyn Write>> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
+    Ok(match path.filter(|p| p.as_os_str() != "-") {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => {
+            let pipe = std::io::stdout()
+                .as_fd()
+                .try_clone_to_owned()
+                .map(std::fs::File::from)
+                .ok()
+                .filter(|f| f.metadata().is_ok_and(|m| m.file_type().is_fifo()));
+            match pipe {
+                Some(f) => Box::new(PipeLines::new(f)),
+                None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::{header, push_cpu_time, task_prefix, PipeLines, PIPE_BUF};

@@ -11,7 +11,7 @@
 //!
 //! A recording whose recorder died (killed, a full disk) or whose files were damaged is read
 //! as far as it goes, as perf and trace-cmd read a cut file: a partial `info.json` is
-//! completed from the journal ([`crate::record::JOURNAL`]), ring files no entry names are
+//! completed from the journal ([`crate::format::JOURNAL`]), ring files no entry names are
 //! read as threads of unknown identity, a file cut short is read up to its last whole
 //! record, and every such thing is said on standard error (`ftprobe: warning: ...`), once.
 
@@ -25,8 +25,8 @@ use ftprobe::record::{self, rtype, Record};
 use ftprobe::ring::Clock;
 use ftprobe::trace_kprobe;
 
-use crate::filter::{Ctx as FilterCx, Filters, Names, ThreadFilter};
-use crate::record::{Info, JournalEntry, RingInfo, FORMAT, JOURNAL, SMALL_FILE};
+use crate::filter::{parse_tids, Ctx as FilterCx, Filters, Names, ThreadFilter, TimeRange};
+use crate::format::{Info, JournalEntry, RingInfo, FORMAT, JOURNAL, SMALL_FILE};
 use crate::session::Source;
 use crate::symbols::Symbols;
 use ftprobe::ftrace::fgraph::FgraphExit;
@@ -48,6 +48,29 @@ pub struct DataDir {
         default_value = DEFAULT_DIR
     )]
     pub dir: PathBuf,
+}
+
+/// `--tid` and `--time-range`, shared by the readers of a recording.
+#[derive(clap::Args, Clone)]
+pub struct Selection {
+    /// Only these threads (`--tid 1234,1240`). Repeatable.
+    #[arg(long = "tid", value_name = "TID[,TID]", value_parser = parse_tids)]
+    pub tid: Vec<Vec<u32>>,
+    /// Only records in this time range, `START~END` as uftrace takes it: timestamps as
+    /// printed (`11439.845101~11439.9`), or times with a unit (`ns`, `us`, `ms`, `s`) after
+    /// the recording's first record (`10ms~25ms`); either side may be empty.
+    #[arg(long = "time-range", value_name = "START~END", value_parser = clap::value_parser!(TimeRange))]
+    pub time_range: Option<TimeRange>,
+}
+
+impl Selection {
+    pub fn filters(&self) -> Filters {
+        Filters {
+            tids: self.tid.iter().flatten().copied().collect(),
+            range: self.time_range,
+            ..Filters::default()
+        }
+    }
 }
 
 /// Records a drain of a recording hands out per ring at most (the merge's chunk).

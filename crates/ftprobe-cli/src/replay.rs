@@ -12,33 +12,11 @@ use anyhow::Result;
 use clap::Args;
 use ftprobe::ftrace::glob::FilterEntry;
 
-use crate::filter::{parse_duration, parse_glob, parse_tids, Filters, TimeRange};
-use crate::recording::{DataDir, Recording};
+use crate::filter::{parse_duration, parse_glob, Filters};
+use crate::output::open_output;
+use crate::recording::{DataDir, Recording, Selection};
 use crate::session::{self, Sink, Source};
-use crate::trace::{open_output, Printer};
-
-/// `--tid` and `--time-range`, shared by the readers of a recording.
-#[derive(Args, Clone)]
-pub struct Selection {
-    /// Only these threads (`--tid 1234,1240`). Repeatable.
-    #[arg(long = "tid", value_name = "TID[,TID]", value_parser = parse_tids)]
-    pub tid: Vec<Vec<u32>>,
-    /// Only records in this time range, `START~END` as uftrace takes it: timestamps as
-    /// printed (`11439.845101~11439.9`), or times with a unit (`ns`, `us`, `ms`, `s`) after
-    /// the recording's first record (`10ms~25ms`); either side may be empty.
-    #[arg(long = "time-range", value_name = "START~END", value_parser = clap::value_parser!(TimeRange))]
-    pub time_range: Option<TimeRange>,
-}
-
-impl Selection {
-    pub fn filters(&self) -> Filters {
-        Filters {
-            tids: self.tid.iter().flatten().copied().collect(),
-            range: self.time_range,
-            ..Filters::default()
-        }
-    }
-}
+use crate::trace::Printer;
 
 /// Arguments of `ftprobe replay`.
 #[derive(Args)]

@@ -15,8 +15,9 @@ use ftprobe::record::Record;
 use ftprobe::trace_kprobe::RecordDecoder;
 use rustc_hash::FxHashMap;
 
+use crate::output::open_output;
 use crate::recording::{DataDir, Recording};
-use crate::trace::open_output;
+use crate::symbols::name_of;
 
 /// Arguments of `ftprobe report`.
 #[derive(Args)]
@@ -36,7 +37,7 @@ pub struct ReportArgs {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
     #[command(flatten)]
-    selection: crate::replay::Selection,
+    selection: crate::recording::Selection,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -424,13 +425,6 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     }
     out.flush()?;
     Ok(0)
-}
-
-/// The function at `addr`, by name (or its address).
-pub fn name_of(syms: &mut crate::symbols::Symbols, addr: u64) -> String {
-    let mut v = Vec::new();
-    syms.push_name(addr, &mut v);
-    String::from_utf8_lossy(&v).into_owned()
 }
 
 #[cfg(test)]

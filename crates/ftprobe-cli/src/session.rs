@@ -14,11 +14,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ftprobe::events::{
-    error_log, parse_probe_command, ProbeCommand, ProbeDef, ProbeError, ProbeErrorKind,
-};
+use ftprobe::events::{parse_probe_command, ProbeCommand, ProbeDef};
 use ftprobe::ring::{Clock, RingConfig, SharedRings, MAX_EVENTS};
-use ftprobe::trace_kprobe;
 use std::sync::atomic::Ordering;
 
 use crate::attach::{self, Attached};
@@ -341,7 +338,7 @@ fn parse_events(defs: &[String]) -> Result<Vec<(Vec<String>, ProbeDef)>> {
             }
             continue;
         }
-        match place_def(events.iter().map(|(d, e)| (d.as_slice(), e)), d) {
+        match crate::control::place_def(events.iter().map(|(d, e)| (d.as_slice(), e)), d) {
             Ok((def, None)) => events.push((vec![d.clone()], def)),
             Ok((_, Some(i))) => events[i].0.push(d.clone()),
             Err(r) => {
@@ -351,71 +348,6 @@ fn parse_events(defs: &[String]) -> Result<Vec<(Vec<String>, ProbeDef)>> {
         }
     }
     Ok(events)
-}
-
-/// A probe definition refused: the kernel's `error_log` text, and its error's name.
-pub struct DefRefused {
-    pub text: String,
-    pub kind: &'static str,
-}
-
-/// Where probe definition `d` goes among the events `events` (each: its definitions and
-/// the first one parsed), as a write to `kprobe_events` places it: a new event (`None`), or
-/// one more probe of event `i` (`Some(i)`, the same group/event name, kind and arguments).
-pub fn place_def<'a>(
-    events: impl Iterator<Item = (&'a [String], &'a ProbeDef)>,
-    d: &str,
-) -> std::result::Result<(ProbeDef, Option<usize>), DefRefused> {
-    let refuse = |kind: ProbeErrorKind, pos: usize| DefRefused {
-        text: error_log(d, &ProbeError::new(kind, pos)),
-        kind: kind.name(),
-    };
-    let def = match trace_kprobe::check(d) {
-        Ok(def) => def,
-        Err(e) => {
-            let mut text = error_log(d, &e.err);
-            if let Some(detail) = &e.detail {
-                text.push_str(&format!("  ({detail})\n"));
-            }
-            return Err(DefRefused {
-                text,
-                kind: e.err.kind.name(),
-            });
-        }
-    };
-    let Some((i, (defs, first))) = events
-        .enumerate()
-        .find(|(_, (_, e))| e.group == def.group && e.event == def.event)
-    else {
-        return Ok((def, None));
-    };
-    if first.kind != def.kind {
-        return Err(refuse(ProbeErrorKind::DiffProbeType, 0));
-    }
-    // The first argument whose name or type differs, or the first one past the shorter
-    // list (after the end when the new one is shorter).
-    let differs = (0..def.args.len().max(first.args.len())).find(|&i| {
-        match (def.args.get(i), first.args.get(i)) {
-            (Some(a), Some(b)) => a.name != b.name || a.ty != b.ty,
-            _ => true,
-        }
-    });
-    if let Some(i) = differs {
-        let pos = def.args.get(i).map_or(d.trim_end().len() + 1, |a| a.pos);
-        return Err(refuse(ProbeErrorKind::DiffArgType, pos));
-    }
-    let same_args = |a: &ProbeDef| {
-        a.args
-            .iter()
-            .zip(&def.args)
-            .all(|(x, y)| x.fetch == y.fetch)
-    };
-    if defs.iter().any(|other| {
-        trace_kprobe::check(other).is_ok_and(|o| o.target == def.target && same_args(&o))
-    }) {
-        return Err(refuse(ProbeErrorKind::SameProbe, 0));
-    }
-    Ok((def, Some(i)))
 }
 
 /// What a session runs, worked out from [`SessionArgs`] before anything runs.

@@ -42,6 +42,23 @@ pub struct Image {
     pub exe: String,
 }
 
+/// The agent's TEXT record kind (`ftprobe-agent`'s `follow::TEXT_IMAGE`): a followed
+/// exec's new image (or a forked child of one) joined the session,
+/// `PID\tTSC\tFIRST\tCOUNT\tEXE`.
+pub const TEXT_IMAGE: u32 = 4;
+
+/// Parse a [`TEXT_IMAGE`] text.
+pub fn parse_image(text: &str) -> Option<Image> {
+    let mut f = text.splitn(5, '\t');
+    Some(Image {
+        pid: f.next()?.parse().ok()?,
+        tsc: f.next()?.parse().ok()?,
+        first: f.next()?.parse().ok()?,
+        count: f.next()?.parse().ok()?,
+        exe: f.next().unwrap_or_default().to_owned(),
+    })
+}
+
 /// The table entries `lo..hi` that name a record, less the objects of every image but the
 /// one at index `own` (see the module docs).
 type View = (usize, usize, usize);
@@ -367,6 +384,13 @@ fn image_view(images: &[Image], pid: u32, tsc: u64) -> View {
         // Before its first exec (or it never exec'd).
         None => (0, hi, usize::MAX),
     }
+}
+
+/// The function at `addr`, by name (or its address).
+pub fn name_of(syms: &mut Symbols, addr: u64) -> String {
+    let mut v = Vec::new();
+    syms.push_name(addr, &mut v);
+    String::from_utf8_lossy(&v).into_owned()
 }
 
 /// Appends an address that no symbol covers, as the kernel's `trace_seq_print_sym()`

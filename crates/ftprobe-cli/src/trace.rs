@@ -3,11 +3,10 @@
 //! with its status. [`Printer`] is also what `ftprobe replay` formats a recording with.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use ftprobe::events::ProbeDef;
 use ftprobe::ftrace::fgraph::FgraphExit;
@@ -17,8 +16,9 @@ use ftprobe::trace_kprobe::RecordDecoder;
 
 use crate::merge::Merge;
 use crate::output;
+use crate::output::open_output;
 use crate::session::{self, End, SessionArgs, Sink, Source, PREFAULT_EVERY};
-use crate::symbols::Symbols;
+use crate::symbols::{parse_image, Symbols, TEXT_IMAGE};
 
 /// TEXT record kinds the agent writes (`ftprobe-agent`'s `TEXT_*`): the armed-probes
 /// listing, `PID\tPATH` before an exec (`PID\tPATH\tfollowed` or `PID\tPATH\tnot
@@ -29,23 +29,10 @@ const TEXT_KPROBES_LIST: u32 = 1;
 const TEXT_KPROBES_LIST_MORE: u32 = 6;
 const TEXT_EXEC: u32 = 2;
 const TEXT_EXEC_FAILED: u32 = 3;
-pub const TEXT_IMAGE: u32 = 4;
 
 /// The trailer's hint after an exec that was not followed, in a session that did not ask.
 pub const FOLLOW_EXEC_HINT: &str =
     "# ftprobe trace --follow-exec (and record) follows an exec: the new program is traced";
-
-/// Parse a [`TEXT_IMAGE`] text.
-pub fn parse_image(text: &str) -> Option<crate::symbols::Image> {
-    let mut f = text.splitn(5, '\t');
-    Some(crate::symbols::Image {
-        pid: f.next()?.parse().ok()?,
-        tsc: f.next()?.parse().ok()?,
-        first: f.next()?.parse().ok()?,
-        count: f.next()?.parse().ok()?,
-        exe: f.next().unwrap_or_default().to_owned(),
-    })
-}
 
 /// A note of the agent's for the header (`# note: ...`).
 const TEXT_NOTE: u32 = 5;
@@ -69,31 +56,6 @@ pub struct TraceArgs {
     output: Option<PathBuf>,
     #[command(flatten)]
     session: SessionArgs,
-}
-
-/// The trace's output: FILE, or standard output (none, or `-`). When standard output is a
-/// pipe, whole lines of at most `PIPE_BUF` bytes per write ([`PipeLines`]): the traced
-/// program inherits the same pipe, and its own lines must not land inside trace lines.
-pub fn open_output(path: Option<&PathBuf>) -> Result<Box<dyn Write>> {
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::FileTypeExt;
-    Ok(match path.filter(|p| p.as_os_str() != "-") {
-        Some(p) => Box::new(BufWriter::new(
-            File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => {
-            let pipe = std::io::stdout()
-                .as_fd()
-                .try_clone_to_owned()
-                .map(File::from)
-                .ok()
-                .filter(|f| f.metadata().is_ok_and(|m| m.file_type().is_fifo()));
-            match pipe {
-                Some(f) => Box::new(crate::output::PipeLines::new(f)),
-                None => Box::new(BufWriter::new(std::io::stdout())),
-            }
-        }
-    })
 }
 
 /// Run the command; returns the exit code to exit with.

@@ -54,8 +54,8 @@ use ftprobe::record::rtype;
 
 use crate::merge::Merge;
 use crate::recording::Recording;
-use crate::report::name_of;
 use crate::session::Source;
+use crate::symbols::name_of;
 
 /// `trace.proto`'s `Trace`: `repeated TracePacket packet = 1` (written one packet at a time,
 /// each as that field: see [`write_packet`]).
@@ -508,7 +508,7 @@ pub fn write(rec: &mut Recording, out: &mut dyn Write) -> Result<()> {
             continue;
         }
         let mut p = packet();
-        let name = crate::dump::process_name(rec, pid);
+        let name = super::process_name(rec, pid);
         p.track_descriptor = Some(TrackDescriptor {
             uuid: Some(PROCESS_UUID + u64::from(pid)),
             process: Some(ProcessDescriptor {
