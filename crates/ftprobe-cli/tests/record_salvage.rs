@@ -147,28 +147,35 @@ fn a_recording_whose_recorder_was_killed_is_read_to_its_last_whole_record() {
 
 /// Run `script` as root in a mount namespace of its own (a user namespace too when not
 /// root), with `$MNT` an empty directory: `None` when namespaces are not available here.
+/// Its mounts are private (they never reach this namespace); in a chroot, where the root is
+/// no mount point and its propagation cannot be changed, they keep the chroot's.
 fn in_mount_namespace(script: &str, mnt: &Path) -> Option<Output> {
     std::fs::create_dir_all(mnt).unwrap();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let mut cmd = Command::new("unshare");
-    if !root {
-        cmd.arg("--user").arg("--map-root-user");
-    }
-    cmd.args(["--mount", "--propagation", "private", "sh", "-ec", script])
+    let user: &[&str] = if root {
+        &[]
+    } else {
+        &["--user", "--map-root-user"]
+    };
+    let works = |propagation: &str| {
+        Command::new("unshare")
+            .args(user)
+            .args(["--mount", "--propagation", propagation, "true"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let propagation = ["private", "unchanged"].into_iter().find(|p| works(p))?;
+    let out = Command::new("unshare")
+        .args(user)
+        .args(["--mount", "--propagation", propagation, "sh", "-ec", script])
         .env("MNT", mnt)
         .env("FTPROBE", env!("CARGO_BIN_EXE_ftprobe"))
-        .env("CHURN", churn());
-    let probe = Command::new("unshare")
-        .args(if root {
-            &[][..]
-        } else {
-            &["--user", "--map-root-user"][..]
-        })
-        .args(["--mount", "true"])
-        .status()
-        .ok()?;
-    probe.success().then(|| cmd.output().unwrap())
+        .env("CHURN", churn())
+        .output()
+        .unwrap();
+    Some(out)
 }
 
 /// A full disk (a tmpfs of a few MiB): `record` says so and exits 1, and what it wrote before

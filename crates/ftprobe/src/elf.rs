@@ -182,9 +182,11 @@ pub struct ElfImage {
     /// Function symbols with a size, sorted by address, from `.symtab` and `.dynsym` (duplicates
     /// at the same address keep the first name seen, `.symtab` first).
     pub funcs: Vec<FuncSym>,
-    /// Every function name, aliases included, sorted, with the index in `funcs` of its
-    /// function.
-    pub names: Vec<(String, usize)>,
+    /// Every function name as in the symbol tables, aliases included, with the index in
+    /// `funcs` of its function; [`names`](Self::names) adds the demangled ones, when first
+    /// asked (demangling every name of libstdc++ took ~20 ms at each `dlopen`).
+    aliases: Vec<(String, usize)>,
+    names: std::sync::OnceLock<Vec<(String, usize)>>,
     /// Sites, sorted by address.
     pub sites: Vec<SiteInfo>,
     /// Loadable segments.
@@ -307,13 +309,14 @@ impl ElfImage {
                 }
             }
         }
-        let (funcs, names) = index_funcs(raw);
+        let (funcs, aliases) = index_funcs(raw);
         let segments = load_segments(data);
         let mut img = ElfImage {
             path: path.to_owned(),
             relocatable,
             funcs,
-            names,
+            aliases,
+            names: std::sync::OnceLock::new(),
             sites: Vec::new(),
             segments,
             rejected: Vec::new(),
@@ -330,11 +333,29 @@ impl ElfImage {
         Ok(img)
     }
 
+    /// Every function name, aliases and demangled names included (`ns::K::get(int) const`
+    /// and `ns::K::get` for C++, `crate::module::func` for Rust), sorted, with the index in
+    /// `funcs` of its function. Made when first asked.
+    pub fn names(&self) -> &[(String, usize)] {
+        self.names.get_or_init(|| {
+            let mut names = self.aliases.clone();
+            names.extend(
+                self.aliases
+                    .iter()
+                    .flat_map(|(n, i)| demangled_names(n).into_iter().map(move |d| (d, *i))),
+            );
+            names.sort();
+            names.dedup();
+            names
+        })
+    }
+
     /// The functions called `name` (by any of their names).
     pub fn funcs_named<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a FuncSym> + 'a {
-        let start = self.names.partition_point(|(n, _)| n.as_str() < name);
+        let names = self.names();
+        let start = names.partition_point(|(n, _)| n.as_str() < name);
         let name = name.to_owned();
-        self.names[start..]
+        names[start..]
             .iter()
             .take_while(move |(n, _)| *n == name)
             .map(|(_, i)| &self.funcs[*i])
@@ -488,6 +509,15 @@ impl ElfImage {
 
     fn find_sites_by_decoding(&mut self, file: &object::File<'_>) {
         let got_names = got_slot_names(file);
+        // A decoded site is a call to the hook: through a GOT slot or a PLT entry (both named
+        // by the GOT slot's symbol) or to a local hook function. An object with none of these
+        // (libstdc++, most libraries) has no such call, and its thousands of functions are not
+        // decoded (~30 ms for libstdc++ at each `dlopen`).
+        if !got_names.values().any(|n| sites::is_hook_name(n))
+            && !self.funcs.iter().any(|f| sites::is_hook_name(&f.name))
+        {
+            return;
+        }
         let plt: Vec<(u64, &[u8])> = file
             .sections()
             .filter(|s| s.name().is_ok_and(|n| n.starts_with(".plt")))
@@ -613,22 +643,13 @@ fn index_funcs(mut funcs: Vec<FuncSym>) -> (Vec<FuncSym>, Vec<(String, usize)>) 
     funcs.sort_by_key(|f| f.svma);
     let all = funcs.clone();
     funcs.dedup_by_key(|f| f.svma);
-    let mut names: Vec<(String, usize)> = all
+    let names: Vec<(String, usize)> = all
         .into_iter()
         .map(|f| {
             let i = funcs.partition_point(|g| g.svma < f.svma);
             (f.name, i)
         })
         .collect();
-    // Demangled names answer too: `ns::K::get(int) const` and `ns::K::get` for C++,
-    // `crate::module::func` for Rust (legacy and v0 manglings, without the hash).
-    let demangled: Vec<(String, usize)> = names
-        .iter()
-        .flat_map(|(n, i)| demangled_names(n).into_iter().map(move |d| (d, *i)))
-        .collect();
-    names.extend(demangled);
-    names.sort();
-    names.dedup();
     (funcs, names)
 }
 

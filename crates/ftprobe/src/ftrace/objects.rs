@@ -271,7 +271,7 @@ pub fn names_at(addr: u64) -> Vec<String> {
     let names = |img: &ElfImage, svma: u64| -> Vec<String> {
         match img.func_at(svma) {
             Some((i, 0)) => img
-                .names
+                .names()
                 .iter()
                 .filter(|(_, j)| *j == i)
                 .map(|(n, _)| n.clone())
