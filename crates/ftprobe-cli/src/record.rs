@@ -706,15 +706,8 @@ impl Sink for Recorder {
         self.info.stopped = self.error.clone();
         let (records, bytes, offsets) = (&self.records, &self.bytes, &self.offsets);
         let ring_info = |i: u32| -> Option<RingInfo> {
-            let (comm, tid) = src.task(i)?;
             let offset = offsets.get(i as usize).copied().flatten();
             Some(RingInfo {
-                index: i,
-                ring: src.ring_index(i),
-                tid,
-                pid: src.pid(i),
-                comm: String::from_utf8_lossy(&comm).into_owned(),
-                comm_bytes: std::str::from_utf8(&comm).is_err().then_some(comm),
                 lost: src.lost(i),
                 records: records.get(i as usize).copied().unwrap_or(0),
                 bytes: bytes.get(i as usize).copied().unwrap_or(0),
@@ -723,6 +716,7 @@ impl Sink for Recorder {
                     None => ring_file(i),
                 },
                 offset,
+                ..stream_entry(src, i)?
             })
         };
         if let Err(e) = self.write_info(SeqOf(|| streams.clone().filter_map(ring_info))) {
