@@ -808,6 +808,21 @@ impl Source for Recording {
     fn cpus_online(&self) -> u32 {
         self.info.cpus_online
     }
+    fn unfinished(&self) -> Option<String> {
+        if self.info.partial {
+            Some(
+                "its recorder did not finish (killed, or a write failed): the events lost \
+                 and how the program ended are unknown"
+                    .to_owned(),
+            )
+        } else {
+            self.info.stopped.as_ref().map(|why| {
+                format!(
+                    "recording stopped before the program ended ({why}): later events are not here"
+                )
+            })
+        }
+    }
     fn lost_no_ring(&self) -> u64 {
         self.info.lost_no_ring
     }

@@ -525,6 +525,11 @@ pub trait Source {
     }
     /// The objects table: (load bias, the path to read the object's symbols from).
     fn objects(&self) -> Vec<(u64, Vec<u8>)>;
+    /// A recording whose counters are not all known: why (its recorder did not finish, or
+    /// stopped recording before the program ended). `None` live and for a whole recording.
+    fn unfinished(&self) -> Option<String> {
+        None
+    }
     fn lost_no_ring(&self) -> u64;
     /// Of [`lost_no_ring`](Self::lost_no_ring): (events lost while some rings were held by
     /// ended threads not read yet, events of threads after they released their ring).

@@ -878,6 +878,7 @@ impl Printer {
         let events = self.events.clone();
         let seen = self.seen.clone();
         let abandoned = end.abandoned.clone();
+        let unfinished = rings.unfinished();
         let cpus = rings.cpus_online();
         let lost_by_tid = rings.lost_by_tid();
         let (unreclaimed, after_end) = rings.lost_no_ring_kinds();
@@ -970,6 +971,9 @@ impl Printer {
                      oldest before every thread was read: there, threads may be out of timestamp \
                      order (the merge itself drops nothing)"
                 )?;
+            }
+            if let Some(why) = &unfinished {
+                writeln!(o, "# the recording is not whole: {why}")?;
             }
             writeln!(o, "# lost events: {total}")?;
             output::entries(o, printed, total, cpus)?;

@@ -135,6 +135,12 @@ fn a_recording_whose_recorder_was_killed_is_read_to_its_last_whole_record() {
         assert_eq!(code, Some(0), "{err}");
         assert!(err.contains("was not finished"), "{err}");
         assert_eq!(got, want, "after {after_ms} ms: {err}");
+        // The trailer says its counts are not whole.
+        let text = String::from_utf8_lossy(&read(&dir, &["replay"]).stdout).into_owned();
+        assert!(
+            text.contains("# the recording is not whole: "),
+            "{text:.3000}"
+        );
         for cmd in [&["report"][..], &["dump", "--chrome", "/dev/null"]] {
             let out = read(&dir, cmd);
             assert!(out.status.success(), "{cmd:?}: {out:?}");
