@@ -65,7 +65,7 @@ pub fn entries(out: &mut dyn Write, printed: u64, lost: u64, cpus: u32) -> std::
     writeln!(
         out,
         "# entries-in-buffer/entries-written: {printed}/{}   #P:{cpus}",
-        printed + lost
+        printed.saturating_add(lost)
     )
 }
 

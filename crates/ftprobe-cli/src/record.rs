@@ -104,6 +104,7 @@ fn make_staging(dir: &Path) -> Result<PathBuf> {
     if dir.exists() {
         check_replaceable(&sibling(dir, ".old"))?;
     }
+    remove_stale_staging(dir);
     let staging = sibling(dir, &format!(".new-{}", std::process::id()));
     if staging.exists() {
         std::fs::remove_dir_all(&staging)
@@ -116,6 +117,48 @@ fn make_staging(dir: &Path) -> Result<PathBuf> {
         .create(staging.join("objects"))
         .with_context(|| format!("creating {}", staging.display()))?;
     Ok(staging)
+}
+
+/// Staging directories of earlier runs on `dir` whose recorder is gone (`DIR.new-PID` with no
+/// process PID: killed before it started recording, holding only a recording's files) are
+/// removed.
+fn remove_stale_staging(dir: &Path) {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let prefix = format!("{}.new-", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = n.strip_prefix(&prefix).and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        // Only what `record` puts there (a kill may come before `objects/` was made).
+        let ours = std::fs::read_dir(e.path()).is_ok_and(|mut d| {
+            d.all(|f| {
+                f.is_ok_and(|f| {
+                    let n = f.file_name().to_string_lossy().into_owned();
+                    matches!(
+                        n.as_str(),
+                        "objects" | "info.json" | "info.json.tmp" | JOURNAL | SMALL_FILE
+                    ) || (n.starts_with("ring-") && n.ends_with(".dat"))
+                })
+            })
+        });
+        if gone && ours {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Move an existing recording at `dir` aside to `DIR.old` (checked again: it may have
@@ -379,14 +422,10 @@ impl Recorder {
         if self.rotated || self.error.is_some() || !src.armed() {
             return;
         }
-        match rotate(&self.dir, &self.target) {
-            Ok(()) => {
-                self.dir = self.target.clone();
-                self.rotated = true;
-            }
-            Err(e) => return self.fail(format!("{e:#}")),
-        }
-        // What a reader needs from the start: a partial info.json, then the journal.
+        // What a reader needs from the start, written in the staging directory before it
+        // becomes the data directory (a kill in between leaves `DIR` as it was, or a
+        // recording a reader opens): a partial info.json, then the journal (its descriptor
+        // follows the rename).
         self.info.clock = src.clock().to_parts();
         self.info.tsc_hz = src.clock().tsc_hz();
         self.info.armed = true;
@@ -405,12 +444,17 @@ impl Recorder {
                 journal().map_err(|e| format!("creating {}: {e}", self.dir.join(JOURNAL).display()))
             });
         match started {
-            Ok(f) => {
-                self.journal = Some(f);
-                self.journal_objects();
-            }
-            Err(e) => self.fail(e),
+            Ok(f) => self.journal = Some(f),
+            Err(e) => return self.fail(e),
         }
+        match rotate(&self.dir, &self.target) {
+            Ok(()) => {
+                self.dir = self.target.clone();
+                self.rotated = true;
+            }
+            Err(e) => return self.fail(format!("{e:#}")),
+        }
+        self.journal_objects();
     }
 
     /// Append `entry` to the journal, in one write (a line cut by a kill or a full disk is

@@ -188,6 +188,30 @@ impl RingFile {
     }
 }
 
+/// Whether `rel` names a regular file of the recording at `dir`: a relative path with no
+/// `..` (a crafted info.json must not make a reader open `/etc/shadow`, or a FIFO that
+/// blocks it forever), not a symbolic link.
+fn file_of(dir: &Path, rel: &str) -> std::result::Result<PathBuf, &'static str> {
+    let p = Path::new(rel);
+    if p.is_absolute()
+        || p.components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err("not a path inside the recording");
+    }
+    let path = dir.join(p);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_file() => Ok(path),
+        Ok(_) => Err("not a regular file"),
+        Err(_) => Err("missing"),
+    }
+}
+
+/// Whether `path` (an object's original, named by a recording) is a regular file.
+fn regular(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
 /// Complete and check `info` against the files of `dir` (module docs): a partial
 /// `info.json` from the journal, ring files no entry names, entries whose files are missing,
 /// shorter than they say, or whose counts disagree. What it finds goes to `warnings`.
@@ -214,10 +238,16 @@ fn complete(dir: &Path, info: &mut Info, warnings: &mut Vec<String>) {
             continue;
         }
         let thread = format!("thread {} ({})", r.tid, r.comm);
-        let Ok(size) = std::fs::metadata(dir.join(&r.file)).map(|m| m.len()) else {
-            warnings.push(format!("{}: missing: {thread}'s records are lost", r.file));
-            (r.records, r.bytes) = (0, 0);
-            continue;
+        let size = match file_of(dir, &r.file) {
+            Ok(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
+            Err(why) => {
+                warnings.push(format!(
+                    "{}: {why}: {thread}'s records are not read",
+                    r.file
+                ));
+                (r.records, r.bytes) = (0, 0);
+                continue;
+            }
         };
         let offset = r.offset.unwrap_or(0);
         if r.records == UNKNOWN && r.bytes == 0 && r.offset.is_none() {
@@ -274,7 +304,10 @@ fn check_objects(dir: &Path, info: &Info, warnings: &mut Vec<String>) {
         if !seen.insert(copy.as_str()) {
             continue;
         }
-        if let Err(why) = whole_elf(&dir.join(copy)) {
+        if let Err(why) = file_of(dir, copy)
+            .map_err(str::to_owned)
+            .and_then(|p| whole_elf(&p))
+        {
             warnings.push(format!(
                 "{copy} (the copy of {}) is missing or cannot be read ({why}): addresses in it \
                  print as numbers",
@@ -321,6 +354,11 @@ fn read_journal(dir: &Path, info: &mut Info, warnings: &mut Vec<String>) {
         }
     };
     let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+    // By stream index: a later line of a stream replaces an earlier one.
+    let mut streams: std::collections::BTreeMap<u32, RingInfo> = std::mem::take(&mut info.rings)
+        .into_iter()
+        .map(|r| (r.index, r))
+        .collect();
     for (k, line) in lines.iter().enumerate() {
         if line.is_empty() {
             continue;
@@ -331,8 +369,7 @@ fn read_journal(dir: &Path, info: &mut Info, warnings: &mut Vec<String>) {
                 if r.offset.is_none() {
                     (r.records, r.bytes) = (UNKNOWN, 0);
                 }
-                info.rings.retain(|x| x.index != r.index);
-                info.rings.push(r);
+                streams.insert(r.index, r);
             }
             Ok(JournalEntry::Image(im)) => {
                 if !info.images.contains(&im) {
@@ -345,7 +382,7 @@ fn read_journal(dir: &Path, info: &mut Info, warnings: &mut Vec<String>) {
             Err(e) => warnings.push(format!("{JOURNAL}, line {}: {e}: skipped", k + 1)),
         }
     }
-    info.rings.sort_by_key(|r| r.index);
+    info.rings = streams.into_values().collect();
 }
 
 /// Ring files no entry of `info` names (a stream whose journal line was never written, a
@@ -390,7 +427,8 @@ fn add_unnamed_streams(dir: &Path, info: &mut Info, warnings: &mut Vec<String>) 
             let e = e.ok()?;
             let name = e.file_name().into_string().ok()?;
             let is_ring = name.starts_with("ring-") && name.ends_with(".dat");
-            (is_ring || name == SMALL_FILE).then_some((name, e.metadata().ok()?.len()))
+            let m = e.metadata().ok()?;
+            ((is_ring || name == SMALL_FILE) && m.file_type().is_file()).then_some((name, m.len()))
         })
         .collect();
     files.sort();
@@ -446,7 +484,7 @@ pub struct Recording {
     /// Per stream, its first timestamp (raw TSC), once asked ([`Recording::select_stream`]).
     first_tsc: std::collections::HashMap<u32, u64>,
     /// What was said on standard error about the recording (each once).
-    warned: std::cell::RefCell<Vec<String>>,
+    warned: std::cell::RefCell<std::collections::HashSet<String>>,
 }
 
 impl Recording {
@@ -498,12 +536,17 @@ impl Recording {
             .objects
             .iter()
             .map(|o| {
-                let p = o.copy.as_ref().map_or_else(
-                    // Not copied: the original, if it is still there.
-                    || PathBuf::from(&o.path),
-                    |c| dir.join(c),
-                );
-                (o.bias, p.into_os_string().into_encoded_bytes())
+                let p = match &o.copy {
+                    // Not copied: the original, if it is still there (a regular file).
+                    None => Some(PathBuf::from(&o.path)).filter(|p| regular(p)),
+                    // A copy that is no regular file of the recording is not opened (said
+                    // by `complete`).
+                    Some(c) => file_of(dir, c).ok(),
+                };
+                (
+                    o.bias,
+                    p.unwrap_or_default().into_os_string().into_encoded_bytes(),
+                )
             })
             .collect();
         let mut rec = Recording {
@@ -517,7 +560,7 @@ impl Recording {
             start_ns: 0,
             error: None,
             first_tsc: std::collections::HashMap::new(),
-            warned: std::cell::RefCell::new(Vec::new()),
+            warned: std::cell::RefCell::new(std::collections::HashSet::new()),
         };
         for w in warnings {
             rec.warn(w);
@@ -667,7 +710,7 @@ impl Recording {
                 let mut said = Vec::new();
                 if file.cut {
                     said.push(format!(
-                        "{}: cut inside a record (at byte {} of the stream): its {} records \
+                        "{}: cut inside a record (at byte {} of the file): its {} records \
                          before were read",
                         c.stream.path.display(),
                         c.stream.offset + file.at * 8,
@@ -712,7 +755,7 @@ impl Recording {
         let mut warned = self.warned.borrow_mut();
         if !warned.contains(&what) {
             eprintln!("ftprobe: warning: {}: {what}", self.dir.display());
-            warned.push(what);
+            warned.insert(what);
         }
     }
 

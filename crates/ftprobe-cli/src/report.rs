@@ -354,9 +354,14 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     let dir = args.data.dir.display();
     writeln!(o, "# ftprobe report of {dir} ({tracer})")?;
     // What the numbers below miss, first, so that they are never silently low.
-    let lost: u64 = rec.info.rings.iter().map(|r| r.lost).sum::<u64>()
-        + rec.info.lost_no_ring
-        + rec.info.lost_recursion;
+    // Saturating: a damaged recording's counts may be anything.
+    let lost: u64 = rec
+        .info
+        .rings
+        .iter()
+        .map(|r| r.lost)
+        .chain([rec.info.lost_no_ring, rec.info.lost_recursion])
+        .fold(0, u64::saturating_add);
     if lost > 0 {
         writeln!(o, "# {lost} events lost: the numbers below miss them")?;
     }

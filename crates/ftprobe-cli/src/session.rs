@@ -180,12 +180,13 @@ fn embedded_agent() -> Result<PathBuf> {
         .map(|p| p.join("ftprobe"))
         .unwrap_or_else(|| PathBuf::from(format!("/tmp/ftprobe-{uid}")));
     let dir = base.join(concat!("agent-", env!("FTPROBE_EMBEDDED_AGENT_HASH")));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .with_context(|| format!("creating {} for the agent", dir.display()))?;
+    // Each directory is checked before anything is made in it.
     for d in [&base, &dir] {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(d)
+            .with_context(|| format!("creating {} for the agent", d.display()))?;
         let m = std::fs::symlink_metadata(d).with_context(|| format!("{}", d.display()))?;
         if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
             bail!(
@@ -196,8 +197,10 @@ fn embedded_agent() -> Result<PathBuf> {
         }
     }
     let path = dir.join("libftprobe_agent.so");
+    // Reused only if it is this agent, byte for byte (a damaged copy is written again).
     if std::fs::symlink_metadata(&path)
         .is_ok_and(|m| m.is_file() && m.uid() == uid && m.len() == AGENT.len() as u64)
+        && std::fs::read(&path).is_ok_and(|b| b == AGENT)
     {
         return Ok(path);
     }

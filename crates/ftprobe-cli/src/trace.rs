@@ -859,7 +859,7 @@ impl Printer {
             self.write(|o| o.write_all(&h));
         }
         let mut per_ring = Vec::new();
-        let mut total = rings.lost_no_ring() + rings.lost_recursion();
+        let mut total = rings.lost_no_ring().saturating_add(rings.lost_recursion());
         for i in 0..rings.claimed().min(rings.nr_rings()) {
             let Some((_, tid)) = rings.task(i) else {
                 continue;
@@ -868,7 +868,7 @@ impl Printer {
             if lost > 0 {
                 per_ring.push((tid, lost));
             }
-            total += lost;
+            total = total.saturating_add(lost);
         }
         // Per event: (records dropped, nmissed), from the shared header: exact whether or
         // not the target reached its exit.
@@ -983,7 +983,7 @@ impl Printer {
                     // Hits: records seen plus those the agent could not write.
                     let seen = seen.get(id).copied().unwrap_or(0);
                     let (dropped, missed) = counters[id];
-                    writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, seen + dropped, missed)?;
+                    writeln!(o, "#   {:<44} {:>15} {:>15}", def.event, seen.saturating_add(dropped), missed)?;
                 }
             }
             for (pid, path, _) in execs.iter().filter(|e| !e.2) {

@@ -478,3 +478,165 @@ fn a_crafted_object_list_costs_no_more_than_its_files() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A fresh user's review (2026-12-06) of the above: a crafted `info.json` naming files outside
+/// the recording (read as ring data: `/etc/passwd`) or FIFOs (a reader blocked forever), and
+/// numbers that overflow (a panic in debug builds, wrapped counts in release): each is said,
+/// nothing outside the recording is opened, no reader hangs or panics.
+#[test]
+fn crafted_paths_and_numbers_are_refused_or_bounded() {
+    let tmp = tmp_dir("crafted-paths");
+    let orig = tmp.join("orig");
+    let out = record_to(
+        &orig,
+        &["-F", "churn_mid", "-F", "churn_leaf"],
+        [churn().as_str(), "2", "3", "0", "60"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let full = whole_func_records(&orig);
+    // A ring entry naming a file outside the recording, and an object copy that is a FIFO.
+    let dir = tmp.join("outside");
+    copy_dir(&orig, &dir);
+    edit_info(&dir, |v| {
+        let r = &mut v["rings"].as_array_mut().unwrap()[0];
+        r["file"] = "../../../../../../etc/passwd".into();
+        r["offset"] = 0.into();
+    });
+    let copy = program_copy(&dir);
+    std::fs::remove_file(&copy).unwrap();
+    let ok = Command::new("mkfifo")
+        .arg(&copy)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mkfifo");
+    let child = ftprobe()
+        .args(["replay", "-d"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A watchdog: a reader blocked on the FIFO is killed after 30 s (and the test fails).
+    let pid = child.id() as i32;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if t0.elapsed() > Duration::from_secs(30) {
+                    // SAFETY: kill has no memory effects; the pid is our unwaited child.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            false
+        })
+    };
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(!watch.join().unwrap(), "replay blocked (a FIFO opened?)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("not a path inside the recording"), "{err}");
+    assert!(err.contains("not a regular file"), "{err}");
+    assert!(!err.contains("passwd: cut"), "read as ring data: {err}");
+    // (The program's names print as numbers: its copy was refused.)
+    let text = String::from_utf8_lossy(&out.stdout);
+    let got: u64 = text.lines().filter(|l| !l.starts_with('#')).count() as u64;
+    assert!(
+        got < full,
+        "the refused thread's records are not read: {got} of {full}"
+    );
+
+    // Numbers at the top of their range: bounded, no panic.
+    let dir = tmp.join("numbers");
+    copy_dir(&orig, &dir);
+    edit_info(&dir, |v| {
+        v["clock"] = serde_json::json!([u64::MAX, u64::MAX, u64::MAX]);
+        for r in v["rings"].as_array_mut().unwrap() {
+            r["lost"] = u64::MAX.into();
+        }
+        v["lost_no_ring"] = u64::MAX.into();
+        v["lost_recursion"] = u64::MAX.into();
+    });
+    for cmd in [
+        &["replay"][..],
+        &["report"],
+        &["dump", "--chrome", "/dev/null"],
+    ] {
+        let out = read(&dir, cmd);
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&read(&dir, &["replay"]).stdout).into_owned();
+    assert!(
+        text.contains(&format!("# lost events: {}", u64::MAX)),
+        "{text:.3000}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// A fresh user's review (2026-12-06): `record` killed just after it moved the last
+/// recording to `DIR.old` left a `DIR` with no `info.json` (readers refused it, and the next
+/// `record` took it for a recording and deleted the good `DIR.old`). The partial `info.json`
+/// is now written before the move: at every kill point `DIR` is either the earlier
+/// recording or a readable new one, and `DIR.old` when present is readable. A staging
+/// directory of a killed recorder is removed by the next `record`.
+#[test]
+fn a_recorder_killed_around_its_start_leaves_readable_recordings() {
+    let tmp = tmp_dir("killed-start");
+    let dir = tmp.join("rec");
+    for k in 0..12u64 {
+        let out = record_to(
+            &dir,
+            &["-F", "churn_mid"],
+            [churn().as_str(), "1", "1", "0", "5"],
+        );
+        assert!(out.status.success(), "{out:?}");
+        let mut child = ftprobe()
+            .arg("record")
+            .arg("-d")
+            .arg(&dir)
+            .args(["-t", "function_graph", "-F", "churn_mid", "--"])
+            .args([&churn(), "5", "2", "20", "200"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(5 * k));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for d in [dir.clone(), tmp.join("rec.old")] {
+            if d.exists() {
+                let (code, _, err) = replay(&d);
+                assert_eq!(
+                    code,
+                    Some(0),
+                    "kill after {} ms: {}: {err}",
+                    5 * k,
+                    d.display()
+                );
+            }
+        }
+    }
+    // The next record removes the staging directories killed recorders left.
+    let out = record_to(
+        &dir,
+        &["-F", "churn_mid"],
+        [churn().as_str(), "1", "1", "0", "5"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let left: Vec<String> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".new-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -153,7 +153,9 @@ impl Clock {
     /// CLOCK_MONOTONIC nanoseconds at TSC value `tsc`.
     pub fn tsc_to_mono_ns(&self, tsc: u64) -> u64 {
         let ticks = i128::from(tsc) - i128::from(self.tsc_ref);
-        let ns = i128::from(self.mono_ref_ns) + ((ticks * i128::from(self.ns_per_tick_q32)) >> 32);
+        // Saturating: a clock read from a damaged recording may be anything.
+        let ns = i128::from(self.mono_ref_ns)
+            .saturating_add(ticks.saturating_mul(i128::from(self.ns_per_tick_q32)) >> 32);
         u64::try_from(ns.max(0)).unwrap_or(u64::MAX)
     }
 
