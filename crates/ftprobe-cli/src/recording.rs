@@ -188,6 +188,47 @@ impl RingFile {
     }
 }
 
+/// The fields of `info.json` a reader can do without, each with the value taken when it is
+/// missing (said in `warnings`). The others (`format`, `tracer`, `clock`, `tsc_hz`) are needed
+/// to read any record: without one, parsing fails and says which.
+fn fill_missing(v: &mut serde_json::Value, warnings: &mut Vec<String>) {
+    use serde_json::json;
+    let Some(o) = v.as_object_mut() else {
+        return;
+    };
+    let defaults = [
+        ("command", json!([])),
+        ("filter", json!([])),
+        ("notrace", json!([])),
+        ("graph_function", json!([])),
+        ("graph_notrace", json!([])),
+        ("max_depth", json!(0)),
+        ("options", json!([])),
+        ("buffer_size_kb", json!(0)),
+        ("events", json!([])),
+        ("ncpus", json!(1)),
+        ("cpus_online", json!(1)),
+        ("armed", json!(true)),
+        ("nr_rings", json!(0)),
+        ("claimed", json!(0)),
+        ("lost_no_ring", json!(0)),
+        ("lost_recursion", json!(0)),
+        ("fgraph_overrun", json!(0)),
+        ("event_counters", json!([])),
+        (
+            "end",
+            serde_json::to_value(crate::session::End::default()).unwrap_or_default(),
+        ),
+        ("objects", json!([])),
+    ];
+    for (key, default) in defaults {
+        if !o.contains_key(key) {
+            warnings.push(format!("info.json has no `{key}`: taken as {default}"));
+            o.insert(key.to_owned(), default);
+        }
+    }
+}
+
 /// Whether `rel` names a regular file of the recording at `dir`: a relative path with no
 /// `..` (a crafted info.json must not make a reader open `/etc/shadow`, or a FIFO that
 /// blocks it forever), not a symbolic link.
@@ -521,8 +562,12 @@ impl Recording {
                     .with_context(|| format!("reading {} (not a recording?)", path.display()))
             }
         };
-        let mut info: Info =
+        let mut warnings = Vec::new();
+        let mut value: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        fill_missing(&mut value, &mut warnings);
+        let mut info: Info =
+            serde_json::from_value(value).with_context(|| format!("parsing {}", path.display()))?;
         if !(1..=FORMAT).contains(&info.format) {
             bail!(
                 "{}: format {} (this ftprobe reads 1 to {FORMAT})",
@@ -530,7 +575,6 @@ impl Recording {
                 info.format
             );
         }
-        let mut warnings = Vec::new();
         complete(dir, &mut info, &mut warnings);
         let objects = info
             .objects

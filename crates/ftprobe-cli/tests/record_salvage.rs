@@ -371,6 +371,26 @@ fn inconsistencies_of_a_recording_are_said() {
         assert!(err.contains("no entry of info.json names"), "{err}");
     }
 
+    // Fields a reader can do without, removed: said, and the records read.
+    let dir = tmp.join("fields");
+    copy_dir(&orig, &dir);
+    edit_info(&dir, |v| {
+        let o = v.as_object_mut().unwrap();
+        for k in [
+            "lost_recursion",
+            "command",
+            "event_counters",
+            "end",
+            "ncpus",
+        ] {
+            o.remove(k);
+        }
+    });
+    let (code, got, err) = replay(&dir);
+    assert_eq!((code, got), (Some(0), full), "{err}");
+    assert!(err.contains("info.json has no `lost_recursion`"), "{err}");
+    assert!(err.contains("info.json has no `end`"), "{err}");
+
     // The program's copy missing, or cut: said; its addresses print as numbers.
     for (k, cut) in [None, Some(100u64)].into_iter().enumerate() {
         let dir = tmp.join(format!("copy{k}"));
