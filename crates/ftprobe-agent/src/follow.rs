@@ -419,18 +419,14 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     // SAFETY: the C library's `fork`, of this type.
     let pid = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() };
     if let (Some((tail, mut words)), 0) = (note, pid) {
-        let mut digits = [0u8; 10];
-        let mut n = sys::getpid() as u32;
-        let mut at = digits.len();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        let mut bytes = digits[at..].iter().chain(tail.as_bytes()).copied();
+        // The pid's digits, formatted into a stack buffer (no allocation).
+        let mut digits = std::io::Cursor::new([0u8; 10]);
+        let _ = std::io::Write::write_fmt(&mut digits, format_args!("{}", sys::getpid()));
+        let len = digits.position() as usize;
+        let mut bytes = digits.get_ref()[..len]
+            .iter()
+            .chain(tail.as_bytes())
+            .copied();
         // Within the capacity reserved: no allocation.
         while words.len() < words.capacity() {
             let mut w = [0u8; 8];
