@@ -297,15 +297,22 @@ fn build_c_fixtures(c_dir: &Path, objs: &Path, fixtures: &Path) {
     );
     // dlopen_main and the libraries it loads with dlopen (libdlfix.so, libdlfix2.so): sites
     // by -fpatchable-function-entry=5.
-    for (lib, defs) in [
-        ("dlfix", &[][..]),
-        ("dlfix2", &["-DWORK=dl2_work", "-DCTOR=dl2_ctor"][..]),
+    // libdlplain.so: the same library built with no site at all (its symbols are read only
+    // when a probe names it).
+    for (lib, sites, defs) in [
+        ("dlfix", patchable.cflags(), &[][..]),
+        (
+            "dlfix2",
+            patchable.cflags(),
+            &["-DWORK=dl2_work", "-DCTOR=dl2_ctor"][..],
+        ),
+        ("dlplain", &[][..], &[][..]),
     ] {
         let obj = objs.join(format!("{lib}.o"));
         compile(
             &c_dir.join("dlopen_lib.c"),
             &obj,
-            &[BASE_CFLAGS, patchable.cflags(), &["-fPIC"], defs],
+            &[BASE_CFLAGS, sites, &["-fPIC"], defs],
             &[],
         );
         link(

@@ -229,7 +229,7 @@ impl Names {
             for site in &img.sites {
                 if site.func != last {
                     last = site.func;
-                    let sym = img.funcs[site.func].name.as_str();
+                    let sym = img.funcs()[site.func].name.as_str();
                     funcs.push((sym, ftprobe::elf::display_name(sym)));
                 }
             }

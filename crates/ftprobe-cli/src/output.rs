@@ -244,7 +244,7 @@ pub fn list_functions(bin: &Path) -> Result<()> {
         .sites
         .iter()
         .map(|s| {
-            let f = &img.funcs[s.func];
+            let f = &img.funcs()[s.func];
             let mut row = vec![
                 format!("+{:#x}", s.svma - f.svma),
                 s.kind.name().to_owned(),

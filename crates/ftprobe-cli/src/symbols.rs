@@ -103,7 +103,7 @@ impl Distinct {
     /// for duplicate names), else `@` and the function's address in the file.
     pub fn new(img: &ElfImage) -> Distinct {
         let mut groups: FxHashMap<String, Vec<usize>> = FxHashMap::default();
-        for (i, f) in img.funcs.iter().enumerate() {
+        for (i, f) in img.funcs().iter().enumerate() {
             groups
                 .entry(ftprobe::elf::display_name(&f.name))
                 .or_default()
@@ -115,7 +115,7 @@ impl Distinct {
             return Distinct { names };
         }
         let full = |j: usize| {
-            let sym = &img.funcs[j].name;
+            let sym = &img.funcs()[j].name;
             sym.starts_with("_Z")
                 .then(|| ftprobe::elf::demangled_names(sym).into_iter().next())
                 .flatten()
@@ -132,7 +132,7 @@ impl Distinct {
                     None => {
                         let base = fulls[k].as_deref().unwrap_or(short);
                         let files = files.get_or_insert_with(|| source_files(&img.path));
-                        let svma = img.funcs[j].svma;
+                        let svma = img.funcs()[j].svma;
                         match files.get(&svma) {
                             Some(file) => format!("{base}@{file}"),
                             None => format!("{base}@{svma:#x}"),
@@ -277,7 +277,7 @@ impl Symbols {
                     return None;
                 }
                 if let Some((i, off)) = img.func_at(svma) {
-                    return Some((o, i, off, img.funcs[i].size));
+                    return Some((o, i, off, img.funcs()[i].size));
                 }
                 // A function the object has no symbol for (a stripped library without its
                 // debug file): its `.eh_frame` range, named `object+0xSTART` as the probe
@@ -293,7 +293,7 @@ impl Symbols {
                 let e = self.objects[o].2;
                 let img = &self.elf[e];
                 let distinct = self.distinct.entry(e).or_insert_with(|| Distinct::new(img));
-                self.names.push(match img.funcs.get(i) {
+                self.names.push(match img.funcs().get(i) {
                     Some(f) => distinct
                         .get(i)
                         .map_or_else(|| ftprobe::elf::display_name(&f.name), str::to_owned),
@@ -317,7 +317,7 @@ impl Symbols {
     pub fn names_at(&mut self, addr: u64) -> Option<(&str, String)> {
         let r = self.resolve(addr)?;
         let (o, i) = self.owner[r.name as usize];
-        Some(match self.elf[self.objects[o].2].funcs.get(i) {
+        Some(match self.elf[self.objects[o].2].funcs().get(i) {
             Some(f) => (f.name.as_str(), ftprobe::elf::display_name(&f.name)),
             // An `.eh_frame` range with no symbol.
             None => {

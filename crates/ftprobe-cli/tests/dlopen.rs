@@ -223,6 +223,42 @@ fn a_probe_on_an_object_not_loaded_yet_waits_for_it() {
     assert_eq!(profile_hits(&text, "never"), 0, "{text}");
 }
 
+/// A probe on a library with no ftrace site, loaded later: the agent reads only the
+/// library's headers and string tables at the `dlopen` (issue 25, item 8) and its symbols
+/// when the pending probe asks for `dl_work`; the probe hits once per call, with its
+/// argument, in both load periods.
+#[test]
+fn a_probe_on_a_library_without_sites_finds_its_symbol_after_the_dlopen() {
+    let prog = ftprobe_dev::dlopen_main_fixture();
+    let lib = ftprobe_dev::dlplain_lib();
+    let cmd = [
+        prog.to_str().unwrap(),
+        "cycle",
+        lib.to_str().unwrap(),
+        "5",
+        "4",
+    ];
+    let plain = common::untraced(&cmd);
+    let (out, text) = trace(&["-e", "p:dw libdlplain.so:dl_work arg=%di"], &cmd);
+    assert!(out.status.success(), "{out:?}\n{text}");
+    assert_eq!(out.stdout, plain.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let want = field(&stdout, "period1", "ctor_calls")
+        + field(&stdout, "period1", "calls")
+        + field(&stdout, "period2", "ctor_calls")
+        + field(&stdout, "period2", "calls");
+    assert_eq!(want, 3 + 5 + 3 + 4);
+    let all: Vec<&str> = events(&text).collect();
+    let mut args = dw_args(&all);
+    assert_eq!(args.len() as u64, want, "{text}");
+    args.sort_unstable();
+    // The constructor's 0, 1, 2 in each period; main's calls pass 100 + i, then 200 + i.
+    let mut expect: Vec<u64> = (0..3).chain(100..105).chain(0..3).chain(200..204).collect();
+    expect.sort_unstable();
+    assert_eq!(args, expect, "{text}");
+    assert_eq!(profile_hits(&text, "dw"), want, "{text}");
+}
+
 /// A second thread calls into one library (traced, and probed) the whole time the main
 /// thread loads, calls and unloads another one 50 times: the engine's tables change under
 /// the running thread, whose every call is still recorded once (the program's own count),

@@ -489,6 +489,11 @@ pub fn dlfix_lib() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("libdlfix.so")
 }
 
+/// Path of `libdlplain.so`: `libdlfix.so` built without sites (plain `-O2 -fPIC`).
+pub fn dlplain_lib() -> PathBuf {
+    PathBuf::from(FIXTURES_DIR).join("libdlplain.so")
+}
+
 /// Path of `libdlfix2.so`: `libdlfix.so` with `dl2_work` and `dl2_ctor` instead.
 pub fn dlfix2_lib() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("libdlfix2.so")

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use object::elf::{R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT};
 use object::{
-    Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
-    SymbolKind,
+    Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, ReadRef, RelocationFlags,
+    RelocationTarget, SymbolKind,
 };
 
 use crate::arch::x86_64::sites::{self, CallTarget, SiteKind, SitePlace};
@@ -179,14 +179,14 @@ pub struct ElfImage {
     pub path: PathBuf,
     /// `ET_DYN` (PIE or shared library): loaded at a bias. `ET_EXEC` is loaded at its addresses.
     pub relocatable: bool,
-    /// Function symbols with a size, sorted by address, from `.symtab` and `.dynsym` (duplicates
-    /// at the same address keep the first name seen, `.symtab` first).
-    pub funcs: Vec<FuncSym>,
-    /// Every function name as in the symbol tables, aliases included, with the index in
-    /// `funcs` of its function; [`names`](Self::names) adds the demangled ones, when first
-    /// asked (demangling every name of libstdc++ took ~20 ms at each `dlopen`).
-    aliases: Vec<(String, usize)>,
-    names: std::sync::OnceLock<Vec<(String, usize)>>,
+    /// The symbol side ([`funcs`](Self::funcs), [`names`](Self::names),
+    /// [`ifuncs`](Self::ifuncs), [`fdes`](Self::fdes)): parsed with the file, or, for an
+    /// object that cannot have a site ([`ElfImage::open`]), read again from `path` when first
+    /// asked (a `dlopen` of libstdc++ spent ~8 ms on them in the program's thread, for
+    /// nothing when no probe or lookup names it).
+    symbols: std::sync::OnceLock<Symbols>,
+    /// The file as it was when its headers were read, for symbols read later.
+    stamp: Option<FileStamp>,
     /// Sites, sorted by address.
     pub sites: Vec<SiteInfo>,
     /// Loadable segments.
@@ -194,14 +194,6 @@ pub struct ElfImage {
     /// Site addresses listed in a record section that did not hold a recognisable site
     /// (e.g. `-fpatchable-function-entry=N,M` entries before the symbol). Reported, not patched.
     pub rejected: Vec<u64>,
-    /// GNU indirect functions (`STT_GNU_IFUNC`, e.g. glibc's `strlen`, `memcpy`): the name and
-    /// the address of the resolver, which the dynamic linker calls to pick the implementation.
-    /// Not in `funcs`: probing the resolver would probe nothing the program calls.
-    pub ifuncs: Vec<(String, u64)>,
-    /// The code ranges of the `.eh_frame` FDEs, `(svma, len)` sorted by address: the bounds of
-    /// every function (or function part, such as a `.cold` clone) compiled with unwind
-    /// tables, symbol or not.
-    pub fdes: Vec<(u64, u64)>,
     /// The `NT_GNU_BUILD_ID` note's bytes.
     pub build_id: Option<Vec<u8>>,
     /// Where those bytes are (the `.note.gnu.build-id` section's descriptor), to compare
@@ -215,17 +207,377 @@ pub struct ElfImage {
     pub xray: Vec<XraySled>,
 }
 
+/// Parts of a file read with `pread`, each at its offset: what [`ElfImage::open`] keeps of an
+/// object that cannot have sites (its ELF and program headers, section headers and names,
+/// notes and `.gnu_debuglink`), without reading all of it. `object` reads them through
+/// [`object::ReadRef`]; a read outside them fails as a read past the end of a file would.
+struct Parts {
+    len: u64,
+    blocks: Vec<(u64, Vec<u8>)>,
+}
+
+impl Parts {
+    /// Read `size` bytes at `offset`, unless a part read already holds them.
+    fn load(&mut self, f: &std::fs::File, offset: u64, size: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if size == 0 || (&*self).read_bytes_at(offset, size).is_ok() {
+            return Ok(());
+        }
+        if offset.checked_add(size).is_none_or(|end| end > self.len) {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let mut buf = vec![0u8; size as usize];
+        f.read_exact_at(&mut buf, offset)?;
+        self.blocks.push((offset, buf));
+        Ok(())
+    }
+
+    /// The parts of ELF file `f` listed above, if it cannot have a site: no record section
+    /// (`__mcount_loc`, `__patchable_function_entries`), no XRay map, and no symbol named as
+    /// a hook in the string tables of `.symtab` and `.dynsym`. `None` if it may have sites,
+    /// or is not a 64-bit ELF file whose sections this reads (the caller then reads it whole,
+    /// and parsing says what is wrong with it).
+    fn of_elf(f: &std::fs::File) -> std::io::Result<Option<Parts>> {
+        use object::elf::{SHN_XINDEX, SHT_DYNSYM, SHT_NOTE, SHT_STRTAB, SHT_SYMTAB};
+        use object::read::elf::{FileHeader, SectionHeader};
+        let mut parts = Parts {
+            len: f.metadata()?.len(),
+            blocks: Vec::new(),
+        };
+        let hdr_len = std::mem::size_of::<object::elf::FileHeader64<object::Endianness>>() as u64;
+        if parts.load(f, 0, hdr_len).is_err() {
+            return Ok(None);
+        }
+        let (ph, sh, shstrndx) = {
+            let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(&parts) else {
+                return Ok(None);
+            };
+            let Ok(e) = hdr.endian() else { return Ok(None) };
+            let ph = (
+                hdr.e_phoff(e),
+                u64::from(hdr.e_phnum(e)) * u64::from(hdr.e_phentsize(e)),
+            );
+            let shnum = u64::from(hdr.e_shnum(e));
+            let shstrndx = hdr.e_shstrndx(e);
+            // Extended numbering (counts in section 0): read whole.
+            if shnum == 0 || shstrndx == SHN_XINDEX {
+                return Ok(None);
+            }
+            (
+                ph,
+                (hdr.e_shoff(e), shnum * u64::from(hdr.e_shentsize(e))),
+                shstrndx,
+            )
+        };
+        if parts.load(f, ph.0, ph.1).is_err() || parts.load(f, sh.0, sh.1).is_err() {
+            return Ok(None);
+        }
+        // (type, name offset, file offset, size, link) of every section.
+        let links: Vec<(u32, u32, u64, u64, u32)> = {
+            let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(&parts) else {
+                return Ok(None);
+            };
+            let Ok(e) = hdr.endian() else { return Ok(None) };
+            let Ok(shdrs) = hdr.section_headers(e, &parts) else {
+                return Ok(None);
+            };
+            shdrs
+                .iter()
+                .map(|s| {
+                    let (off, size) = s.file_range(e).unwrap_or((0, 0));
+                    (s.sh_type(e), s.sh_name(e), off, size, s.sh_link(e))
+                })
+                .collect()
+        };
+        let secs: Vec<(u32, u32, u64, u64)> =
+            links.iter().map(|&(t, n, o, z, _)| (t, n, o, z)).collect();
+        let Some(&(_, _, str_off, str_size)) = secs.get(usize::from(shstrndx)) else {
+            return Ok(None);
+        };
+        if parts.load(f, str_off, str_size).is_err() {
+            return Ok(None);
+        }
+        let name_of = |parts: &Parts, name: u32| -> Option<Vec<u8>> {
+            parts
+                .read_bytes_at_until(str_off + u64::from(name)..str_off + str_size, 0)
+                .ok()
+                .map(<[u8]>::to_vec)
+        };
+        // A record section or an XRay map: sites.
+        for &(_, name, _, _) in &secs {
+            if let Some(n) = name_of(&parts, name) {
+                if matches!(
+                    &n[..],
+                    b"__mcount_loc" | b"__patchable_function_entries" | b"xray_instr_map"
+                ) {
+                    return Ok(None);
+                }
+            }
+        }
+        // A symbol named as a hook, in the string table of `.symtab` or `.dynsym` (a GOT
+        // slot's or PLT entry's symbol is a `.dynsym` entry): maybe decoded sites
+        // (`find_sites_by_decoding` looks at these). Scanned in pieces, not kept.
+        for &(ty, _, _, _, link) in &links {
+            if !matches!(ty, SHT_SYMTAB | SHT_DYNSYM) {
+                continue;
+            }
+            let Some(&(SHT_STRTAB, _, off, size)) = secs.get(link as usize) else {
+                continue;
+            };
+            // A hook's name, or a table that cannot be read: read whole.
+            if !matches!(strings_name_a_hook(f, off, size), Ok(false)) {
+                return Ok(None);
+            }
+        }
+        let wanted: Vec<(u64, u64)> = secs
+            .iter()
+            .filter(|&&(ty, name, _, _)| {
+                ty == SHT_NOTE || name_of(&parts, name).is_some_and(|n| n == b".gnu_debuglink")
+            })
+            .map(|&(_, _, off, size)| (off, size))
+            .collect();
+        for (off, size) in wanted {
+            if parts.load(f, off, size).is_err() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(parts))
+    }
+}
+
+/// Whether the string table at `offset` (`size` bytes) of `f` holds a hook's name
+/// ([`sites::is_hook_name`]: `mcount`, `__fentry__`, ..., with or without `@VERSION`). Read
+/// in 64 KiB pieces into one buffer; a string cut by a piece's end is read again whole.
+fn strings_name_a_hook(f: &std::fs::File, offset: u64, size: u64) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    const PIECE: u64 = 64 * 1024;
+    let mut buf = vec![0u8; PIECE as usize];
+    let mut at = 0u64;
+    while at < size {
+        let n = PIECE.min(size - at) as usize;
+        f.read_exact_at(&mut buf[..n], offset + at)?;
+        let piece = &buf[..n];
+        // The strings whose end is in this piece; the last one, unless the table ends here,
+        // may go on in the next piece: the next read starts at its first byte.
+        let whole = match piece.iter().rposition(|&c| c == 0) {
+            Some(last) => last + 1,
+            // No string ends in a whole piece: longer than any hook's name.
+            None => n,
+        };
+        let piece = &piece[..whole];
+        // Every hook's name holds one of these; the string around each match is checked.
+        for needle in [&b"mcount"[..], b"__fentry__"] {
+            for m in memchr::memmem::find_iter(piece, needle) {
+                let start = piece[..m]
+                    .iter()
+                    .rposition(|&c| c == 0)
+                    .map_or(0, |z| z + 1);
+                let end = memchr::memchr(0, &piece[m..]).map_or(piece.len(), |z| m + z);
+                if std::str::from_utf8(&piece[start..end]).is_ok_and(sites::is_hook_name) {
+                    return Ok(true);
+                }
+            }
+        }
+        at += whole as u64;
+    }
+    Ok(false)
+}
+
+impl<'a> object::ReadRef<'a> for &'a Parts {
+    fn len(self) -> Result<u64, ()> {
+        Ok(self.len)
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        self.blocks
+            .iter()
+            .find_map(|(at, b)| {
+                let start = offset.checked_sub(*at)?;
+                let end = start.checked_add(size)?;
+                b.get(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
+            })
+            .ok_or(())
+    }
+
+    fn read_bytes_at_until(
+        self,
+        range: std::ops::Range<u64>,
+        delimiter: u8,
+    ) -> Result<&'a [u8], ()> {
+        let (at, b) = self
+            .blocks
+            .iter()
+            .find(|(at, b)| range.start >= *at && range.start - at < b.len() as u64)
+            .ok_or(())?;
+        let start = (range.start - at) as usize;
+        let end = (range.end.min(at + b.len() as u64) - at) as usize;
+        let bytes = b.get(start..end).ok_or(())?;
+        let n = bytes.iter().position(|&c| c == delimiter).ok_or(())?;
+        Ok(&bytes[..n])
+    }
+}
+
+/// A file's device, inode, size and last change (`st_ctime` seconds and nanoseconds).
+type FileStamp = (u64, u64, u64, i64, i64);
+
+fn stamp(f: &std::fs::File) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata().ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
+}
+
+/// An object's function symbols, indirect functions and FDE ranges (see [`ElfImage`]'s
+/// accessors).
+#[derive(Clone, Debug, Default)]
+struct Symbols {
+    /// Function symbols with a size, sorted by address, from `.symtab` and `.dynsym`
+    /// (duplicates at the same address keep the first name seen, `.symtab` first).
+    funcs: Vec<FuncSym>,
+    /// Every function name as in the symbol tables, aliases included, with the index in
+    /// `funcs` of its function; `names` adds the demangled ones, when first asked
+    /// (demangling every name of libstdc++ took ~20 ms at each `dlopen`).
+    aliases: Vec<(String, usize)>,
+    names: std::sync::OnceLock<Vec<(String, usize)>>,
+    ifuncs: Vec<(String, u64)>,
+    fdes: Vec<(u64, u64)>,
+}
+
+impl Symbols {
+    /// The symbols of `file` (with its separate debug file's, when `with_debug`).
+    fn of(file: &object::File<'_>, path: &Path, with_debug: bool) -> Symbols {
+        let mut raw = raw_func_symbols(file);
+        if with_debug {
+            let build_id = file.build_id().ok().flatten();
+            let debuglink = file
+                .gnu_debuglink()
+                .ok()
+                .flatten()
+                .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
+            if let Some((_, debug)) = find_debug_file(path, build_id, debuglink.as_ref()) {
+                if let Ok(dfile) = object::File::parse(&*debug) {
+                    // After the object's own: those win at an address (stable sort).
+                    raw.extend(raw_func_symbols(&dfile));
+                }
+            }
+        }
+        let (funcs, aliases) = index_funcs(raw);
+        Symbols {
+            funcs,
+            aliases,
+            names: std::sync::OnceLock::new(),
+            ifuncs: ifunc_symbols(file),
+            fdes: eh_frame_fdes(file),
+        }
+    }
+}
+
 impl ElfImage {
-    /// Read and parse a file.
+    /// Read a file for its sites and symbols.
     ///
-    /// The file is read into memory, not mapped: in a traced process a mapped file that is
-    /// truncated meanwhile would raise SIGBUS in the program.
+    /// The file is read, not mapped: in a traced process a mapped file that is truncated
+    /// meanwhile would raise SIGBUS in the program. Its headers are read first: an object that
+    /// cannot have a site (no record section, no XRay map, no symbol named as a profiling
+    /// hook: libstdc++, most libraries) gets no sites, and its symbols are read from `path`
+    /// only when first asked, and only if the file there still has the build-id read now
+    /// (else it has none). Any other object is read and parsed whole.
     pub fn open(path: &Path) -> Result<ElfImage, ElfError> {
-        let data = std::fs::read(path).map_err(|source| ElfError::Read {
+        let read_err = |source| ElfError::Read {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let f = std::fs::File::open(path).map_err(read_err)?;
+        if let Some(parts) = Parts::of_elf(&f).map_err(read_err)? {
+            return ElfImage::without_sites(path, &parts, stamp(&f));
+        }
+        let data = std::fs::read(path).map_err(read_err)?;
         ElfImage::parse(path, &data)
+    }
+
+    /// The image of an object that cannot have a site (what [`Parts::of_elf`] found), its
+    /// symbols left for later.
+    fn without_sites(
+        path: &Path,
+        data: &Parts,
+        stamp: Option<FileStamp>,
+    ) -> Result<ElfImage, ElfError> {
+        use object::read::elf::FileHeader;
+        let parse_err = |source| ElfError::Parse {
+            path: path.to_owned(),
+            source,
+        };
+        let hdr =
+            object::elf::FileHeader64::<object::Endianness>::parse(data).map_err(parse_err)?;
+        let e = hdr.endian().map_err(parse_err)?;
+        if hdr.e_machine(e) != object::elf::EM_X86_64 {
+            return Err(ElfError::Arch {
+                path: path.to_owned(),
+            });
+        }
+        let (build_id, build_id_svma, debuglink) = identity(data);
+        Ok(ElfImage {
+            path: path.to_owned(),
+            relocatable: hdr.e_type(e) == object::elf::ET_DYN,
+            symbols: std::sync::OnceLock::new(),
+            stamp,
+            sites: Vec::new(),
+            segments: load_segments(data),
+            rejected: Vec::new(),
+            build_id,
+            build_id_svma,
+            debuglink,
+            xray: Vec::new(),
+        })
+    }
+
+    /// The symbols, parsed now if they were not with the file: from the file at `path` if it
+    /// still has this image's build-id (none if it cannot be read, or is another file).
+    fn symbols(&self) -> &Symbols {
+        self.symbols.get_or_init(|| {
+            let Ok(f) = std::fs::File::open(&self.path) else {
+                return Symbols::default();
+            };
+            // Without a build-id, the same file is the same inode, size and change time.
+            if self.build_id.is_none() && (self.stamp.is_none() || stamp(&f) != self.stamp) {
+                return Symbols::default();
+            }
+            let mut data = Vec::new();
+            if std::io::Read::read_to_end(&mut &f, &mut data).is_err() {
+                return Symbols::default();
+            }
+            let Ok(file) = object::File::parse(&*data) else {
+                return Symbols::default();
+            };
+            if file.build_id().ok().flatten() != self.build_id.as_deref() {
+                return Symbols::default();
+            }
+            Symbols::of(&file, &self.path, false)
+        })
+    }
+
+    /// Whether the symbols were parsed already (with the file, or by a first use since).
+    pub fn symbols_parsed(&self) -> bool {
+        self.symbols.get().is_some()
+    }
+
+    /// Function symbols with a size, sorted by address, from `.symtab` and `.dynsym`
+    /// (duplicates at the same address keep the first name seen, `.symtab` first).
+    pub fn funcs(&self) -> &[FuncSym] {
+        &self.symbols().funcs
+    }
+
+    /// GNU indirect functions (`STT_GNU_IFUNC`, e.g. glibc's `strlen`, `memcpy`): the name
+    /// and the address of the resolver, which the dynamic linker calls to pick the
+    /// implementation, sorted by name. Not in [`funcs`](Self::funcs): probing the resolver
+    /// would probe nothing the program calls.
+    pub fn ifuncs(&self) -> &[(String, u64)] {
+        &self.symbols().ifuncs
+    }
+
+    /// The code ranges of the `.eh_frame` FDEs, `(svma, len)` sorted by address: the bounds
+    /// of every function (or function part, such as a `.cold` clone) compiled with unwind
+    /// tables, symbol or not.
+    pub fn fdes(&self) -> &[(u64, u64)] {
+        &self.symbols().fdes
     }
 
     /// Map and parse a file for its symbols and segments only: `sites` and `rejected` stay
@@ -261,8 +613,9 @@ impl ElfImage {
 
     /// The `.eh_frame` FDE whose code range holds `svma`: `(start, len)`.
     pub fn fde_at(&self, svma: u64) -> Option<(u64, u64)> {
-        let i = self.fdes.partition_point(|f| f.0 <= svma).checked_sub(1)?;
-        let (start, len) = self.fdes[i];
+        let fdes = self.fdes();
+        let i = fdes.partition_point(|f| f.0 <= svma).checked_sub(1)?;
+        let (start, len) = fdes[i];
         (svma - start < len).then_some((start, len))
     }
 
@@ -281,47 +634,15 @@ impl ElfImage {
                 path: path.to_owned(),
             });
         }
-        let relocatable = file.kind() == object::ObjectKind::Dynamic;
-        let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
-        // The note's header (namesz, descsz, type: 12 bytes) and its name "GNU\0" (4 bytes)
-        // come before the descriptor.
-        let build_id_svma = file
-            .section_by_name(".note.gnu.build-id")
-            .filter(|s| {
-                s.data()
-                    .ok()
-                    .zip(build_id.as_deref())
-                    .is_some_and(|(d, id)| d.get(16..) == Some(id))
-            })
-            .map(|s| s.address() + 16);
-        let debuglink = file
-            .gnu_debuglink()
-            .ok()
-            .flatten()
-            .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
-        let mut raw = raw_func_symbols(&file);
-        if with_debug {
-            if let Some((_, debug)) = find_debug_file(path, build_id.as_deref(), debuglink.as_ref())
-            {
-                if let Ok(dfile) = object::File::parse(&*debug) {
-                    // After the object's own: those win at an address (stable sort).
-                    raw.extend(raw_func_symbols(&dfile));
-                }
-            }
-        }
-        let (funcs, aliases) = index_funcs(raw);
-        let segments = load_segments(data);
+        let (build_id, build_id_svma, debuglink) = identity(data);
         let mut img = ElfImage {
             path: path.to_owned(),
-            relocatable,
-            funcs,
-            aliases,
-            names: std::sync::OnceLock::new(),
+            relocatable: file.kind() == object::ObjectKind::Dynamic,
+            symbols: Symbols::of(&file, path, with_debug).into(),
+            stamp: None,
             sites: Vec::new(),
-            segments,
+            segments: load_segments(data),
             rejected: Vec::new(),
-            ifuncs: ifunc_symbols(&file),
-            fdes: eh_frame_fdes(&file),
             build_id,
             build_id_svma,
             debuglink,
@@ -337,10 +658,11 @@ impl ElfImage {
     /// and `ns::K::get` for C++, `crate::module::func` for Rust), sorted, with the index in
     /// `funcs` of its function. Made when first asked.
     pub fn names(&self) -> &[(String, usize)] {
-        self.names.get_or_init(|| {
-            let mut names = self.aliases.clone();
+        let sym = self.symbols();
+        sym.names.get_or_init(|| {
+            let mut names = sym.aliases.clone();
             names.extend(
-                self.aliases
+                sym.aliases
                     .iter()
                     .flat_map(|(n, i)| demangled_names(n).into_iter().map(move |d| (d, *i))),
             );
@@ -358,16 +680,14 @@ impl ElfImage {
         names[start..]
             .iter()
             .take_while(move |(n, _)| *n == name)
-            .map(|(_, i)| &self.funcs[*i])
+            .map(|(_, i)| &self.funcs()[*i])
     }
 
     /// The function containing `svma`, with the offset into it.
     pub fn func_at(&self, svma: u64) -> Option<(usize, u64)> {
-        let i = self
-            .funcs
-            .partition_point(|f| f.svma <= svma)
-            .checked_sub(1)?;
-        let f = &self.funcs[i];
+        let funcs = self.funcs();
+        let i = funcs.partition_point(|f| f.svma <= svma).checked_sub(1)?;
+        let f = &funcs[i];
         let off = svma - f.svma;
         (off < f.size.max(1)).then_some((i, off))
     }
@@ -436,7 +756,7 @@ impl ElfImage {
 
     fn site_at(&self, file: &object::File<'_>, svma: u64, source: SiteSource) -> Option<SiteInfo> {
         let (func, off) = self.func_at(svma)?;
-        let f = &self.funcs[func];
+        let f = &self.funcs()[func];
         let code = bytes_at(file, f.svma, (off + 8).max(16))?;
         let kind = sites::classify(code.get(off as usize..)?)?;
         let place = sites::place_of(code, off)?;
@@ -462,7 +782,7 @@ impl ElfImage {
             if covered.binary_search(&func).is_ok() {
                 continue;
             }
-            let f = &self.funcs[func];
+            let f = &self.funcs()[func];
             let Some(code) = bytes_at(file, f.svma, off + sites::XRAY_SLED_LEN) else {
                 continue;
             };
@@ -514,7 +834,7 @@ impl ElfImage {
         // (libstdc++, most libraries) has no such call, and its thousands of functions are not
         // decoded (~30 ms for libstdc++ at each `dlopen`).
         if !got_names.values().any(|n| sites::is_hook_name(n))
-            && !self.funcs.iter().any(|f| sites::is_hook_name(&f.name))
+            && !self.funcs().iter().any(|f| sites::is_hook_name(&f.name))
         {
             return;
         }
@@ -524,7 +844,7 @@ impl ElfImage {
             .filter_map(|s| Some((s.address(), s.data().ok()?)))
             .collect();
         let hook_syms: Vec<u64> = self
-            .funcs
+            .funcs()
             .iter()
             .filter(|f| sites::is_hook_name(&f.name))
             .map(|f| f.svma)
@@ -547,7 +867,8 @@ impl ElfImage {
         };
         let mut covered: Vec<usize> = self.sites.iter().map(|s| s.func).collect();
         covered.sort_unstable();
-        for (i, f) in self.funcs.iter().enumerate() {
+        let mut found = Vec::new();
+        for (i, f) in self.funcs().iter().enumerate() {
             if covered.binary_search(&i).is_ok() {
                 continue;
             }
@@ -556,7 +877,7 @@ impl ElfImage {
                 continue;
             };
             if let Some((off, kind, place)) = sites::find_by_decoding(code, f.svma, is_hook) {
-                self.sites.push(SiteInfo {
+                found.push(SiteInfo {
                     svma: f.svma + off,
                     kind,
                     place,
@@ -565,6 +886,7 @@ impl ElfImage {
                 });
             }
         }
+        self.sites.extend(found);
     }
 }
 
@@ -944,7 +1266,53 @@ pub fn segments_of(data: &[u8]) -> Vec<Segment> {
     load_segments(data)
 }
 
-fn load_segments(data: &[u8]) -> Vec<Segment> {
+/// The build-id note's bytes (the first `NT_GNU_BUILD_ID` note of a note section) and where
+/// they are when the note is the `.note.gnu.build-id` section's (the descriptor, after the
+/// note's 12-byte header and its name `GNU\0`), and the `.gnu_debuglink` (the debug file's
+/// name, then at the next multiple of 4 the CRC-32 of its contents).
+#[allow(clippy::type_complexity)]
+fn identity<'d, R: ReadRef<'d>>(data: R) -> (Option<Vec<u8>>, Option<u64>, Option<(String, u32)>) {
+    use object::read::elf::{FileHeader, SectionHeader};
+    let none = (None, None, None);
+    let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) else {
+        return none;
+    };
+    let Ok(e) = hdr.endian() else { return none };
+    let Ok(sections) = hdr.sections(e, data) else {
+        return none;
+    };
+    let mut build_id = None;
+    let mut build_id_svma = None;
+    'notes: for s in sections.iter() {
+        let Ok(Some(mut notes)) = s.notes(e, data) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == object::elf::ELF_NOTE_GNU
+                && note.n_type(e) == object::elf::NT_GNU_BUILD_ID
+            {
+                let id = note.desc().to_vec();
+                let in_section = sections.section_name(e, s) == Ok(b".note.gnu.build-id")
+                    && s.data(e, data).ok().and_then(|d| d.get(16..)) == Some(&id[..]);
+                build_id_svma = in_section.then(|| s.sh_addr(e) + 16);
+                build_id = Some(id);
+                break 'notes;
+            }
+        }
+    }
+    let debuglink = sections
+        .section_by_name(e, b".gnu_debuglink")
+        .and_then(|(_, s)| s.data(e, data).ok())
+        .and_then(|d| {
+            let n = d.iter().position(|&c| c == 0)?;
+            let at = (n + 1).next_multiple_of(4);
+            let crc = u32::from_le_bytes(d.get(at..at + 4)?.try_into().ok()?);
+            Some((String::from_utf8_lossy(&d[..n]).into_owned(), crc))
+        });
+    (build_id, build_id_svma, debuglink)
+}
+
+fn load_segments<'d, R: object::ReadRef<'d>>(data: R) -> Vec<Segment> {
     use object::read::elf::{FileHeader, ProgramHeader};
     let Ok(hdr) = object::elf::FileHeader64::<object::Endianness>::parse(data) else {
         return Vec::new();
@@ -1013,11 +1381,62 @@ mod tests {
         );
     }
 
+    /// An object that cannot have a site (libm: no record section, no hook's name) is read
+    /// only as far as its headers and string tables, with the build-id and segments a whole
+    /// read gives; its symbols are read when first asked and equal a whole parse's. libc,
+    /// which defines `mcount`, is read whole at once.
+    #[test]
+    fn an_object_without_sites_has_its_symbols_read_when_first_asked() {
+        let libm = Path::new("/lib/x86_64-linux-gnu/libm.so.6");
+        let data = std::fs::read(libm).unwrap();
+        let whole = ElfImage::parse(libm, &data).unwrap();
+        let img = ElfImage::open(libm).unwrap();
+        assert!(!img.symbols_parsed());
+        assert!(img.sites.is_empty() && whole.sites.is_empty());
+        assert_eq!(img.build_id, whole.build_id);
+        assert_eq!(img.build_id_svma, whole.build_id_svma);
+        assert_eq!(img.debuglink, whole.debuglink);
+        assert_eq!(img.relocatable, whole.relocatable);
+        assert_eq!(img.segments.len(), whole.segments.len());
+        for (a, b) in img.segments.iter().zip(&whole.segments) {
+            assert_eq!(
+                (a.svma, a.memsz, a.offset, a.filesz),
+                (b.svma, b.memsz, b.offset, b.filesz)
+            );
+            assert_eq!((a.exec, a.writable), (b.exec, b.writable));
+        }
+        assert!(whole.funcs().len() > 100, "{}", whole.funcs().len());
+        assert_eq!(img.funcs(), whole.funcs());
+        assert!(img.symbols_parsed());
+        assert_eq!(img.fdes(), whole.fdes());
+        assert_eq!(img.ifuncs(), whole.ifuncs());
+        assert_eq!(img.names(), whole.names());
+        assert!(ElfImage::open(Path::new(LIBC)).unwrap().symbols_parsed());
+    }
+
+    /// Symbols read later come from the same file or not at all: a file replaced by another
+    /// object (another build-id) after its headers were read gives no symbols.
+    #[test]
+    fn symbols_read_later_are_only_the_same_files() {
+        let dir = std::env::temp_dir().join(format!("ftprobe-elf-lazy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = dir.join("libm.so.6");
+        std::fs::copy("/lib/x86_64-linux-gnu/libm.so.6", &at).unwrap();
+        let img = ElfImage::open(&at).unwrap();
+        assert!(!img.symbols_parsed());
+        let other = dir.join("other");
+        std::fs::copy("/lib/x86_64-linux-gnu/libdl.so.2", &other).unwrap();
+        std::fs::rename(&other, &at).unwrap();
+        assert!(img.funcs().is_empty());
+        assert!(img.fdes().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// The FDE of a compiled C function covers exactly its symbol's range.
     #[test]
     fn fde_bounds_match_symbol_sizes() {
         let img = ElfImage::open(Path::new(LIBC)).unwrap();
-        assert!(img.fdes.len() > 1000, "{}", img.fdes.len());
+        assert!(img.fdes().len() > 1000, "{}", img.fdes().len());
         for name in ["malloc", "qsort_r", "strtol"] {
             let f = img.funcs_named(name).next().unwrap();
             assert!(f.size > 0, "{name}");

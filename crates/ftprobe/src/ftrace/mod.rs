@@ -403,7 +403,7 @@ impl Object {
     fn function_at(&mut self, svma: u64, fde: bool) -> Option<(String, u64, u64)> {
         let sym = |img: &ElfImage, svma: u64| {
             img.func_at(svma).map(|(i, off)| {
-                let f = &img.funcs[i];
+                let f = &img.funcs()[i];
                 (f.name.clone(), f.svma, f.size, off)
             })
         };
@@ -584,7 +584,7 @@ pub unsafe fn init_objects_stopped(
     let current = meta.iter().map(|m| m.nop).collect();
     let display = meta
         .iter()
-        .map(|m: &RecMeta| crate::elf::display_name(&objects[m.obj].image.funcs[m.func].name))
+        .map(|m: &RecMeta| crate::elf::display_name(&objects[m.obj].image.funcs()[m.func].name))
         .collect();
     xray_exits.sort_by_key(|e: &xray::XrayExit| e.addr);
     let xray_current = xray_exits.iter().map(|e| e.orig).collect();
@@ -668,7 +668,7 @@ fn scan_object(lo: &LoadedObject, oi: usize) -> Result<Scanned, FtraceError> {
     let mut entry_ips: Vec<(u64, u64)> = sites
         .iter()
         .filter(|(_, m)| m.kind == SiteKind::XraySled)
-        .map(|(ip, m)| (image.funcs[m.func].svma + lo.bias, *ip))
+        .map(|(ip, m)| (image.funcs()[m.func].svma + lo.bias, *ip))
         .collect();
     entry_ips.sort_unstable();
     let xray_exits = xray::exits_of(&image, lo.bias, oi, &entry_ips);
@@ -726,7 +726,7 @@ fn publish_site_table(
     ];
     for (r, m) in records.iter().zip(meta) {
         let o = &objects[m.obj];
-        let func = o.image.funcs[m.func].svma + o.bias;
+        let func = o.image.funcs()[m.func].svma + o.bias;
         let mut i = site_hash(r.ip, size - 1);
         while table[i].ip != 0 {
             i = (i + 1) & (size - 1);
@@ -783,7 +783,7 @@ pub fn select_functions(patterns: &[String]) -> Result<Vec<u64>, FtraceError> {
         let mut any = false;
         for (i, (m, d)) in st.meta.iter().zip(&st.display).enumerate() {
             let o = &st.objects[m.obj];
-            if e.matches_function(&o.image.funcs[m.func].name, d, &o.module) {
+            if e.matches_function(&o.image.funcs()[m.func].name, d, &o.module) {
                 set[i] = !e.negate;
                 any = true;
             }
@@ -799,7 +799,7 @@ pub fn select_functions(patterns: &[String]) -> Result<Vec<u64>, FtraceError> {
         .filter(|(_, s)| **s)
         .map(|(m, _)| {
             let o = &st.objects[m.obj];
-            o.image.funcs[m.func].svma + o.bias
+            o.image.funcs()[m.func].svma + o.bias
         })
         .collect();
     out.sort_unstable();
@@ -923,7 +923,7 @@ fn set_filter(
         if !pending
             && !st.meta.iter().zip(&st.display).any(|(m, d)| {
                 let o = &st.objects[m.obj];
-                e.matches_function(&o.image.funcs[m.func].name, d, &o.module)
+                e.matches_function(&o.image.funcs()[m.func].name, d, &o.module)
             })
         {
             return Err(FtraceError::NoMatch(pattern.to_owned()));
@@ -1235,12 +1235,12 @@ impl State {
 
     fn func_name(&self, i: usize) -> &str {
         let m = &self.meta[i];
-        &self.objects[m.obj].image.funcs[m.func].name
+        &self.objects[m.obj].image.funcs()[m.func].name
     }
 
     fn func_site(&self, r: &DynFtrace, m: &RecMeta) -> FuncSite {
         let o = &self.objects[m.obj];
-        let f = &o.image.funcs[m.func];
+        let f = &o.image.funcs()[m.func];
         FuncSite {
             name: f.name.clone(),
             module: o.module.clone(),
@@ -1264,7 +1264,7 @@ impl State {
         pending
             || self.meta.iter().zip(&self.display).any(|(m, d)| {
                 let o = &self.objects[m.obj];
-                e.matches_function(&o.image.funcs[m.func].name, d, &o.module)
+                e.matches_function(&o.image.funcs()[m.func].name, d, &o.module)
             })
     }
 
@@ -1283,7 +1283,7 @@ impl State {
                 .zip(&self.display)
                 .map(|(m, d)| {
                     let o = &self.objects[m.obj];
-                    let sym = o.image.funcs[m.func].name.as_str();
+                    let sym = o.image.funcs()[m.func].name.as_str();
                     glob::in_set(list, |e| e.matches_function(sym, d, &o.module))
                 })
                 .collect();
@@ -1297,7 +1297,7 @@ impl State {
         let selects_some = |e: &FilterEntry| {
             self.meta.iter().zip(&self.display).any(|(m, d)| {
                 let o = &self.objects[m.obj];
-                e.matches_function(&o.image.funcs[m.func].name, d, &o.module)
+                e.matches_function(&o.image.funcs()[m.func].name, d, &o.module)
             })
         };
         if filter.is_none()

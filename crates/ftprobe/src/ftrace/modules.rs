@@ -99,7 +99,7 @@ pub unsafe fn load_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
             0
         };
         let o = &st.objects[m.obj];
-        let display = crate::elf::display_name(&o.image.funcs[m.func].name);
+        let display = crate::elf::display_name(&o.image.funcs()[m.func].name);
         let nop = m.nop;
         all.push((DynFtrace { ip, flags }, m, display, nop));
     }

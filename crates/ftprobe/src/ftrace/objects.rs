@@ -41,7 +41,7 @@ pub fn find_symbol(module: Option<&str>, name: &str) -> Result<Vec<SymbolAddr>, 
             .iter()
             .filter(|o| !o.gone && module.is_none_or(|m| module_matches(m, &o.module)))
             .flat_map(|o| {
-                let resolver = o.image.ifuncs.iter().find(|(n, _)| n == name);
+                let resolver = o.image.ifuncs().iter().find(|(n, _)| n == name);
                 let ifunc = resolver.is_some();
                 if let Some((_, svma)) = resolver {
                     // The IFUNC is the default version programs bind to; a plain function of

@@ -85,7 +85,7 @@ pub(super) fn exits_of(
         let Some((fi, _)) = image.func_at(s.svma) else {
             continue;
         };
-        let func = image.funcs[fi].svma + bias;
+        let func = image.funcs()[fi].svma + bias;
         let Ok(k) = entry_ips.binary_search_by_key(&func, |e| e.0) else {
             continue;
         };
