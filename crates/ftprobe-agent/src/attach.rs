@@ -73,6 +73,16 @@ fn again(
     stopped_ips: &[u64],
     thread_pointers: &[u64],
 ) -> Result<(), StartError> {
+    // The sites the last detach put back are NOPs again, as at the first attach.
+    // SAFETY: the CLI's call: every other thread is stopped, at `stopped_ips`.
+    let left = unsafe { ftprobe::ftrace::convert_found_sites(stopped_ips)? };
+    if let Some(ip) = left.first() {
+        return Err(format!(
+            "a thread is stopped inside the site at {ip:#x} (and {} more): try again",
+            left.len() - 1
+        )
+        .into());
+    }
     let rings = crate::open_rings(&config.rings)?;
     let (own, objects) = crate::loaded_objects();
     rings.set_objects(&crate::objects_table(&objects))?;
@@ -95,24 +105,7 @@ fn again(
 /// trampolines) or inside the probe path (a writer section open, a callback or kprobe
 /// running). Else they stay, and the next attach tries again.
 fn free_old_rings(stopped_ips: &[u64], thread_pointers: &[u64]) {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let code: Vec<(u64, u64)> = maps
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let ours = f.len() == 5
-                || f.get(5)
-                    .is_some_and(|p| p.ends_with("/libftprobe_agent.so"));
-            if f.len() < 5 || !f[1].contains('x') || !ours {
-                return None;
-            }
-            let (a, b) = f[0].split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        })
-        .collect();
+    let code = ftprobe_code();
     if code.is_empty() {
         return;
     }
@@ -162,9 +155,80 @@ fn others_stopped() -> bool {
     })
 }
 
+/// ftprobe's executable memory in this process: the agent's text and the anonymous
+/// executable mappings (trampolines, slots, return trampolines), as `(start, end)`.
+fn ftprobe_code() -> Vec<(u64, u64)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    maps.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let ours = f.len() == 5
+                || f.get(5)
+                    .is_some_and(|p| p.ends_with("/libftprobe_agent.so"));
+            if f.len() < 5 || !f[1].contains('x') || !ours {
+                return None;
+            }
+            let (a, b) = f[0].split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The stack pointers of the stopped threads that may be inside a trampoline (their `ip`
+/// in ftprobe's code, or their probe-path state busy): the stacks a detach looks at for a
+/// return into a site (`ftrace::restore_found_sites`). `None` when the lists do not match.
+fn stacks_inside(stopped: &Stopped) -> Option<Vec<u64>> {
+    let n = stopped.ips.len();
+    if stopped.sps.len() != n || stopped.tps.len() != n {
+        return None;
+    }
+    let code = ftprobe_code();
+    let in_code = |ip: u64| code.iter().any(|&(a, b)| ip >= a && ip < b);
+    Some(
+        (0..n)
+            .filter(|&i| {
+                in_code(stopped.ips[i])
+                    // SAFETY: every other thread is stopped, `tp` a live thread's %fs base.
+                    || unsafe { ftprobe::trace::thread_in_probe_path(stopped.tps[i]) }
+            })
+            .map(|i| stopped.sps[i])
+            .collect(),
+    )
+}
+
+/// Where the stopped threads are (each list in the same order; empty when not known).
+struct Stopped<'a> {
+    ips: &'a [u64],
+    sps: &'a [u64],
+    tps: &'a [u64],
+}
+
+/// The sites the last detach or `RestoreSites` could not put back yet.
+static SITES_LEFT: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+/// Put back the bytes the sites held at the first attach (`ftrace::restore_found_sites`);
+/// those that cannot be yet go to [`SITES_LEFT`].
+fn restore_sites(stopped: &Stopped) -> Result<(), String> {
+    let stacks = stacks_inside(stopped);
+    // SAFETY: the CLI's call: every other thread is stopped, at `stopped.ips`.
+    match unsafe { ftprobe::ftrace::restore_found_sites(stopped.ips, stacks.as_deref()) } {
+        Ok(left) => {
+            *SITES_LEFT.lock().unwrap_or_else(|e| e.into_inner()) = left;
+            Ok(())
+        }
+        Err(ftprobe::ftrace::FtraceError::NotInitialized) => Ok(()),
+        Err(e) => Err(format!("putting back the sites' bytes: {e}")),
+    }
+}
+
 /// The CLI's call: `msg` is a NUL-terminated encoded [`AgentMessage`]; the agent's messages
 /// (and the error, if any) are written into `out` (`out_len` bytes, NUL-terminated).
-/// Returns 0 when the message was carried out, 1 otherwise.
+/// Returns 0 when the message was carried out, 1 otherwise, 2 when it was but sites are
+/// left to put back (a detach whose threads were inside a trampoline: the CLI lets them run
+/// and sends `RestoreSites`).
 ///
 /// # Safety
 /// `msg` is a NUL-terminated string and `out` is writable for `out_len` bytes. Called by
@@ -183,12 +247,26 @@ pub unsafe extern "C" fn ftprobe_agent_control(
     // SAFETY: the caller's contract: a NUL-terminated string.
     let bytes = unsafe { CStr::from_ptr(msg) }.to_bytes();
     let result = agent_config::decode(bytes).and_then(handle);
+    let left = std::mem::take(&mut *SITES_LEFT.lock().unwrap_or_else(|e| e.into_inner()));
     let mut text = CAPTURE
         .lock()
         .ok()
         .and_then(|mut g| g.take())
         .unwrap_or_default();
     let code = match result {
+        // Carried out, but sites wait to be put back (`RestoreSites` later).
+        Ok(()) if !left.is_empty() => {
+            text.push_str(&format!(
+                "{} site(s) left as NOPs instead of the bytes found at the attach (a thread is \
+                 stopped inside, or may return into, the trampoline it calls): {}",
+                left.len(),
+                left.iter()
+                    .map(|ip| format!("{ip:#x}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            2
+        }
         Ok(()) => 0,
         Err(e) => {
             text.push_str(&e);
@@ -230,7 +308,12 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                 // Its CLI is gone (killed): its session is ended first, every byte back,
                 // as its own detach would have.
                 TRACING.store(false, Ordering::Release);
-                detach().map_err(|e| {
+                detach(&Stopped {
+                    ips: &stopped_ips,
+                    sps: &[],
+                    tps: &thread_pointers,
+                })
+                .map_err(|e| {
                     format!("ending the session of ftprobe process {owner}, which is gone: {e}")
                 })?;
                 crate::say(format_args!(
@@ -243,6 +326,7 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             ATTACHED.store(true, Ordering::Release);
             // A session before this one initialized ftrace (an attach that failed before
             // that, e.g. on the rings, starts from the beginning again).
+            let ips = stopped_ips.clone();
             let r = if ftprobe::ftrace::functions().is_ok() {
                 again(&config, &stopped_ips, &thread_pointers)
             } else {
@@ -255,7 +339,11 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                 if ftprobe::ftrace::functions().is_ok() {
                     // Nothing was loaded since ftrace was started (no thread runs).
                     crate::dlopen::remember(&crate::loaded_objects().1);
-                    if let Err(u) = detach() {
+                    if let Err(u) = detach(&Stopped {
+                        ips: &ips,
+                        sps: &[],
+                        tps: &[],
+                    }) {
                         text.push_str(&format!("\n(undoing the attach: {u})"));
                     }
                 }
@@ -273,20 +361,44 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             }
             Ok(())
         }
-        AgentMessage::Detach => {
+        AgentMessage::RestoreSites {
+            stopped_ips,
+            stopped_sps,
+            thread_pointers,
+        } => {
+            if TRACING.load(Ordering::Acquire) {
+                return Err("the agent is tracing: sites are put back at its detach".into());
+            }
+            restore_sites(&Stopped {
+                ips: &stopped_ips,
+                sps: &stopped_sps,
+                tps: &thread_pointers,
+            })
+        }
+        AgentMessage::Detach {
+            stopped_ips,
+            stopped_sps,
+            thread_pointers,
+        } => {
             if !TRACING.swap(false, Ordering::AcqRel) {
                 return Err("the agent is not tracing".into());
             }
-            detach()
+            detach(&Stopped {
+                ips: &stopped_ips,
+                sps: &stopped_sps,
+                tps: &thread_pointers,
+            })
         }
     }
 }
 
 /// Stop everything the attach started: the tracers' ops unregistered (their sites back to
 /// NOP by the batch protocol), every kprobe (events and the unwinder's) unregistered (its
-/// byte back), `_dl_debug_state` back. Trampolines, slots and rings stay mapped (a thread
-/// may still be in one), unused.
-fn detach() -> Result<(), String> {
+/// byte back), `_dl_debug_state` back, then every site back to the bytes the first attach
+/// found there (`ftrace::restore_found_sites`; the other threads are stopped at
+/// `stopped`; without their stacks, 6-byte GOT call sites stay NOPs). Trampolines, slots and rings stay mapped (a thread may still be in one),
+/// unused. An error says what was left and where.
+fn detach(stopped: &Stopped) -> Result<(), String> {
     use ftprobe::ftrace::{self, FtraceError};
     let mut errors = Vec::new();
     for r in [
@@ -318,6 +430,10 @@ fn detach() -> Result<(), String> {
             .map(|e| e.to_string()),
     );
     crate::dlopen::unhook();
+    // SAFETY: the CLI's call: every other thread is stopped, at `stopped_ips`.
+    if let Err(e) = restore_sites(stopped) {
+        errors.push(e);
+    }
     // A session's `tracing_on 0` (control channel) does not outlive it.
     ftprobe::trace::set_tracing_on(true);
     if errors.is_empty() {

@@ -1234,14 +1234,51 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         ctl.close();
     }
     let mut detach_times = None;
+    // A detach that did not put everything back (it says what it left): exit 1.
+    let mut detach_failed = false;
     if !exited {
         // Every site back to its NOP, every probe's byte back: the program runs as before.
         let detach_start = std::time::Instant::now();
-        match control(pid, &agent, |_| Ok(AgentMessage::Detach)) {
-            Ok(t) => detach_times = Some((detach_start, t)),
+        match control(pid, &agent, |a| {
+            Ok(AgentMessage::Detach {
+                stopped_ips: a.thread_ips()?,
+                stopped_sps: a.thread_sps()?,
+                thread_pointers: a.thread_pointers()?,
+            })
+        }) {
+            Ok(t) => {
+                let mut left = t.left.clone();
+                detach_times = Some((detach_start, t));
+                // Sites a thread was inside (a `-pg` PIE's 6-byte GOT calls): the threads
+                // run a moment (no site calls a trampoline any more), then are stopped again
+                // for them, a few times if need be.
+                for _ in 0..RESTORE_TRIES {
+                    if left.is_none() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                    left = match control(pid, &agent, |a| {
+                        Ok(AgentMessage::RestoreSites {
+                            stopped_ips: a.thread_ips()?,
+                            stopped_sps: a.thread_sps()?,
+                            thread_pointers: a.thread_pointers()?,
+                        })
+                    }) {
+                        Ok(t) => t.left,
+                        Err(e) => Some(format!("{e:#}")),
+                    };
+                }
+                if let Some(text) = left {
+                    if Path::new(&format!("/proc/{pid}")).exists() {
+                        eprintln!("ftprobe: detaching from process {pid}: {text}");
+                        detach_failed = true;
+                    }
+                }
+            }
             Err(e) => {
                 if Path::new(&format!("/proc/{pid}")).exists() {
                     eprintln!("ftprobe: stopping the agent in process {pid}: {e:#}");
+                    detach_failed = true;
                 }
             }
         }
@@ -1258,7 +1295,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         );
     }
     finish_counting_heap(sink, &mut live, &end)?;
-    Ok(if sink.failed() { 1 } else { 0 })
+    Ok(if sink.failed() || detach_failed { 1 } else { 0 })
 }
 
 /// The name of signal `sig` (`strsignal`).
@@ -1289,10 +1326,12 @@ fn control(
     a.detach()?;
     let resumed = std::time::Instant::now();
     let text = String::from_utf8_lossy(&text);
-    if code != 0 {
+    // 2: carried out, with sites left to put back (what the text says).
+    let left = (code == 2).then(|| text.trim_end().to_owned());
+    if code != 0 && code != 2 {
         bail!("{}", text.trim_end());
     }
-    if !text.is_empty() {
+    if !text.is_empty() && left.is_none() {
         eprint!("{text}");
     }
     Ok(ControlTimes {
@@ -1301,8 +1340,12 @@ fn control(
         all_stopped,
         agent_done,
         resumed,
+        left,
     })
 }
+
+/// How many times a detach stops the threads again to put back sites a thread was inside.
+const RESTORE_TRIES: usize = 20;
 
 /// When the steps of one [`control`] ended: `FTPROBE_TIMING=1 ftprobe trace -p` prints them
 /// (bench/attach.sh reads that line).
@@ -1312,6 +1355,8 @@ struct ControlTimes {
     first_stop: std::time::Instant,
     /// Every thread stopped.
     all_stopped: std::time::Instant,
+    /// Sites the agent could not put back yet (its answer 2), as it says them.
+    left: Option<String>,
     /// The agent's entry point returned (loaded if it was not, then started or stopped).
     agent_done: std::time::Instant,
     /// Every thread let go.

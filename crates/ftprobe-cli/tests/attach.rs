@@ -4,7 +4,7 @@
 //! for the same commands whatever happens around it: its output with ftprobe attaching and
 //! detaching must equal its output without.
 
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Write};
 use std::process::{Command, Output, Stdio};
 
 mod common;
@@ -482,4 +482,111 @@ fn trace_p_int3_probe_in_libc_is_removed_at_detach() {
         assert!(*b == a.1, "{m} changed after the detach");
     }
     assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+}
+
+/// A `-pg` program whose two threads call `work` in a loop and check every result; it
+/// prints `ready`, and `ok N` once a line on stdin stops it (N: the calls checked).
+const GPROF_PROGRAM: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+static volatile int stop;
+__attribute__((noinline)) long work(long x) { __asm__ volatile(""); return x + 1; }
+static void *loop(void *a) {
+    long i = 0;
+    for (; !stop; i++)
+        if (work(i) != i + 1) abort();
+    return (void *)i;
+}
+int main(void) {
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], 0, loop, 0);
+    printf("ready\n");
+    fflush(stdout);
+    char line[8];
+    if (!fgets(line, sizeof line, stdin)) return 2;
+    stop = 1;
+    long n = 0;
+    for (int i = 0; i < 2; i++) { void *r; pthread_join(t[i], &r); n += (long)r; }
+    printf("ok %d\n", n > 0);
+    return 0;
+}
+"#;
+
+/// Issue 26, item 2: a detach puts back the bytes the sites held at the attach, whatever
+/// their form: a `-pg -mfentry` PIE calls `__fentry__` through the GOT (`ff 15`, 6 bytes;
+/// gprof is on, the link used `-pg`), a `-pg` non-PIE calls `mcount` after the prologue
+/// (`e8`). The busy threads are inside the trampolines when the detach stops them (a GOT
+/// call put back then would have them return into its middle): those sites are put back
+/// once the threads have left. Three sessions each; after every detach, every code byte is
+/// what it was before the first attach, and the program's checks all pass.
+#[test]
+fn detach_puts_back_the_bytes_the_sites_held_at_the_attach() {
+    for (name, flags) in [
+        (
+            "gprof_got.c",
+            &["-O2", "-pg", "-mfentry", "-fPIE", "-pie", "-pthread"][..],
+        ),
+        (
+            "gprof_mcount.c",
+            &["-O2", "-pg", "-fno-pie", "-no-pie", "-pthread"][..],
+        ),
+    ] {
+        let exe = common::build_at_test_time("cc", name, GPROF_PROGRAM, flags)
+            .unwrap_or_else(|| panic!("cc {flags:?} builds {name}"));
+        let mut child = KillOnDrop::spawn(
+            Command::new(&exe)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped()),
+        )
+        .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        let pid = child.id() as i32;
+        let before = code_bytes(pid);
+        let site_form = |bytes: &[(String, Vec<u8>)]| {
+            bytes
+                .iter()
+                .find(|(m, _)| m.ends_with(exe.to_str().unwrap()))
+                .map(|(_, b)| b.clone())
+                .expect("the program's code")
+        };
+        for round in 0..3 {
+            let (o, text) = trace_attached(pid, &["-F", "work"], || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            });
+            assert!(o.status.success(), "{name} round {round}: {}", stderr(&o));
+            assert!(
+                count(&text, "work <-") > 0,
+                "{name} round {round}: {}",
+                stderr(&o)
+            );
+            let after = code_bytes(pid);
+            for (m, b) in &before {
+                let a = &after
+                    .iter()
+                    .find(|(n, _)| n == m)
+                    .unwrap_or_else(|| panic!("{m} is gone"))
+                    .1;
+                if let Some(i) = (0..b.len()).find(|&i| b[i] != a[i]) {
+                    panic!(
+                        "{name} round {round}: {m}: byte {i:#x} changed after the detach: \
+                         {:02x?} -> {:02x?}\n{}",
+                        &b[i..(i + 8).min(b.len())],
+                        &a[i..(i + 8).min(b.len())],
+                        stderr(&o)
+                    );
+                }
+            }
+            assert_eq!(site_form(&after), site_form(&before));
+        }
+        child.stdin.take().unwrap().write_all(b"x\n").unwrap();
+        line.clear();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line, "ok 1\n", "{name}");
+        assert_eq!(child.wait().unwrap().code(), Some(0), "{name}");
+    }
 }

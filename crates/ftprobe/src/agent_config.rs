@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The protocol's version: a message of another version is refused.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Where the agent finds the rings' memfd.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,9 +54,23 @@ pub enum AgentMessage {
         stopped_ips: Vec<u64>,
         thread_pointers: Vec<u64>,
     },
-    /// Stop tracing: every site back to its NOP, every probe's byte restored; the agent
-    /// stays loaded, idle.
-    Detach,
+    /// Stop tracing: every site back to the bytes it held at the first attach (its NOP, or
+    /// a `-pg` build's call), every probe's byte restored; the agent stays loaded, idle.
+    /// Every other thread is stopped: `stopped_ips` are where they resume (the calling
+    /// thread's included), `stopped_sps` their stack pointers then, `thread_pointers` their
+    /// `%fs` bases (all in the same order).
+    Detach {
+        stopped_ips: Vec<u64>,
+        stopped_sps: Vec<u64>,
+        thread_pointers: Vec<u64>,
+    },
+    /// After a detach that left sites as NOPs (its answer 2: a thread was inside a
+    /// trampoline), the threads having run since: put them back now (as `Detach`).
+    RestoreSites {
+        stopped_ips: Vec<u64>,
+        stopped_sps: Vec<u64>,
+        thread_pointers: Vec<u64>,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -123,8 +137,21 @@ mod tests {
         assert_eq!(b.last(), Some(&0));
         assert_eq!(decode(&b[..b.len() - 1]), Ok(m));
         assert_eq!(
-            decode(encode(&AgentMessage::Detach)[..].split_last().unwrap().1),
-            Ok(AgentMessage::Detach)
+            decode(
+                encode(&AgentMessage::Detach {
+                    stopped_ips: vec![1, 2],
+                    stopped_sps: vec![3, 4],
+                    thread_pointers: vec![5, 6],
+                })[..]
+                    .split_last()
+                    .unwrap()
+                    .1
+            ),
+            Ok(AgentMessage::Detach {
+                stopped_ips: vec![1, 2],
+                stopped_sps: vec![3, 4],
+                thread_pointers: vec![5, 6],
+            })
         );
     }
 

@@ -379,6 +379,19 @@ impl Attached {
             .collect()
     }
 
+    /// Every stopped thread's stack pointer where it resumes.
+    pub fn thread_sps(&self) -> Result<Vec<u64>> {
+        self.threads
+            .iter()
+            .map(|t| -> Result<u64> {
+                Ok(match &t.saved {
+                    Some(s) => s.regs.rsp,
+                    None => ptrace::get_regs(t.tid)?.rsp,
+                })
+            })
+            .collect()
+    }
+
     /// Every stopped thread's thread pointer (`%fs` base).
     pub fn thread_pointers(&self) -> Result<Vec<u64>> {
         self.threads

@@ -449,6 +449,10 @@ struct RecMeta {
     nop: [u8; 5],
     /// Bytes the site covers: 5, or an XRay sled's 11 (its call returns to the sled's end).
     len: u64,
+    /// The bytes the site held when it was found (`kind.byte_len()` of them: a `-pg` build's
+    /// `call __fentry__`, or its 6-byte `call *__fentry__@GOTPCREL(%rip)`): what a detach
+    /// puts back ([`restore_found_sites`]).
+    found: [u8; 6],
 }
 
 struct State {
@@ -476,6 +480,10 @@ struct State {
     xray_exits: Vec<xray::XrayExit>,
     /// What each of them holds now (its first 5 bytes).
     xray_current: Vec<[u8; 5]>,
+    /// Sites whose found bytes a detach put back ([`restore_found_sites`]), by ip: their
+    /// `current` still says their NOP (a registration before [`convert_found_sites`] fails
+    /// with `SiteCorrupt` instead of patching over a call it does not expect).
+    restored: Vec<u64>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -604,8 +612,184 @@ pub unsafe fn init_objects_stopped(
         ifunc_impls: Vec::new(),
         xray_exits,
         xray_current,
+        restored: Vec::new(),
     });
     Ok(skipped)
+}
+
+/// What a site holds while no ops wants it, over what was found: its NOP, and after a
+/// 6-byte GOT call's NOP5 a one-byte NOP. `None` for an XRay sled (left as clang wrote it).
+fn idle_bytes(m: &RecMeta) -> Option<([u8; 6], usize)> {
+    let mut b = [NOP1; 6];
+    b[..5].copy_from_slice(&m.nop);
+    match m.kind {
+        SiteKind::XraySled => None,
+        SiteKind::CallGot => Some((b, 6)),
+        _ => Some((b, 5)),
+    }
+}
+
+/// For the end of an attached session: put back the bytes each site held when it was found,
+/// where they were not its NOP (a `-pg` build's `call __fentry__` or `call mcount`, direct
+/// or through the GOT: after a detach, gprof goes on counting as before the attach). Every
+/// ops must be unregistered (the sites hold their NOPs). Returns the sites left as NOPs: a
+/// stopped thread is between a GOT call's NOP5 and its NOP1, or may return there (a word of
+/// one of the `stacks`, from that `sp` up, is that address: the stacks of the threads that
+/// may be inside a trampoline the site called, which returns after the NOP5), where the
+/// 6-byte call put back would have it resume mid-instruction, or `stacks` is `None` (not
+/// known); or the site is not at its NOP (an ops still registered).
+/// [`convert_found_sites`] makes them NOPs again for the next session.
+///
+/// # Safety
+/// Every other thread of the process is stopped until this returns, and `stopped_ips` holds
+/// where each resumes.
+pub unsafe fn restore_found_sites(
+    stopped_ips: &[u64],
+    stacks: Option<&[u64]>,
+) -> Result<Vec<u64>, FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    let mut left = Vec::new();
+    let mut restored = Vec::new();
+    // Where a GOT call's trampoline returns (its NOP1), for the sites to put back.
+    let mut returns: Vec<u64> = st
+        .records
+        .iter()
+        .zip(&st.meta)
+        .filter(|(_, m)| m.kind == SiteKind::CallGot && !st.objects[m.obj].gone)
+        .map(|(r, _)| r.ip + SITE_LEN)
+        .collect();
+    returns.sort_unstable();
+    let on_stacks = stack_words_in(stacks.unwrap_or_default(), &returns);
+    // Without the stacks, a GOT call site stays a NOP.
+    let stacks_known = stacks.is_some();
+    for i in 0..st.records.len() {
+        let (ip, m) = (st.records[i].ip, &st.meta[i]);
+        let Some((idle, n)) = idle_bytes(m) else {
+            continue;
+        };
+        if m.found[..n] == idle[..n]
+            || st.objects[m.obj].gone
+            || st.restored.binary_search(&ip).is_ok()
+        {
+            continue;
+        }
+        let mut now = [0u8; 6];
+        let read = crate::sys::read_nofault(ip, &mut now[..n]);
+        if st.current[i] != m.nop || read != n || now[..n] != idle[..n] {
+            left.push(ip);
+            continue;
+        }
+        if stopped_ips.iter().any(|&pc| pc > ip && pc < ip + n as u64)
+            || (m.kind == SiteKind::CallGot
+                && (!stacks_known || on_stacks.binary_search(&(ip + SITE_LEN)).is_ok()))
+        {
+            left.push(ip);
+            continue;
+        }
+        // SAFETY: a site of this state, in code made writable when it was converted, that
+        // no thread runs (every other one is stopped, none inside it: checked above).
+        unsafe { text_poke::text_poke_early(ip, &m.found[..n]) };
+        restored.push(ip);
+    }
+    if !restored.is_empty() {
+        crate::sys::sync_core_all_threads()?;
+    }
+    st.restored.extend(restored);
+    st.restored.sort_unstable();
+    st.restored.dedup();
+    Ok(left)
+}
+
+/// The values of `wanted` (sorted) found as aligned words of the stacks that start at
+/// `sps`: each read from its `sp` up for at most 1 MiB or to the first unreadable page.
+fn stack_words_in(sps: &[u64], wanted: &[u64]) -> Vec<u64> {
+    const SCAN: u64 = 1 << 20;
+    const CHUNK: usize = 4096;
+    let mut found = Vec::new();
+    if wanted.is_empty() {
+        return found;
+    }
+    let mut buf = vec![0u8; CHUNK];
+    for &sp in sps {
+        let mut at = sp & !7;
+        let end = at.saturating_add(SCAN);
+        while at < end {
+            // Up to the end of this page, then page by page.
+            let n = (CHUNK - (at as usize & (CHUNK - 1))).min((end - at) as usize);
+            let got = crate::sys::read_nofault(at, &mut buf[..n]);
+            for w in buf[..got].chunks_exact(8) {
+                let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                if wanted.binary_search(&v).is_ok() {
+                    found.push(v);
+                }
+            }
+            if got < n {
+                break;
+            }
+            at += n as u64;
+        }
+    }
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+/// For the start of an attached session after [`restore_found_sites`]: the sites it put
+/// back become their NOPs again (as when they were found), if their object is still the one
+/// loaded there (its build-id in memory) and they still hold what was put back. Returns the
+/// sites left as they are (a stopped thread between a GOT call's first five bytes and its
+/// last would resume mid-instruction): a later registration fails on them
+/// (`SiteCorrupt`), so the caller refuses the session.
+///
+/// # Safety
+/// As [`restore_found_sites`].
+pub unsafe fn convert_found_sites(stopped_ips: &[u64]) -> Result<Vec<u64>, FtraceError> {
+    let mut g = lock();
+    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
+    let mut left = Vec::new();
+    let mut wrote = false;
+    for ip in std::mem::take(&mut st.restored) {
+        let Ok(i) = st.records.binary_search_by_key(&ip, |r| r.ip) else {
+            continue;
+        };
+        let m = &st.meta[i];
+        let o = &st.objects[m.obj];
+        let Some((idle, n)) = idle_bytes(m) else {
+            continue;
+        };
+        let same_object = match (&o.image.build_id, o.image.build_id_svma) {
+            (Some(id), Some(at)) => {
+                let mut mem = vec![0u8; id.len()];
+                crate::sys::read_nofault(at.wrapping_add(o.bias), &mut mem) == id.len()
+                    && mem == *id
+            }
+            _ => true,
+        };
+        let mut now = [0u8; 6];
+        if o.gone
+            || !same_object
+            || crate::sys::read_nofault(ip, &mut now[..n]) != n
+            || now[..n] != m.found[..n]
+        {
+            continue;
+        }
+        if stopped_ips.iter().any(|&pc| pc > ip && pc < ip + n as u64) {
+            left.push(ip);
+            st.restored.push(ip);
+            continue;
+        }
+        // SAFETY: the object's text, mapped (its bytes were just read); made writable again
+        // in case it was mapped anew at the same place since.
+        unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
+        // SAFETY: as in `restore_found_sites`.
+        unsafe { text_poke::text_poke_early(ip, &idle[..n]) };
+        wrote = true;
+    }
+    if wrote {
+        crate::sys::sync_core_all_threads()?;
+    }
+    Ok(left)
 }
 
 /// What [`scan_object`] finds: the object, its sites (by address), its XRay exit sleds.
@@ -644,6 +828,9 @@ fn scan_object(lo: &LoadedObject, oi: usize) -> Result<Scanned, FtraceError> {
         {
             continue;
         }
+        let mut found = [0u8; 6];
+        let n = len.min(found.len());
+        found[..n].copy_from_slice(&mem[..n]);
         let (nop, len) = match s.kind {
             SiteKind::XraySled => (
                 mem[..5].try_into().expect("5 bytes"),
@@ -661,6 +848,7 @@ fn scan_object(lo: &LoadedObject, oi: usize) -> Result<Scanned, FtraceError> {
                 source: s.source,
                 nop,
                 len,
+                found,
             },
         ));
     }
