@@ -36,6 +36,8 @@ pub const FOLLOW_EXEC_HINT: &str =
 
 /// A note of the agent's for the header (`# note: ...`).
 const TEXT_NOTE: u32 = 5;
+/// How long the last drain prints before it says so (and that Ctrl-C stops it).
+const SAY_STILL_PRINTING: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why events of threads without a ring were lost (the trailer's lines): every ring owned
 /// by a live thread; some held by threads that ended, not read to the end yet; events of a
@@ -162,6 +164,10 @@ pub struct Printer {
     recorded: bool,
     /// Times the merge reached [`MAX_HELD`] and printed before every ring was seen.
     forced: u64,
+    /// The last drain was cut short by a second signal: its events are counted, not printed.
+    discarding: bool,
+    /// The events so counted.
+    discarded: u64,
     /// The control channel's events and profile, in a session with one.
     live: Option<std::sync::Arc<crate::control::LiveEvents>>,
 }
@@ -200,6 +206,8 @@ impl Printer {
             final_poll: false,
             recorded: false,
             forced: 0,
+            discarding: false,
+            discarded: 0,
             live: None,
         }
     }
@@ -261,8 +269,21 @@ impl Printer {
         self.recorded = chunked;
         if self.final_poll && !chunked {
             // The writers are gone: drain every ring (a ring whose queue is full waits for
-            // the next round) and print, until nothing is left.
+            // the next round) and print, until nothing is left. A signal now (the first
+            // ended the session: Ctrl-C again) stops the printing: the rest is counted.
+            let drain_start = std::time::Instant::now();
+            let mut said = false;
             loop {
+                if !self.discarding && crate::signals::take_pending().is_some() {
+                    self.discarding = true;
+                }
+                if !said && !self.discarding && drain_start.elapsed() >= SAY_STILL_PRINTING {
+                    said = true;
+                    eprintln!(
+                        "ftprobe: still printing the events the rings hold (Ctrl-C again to \
+                         stop printing)"
+                    );
+                }
                 self.drain_round(rings, true);
                 self.emit(&mut || rings.prefault(), usize::MAX);
                 if self.merge.queues.values().all(|q| q.done) && self.merge.held == 0 {
@@ -270,6 +291,12 @@ impl Printer {
                 }
             }
             self.retire();
+            if self.discarding {
+                eprintln!(
+                    "ftprobe: printing stopped by a second signal: {} events not printed",
+                    self.discarded
+                );
+            }
             return;
         }
         self.drain_round(rings, false);
@@ -604,6 +631,25 @@ impl Printer {
 
     /// Print the first record of ring `r` (and pop it; a leaf's return with it).
     fn print_head(&mut self, r: u32) {
+        if self.discarding {
+            let head = self.merge.queues[&r].head().expect("taken from the heap");
+            if !matches!(head.rtype, OWNER | rtype::LOST | NOTE) {
+                // Counted as the events they are: a kprobe event's hit still counts in
+                // its profile.
+                if let Some(Record::Kprobe { event, .. }) =
+                    Record::decode(head.rtype, head.aux, head.words)
+                {
+                    let id = event as usize;
+                    if self.seen.len() <= id {
+                        self.seen.resize(id + 1, 0);
+                    }
+                    self.seen[id] += 1;
+                }
+                self.discarded += 1;
+                self.merge.pop_record(r);
+                return;
+            }
+        }
         if self.symbols.is_none() {
             self.symbols = Some(Symbols::with_images(&self.objects, &self.images));
         }
@@ -912,6 +958,7 @@ impl Printer {
         }
         let hint = self.hint_follow;
         let printed = self.printed;
+        let discarded = self.discarded;
         let forced = self.forced;
         self.write(|o| {
             for pid in &abandoned {
@@ -976,7 +1023,7 @@ impl Printer {
                 writeln!(o, "# the recording is not whole: {why}")?;
             }
             writeln!(o, "# lost events: {total}")?;
-            output::entries(o, printed, total, cpus)?;
+            output::entries(o, printed, total.saturating_add(discarded), cpus)?;
             if !events.is_empty() {
                 writeln!(o, "# kprobe_profile:")?;
                 for (id, def) in events.iter().enumerate() {

@@ -590,3 +590,90 @@ fn detach_puts_back_the_bytes_the_sites_held_at_the_attach() {
         assert_eq!(child.wait().unwrap().code(), Some(0), "{name}");
     }
 }
+
+/// Issue 26, item 6: Ctrl-C ends the session, and while ftprobe prints what the rings hold
+/// (it says so after a second), a second Ctrl-C stops the printing at once and says how
+/// many events were not printed; the entries line counts them as written.
+#[test]
+fn a_second_sigint_stops_a_long_print_out() {
+    let exe = common::build_at_test_time(
+        "cc",
+        "print_out.c",
+        GPROF_PROGRAM,
+        &["-O2", "-fpatchable-function-entry=5", "-pthread"],
+    )
+    .expect("cc builds the program");
+    let mut child = KillOnDrop::spawn(
+        Command::new(&exe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+    )
+    .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id() as i32;
+    let file = common::tmp_dir("second-sigint").join("trace.txt");
+    // Rings of 256 MiB per thread: millions of lines to print after the first Ctrl-C.
+    let mut cli = KillOnDrop::spawn(
+        ftprobe()
+            .args(["trace", "-p", &pid.to_string(), "-F", "work"])
+            .args(["--buffer-size-kb", "262144", "-o"])
+            .arg(&file)
+            .stderr(Stdio::piped()),
+    )
+    .unwrap();
+    let mut err = BufReader::new(cli.stderr.take().unwrap());
+    let mut said = String::new();
+    assert!(common::wait_until_tracing(&mut err, &mut said), "{said}");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    common::interrupt(&cli);
+    let mut l = String::new();
+    while !l.contains("still printing") {
+        l.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut err, &mut l).unwrap() > 0,
+            "ftprobe ended before it said it was still printing: {said}"
+        );
+        said.push_str(&l);
+    }
+    let second = std::time::Instant::now();
+    common::interrupt(&cli);
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let status = cli.wait().unwrap();
+    let took = second.elapsed();
+    assert!(status.success(), "{said}{rest}");
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    let not_printed: u64 = rest
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("ftprobe: printing stopped by a second signal: ")?
+                .strip_suffix(" events not printed")
+        })
+        .unwrap_or_else(|| panic!("no count of what was not printed: {rest}"))
+        .parse()
+        .unwrap();
+    assert!(not_printed > 0, "{rest}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let printed = count(&text, "work <-");
+    let entries = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# entries-in-buffer/entries-written: "))
+        .expect("the entries line");
+    let (shown, written) = entries
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .split_once('/')
+        .unwrap();
+    assert_eq!(shown.parse::<usize>().unwrap(), printed);
+    assert!(written.parse::<u64>().unwrap() >= printed as u64 + not_printed);
+    // The program ran on, unharmed.
+    child.stdin.take().unwrap().write_all(b"x\n").unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line, "ok 1\n");
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
+}
