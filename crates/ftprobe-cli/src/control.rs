@@ -25,6 +25,8 @@ use ftprobe::trace_kprobe;
 pub struct LiveEvents {
     added: Mutex<(Vec<(u32, ProbeDef)>, u64)>,
     taken: Condvar,
+    /// Events whose add the agent refused: they never were, and leave the profile.
+    refused: Mutex<Vec<u32>>,
     /// Per event id: (records seen, dropped, nmissed).
     profile: Mutex<Vec<(u64, u64, u64)>>,
 }
@@ -37,6 +39,11 @@ impl LiveEvents {
         g.1 += 1;
         self.taken.notify_all();
         v
+    }
+
+    /// The printer's side: the ids of the events that were refused.
+    pub fn refused(&self) -> Vec<u32> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The printer's side: the counts after a poll.
@@ -401,7 +408,13 @@ impl Controller {
         });
         if !r.ok {
             if new {
-                // Keep the id taken (the printer knows it); the event is gone.
+                // Keep the id taken (the printer knows it); the event is gone, and never was
+                // in the profile.
+                self.live
+                    .refused
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(id as u32);
                 st.events.push(Event {
                     defs: vec![value.to_owned()],
                     def,

@@ -959,6 +959,8 @@ impl Printer {
         let hint = self.hint_follow;
         let printed = self.printed;
         let discarded = self.discarded;
+        // Events added over the control channel and refused: never there.
+        let refused = self.live.as_ref().map(|l| l.refused()).unwrap_or_default();
         let forced = self.forced;
         self.write(|o| {
             for pid in &abandoned {
@@ -1024,9 +1026,12 @@ impl Printer {
             }
             writeln!(o, "# lost events: {total}")?;
             output::entries(o, printed, total.saturating_add(discarded), cpus)?;
-            if !events.is_empty() {
+            if (0..events.len() as u32).any(|id| !refused.contains(&id)) {
                 writeln!(o, "# kprobe_profile:")?;
                 for (id, def) in events.iter().enumerate() {
+                    if refused.contains(&(id as u32)) {
+                        continue;
+                    }
                     // Hits: records seen plus those the agent could not write.
                     let seen = seen.get(id).copied().unwrap_or(0);
                     let (dropped, missed) = counters[id];
