@@ -43,7 +43,10 @@ impl LiveEvents {
 
     /// The printer's side: the ids of the events that were refused.
     pub fn refused(&self) -> Vec<u32> {
-        self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The printer's side: the counts after a poll.

@@ -63,6 +63,11 @@ pub struct Status {
     pub uid: u32,
     /// Ignored signals (bit n - 1 for signal n).
     pub sig_ign: u64,
+    /// Permitted and effective capabilities (bit n for capability n).
+    pub cap_prm: u64,
+    pub cap_eff: u64,
+    /// A kernel thread (`Kthread: 1`, Linux 6.0+).
+    pub kthread: bool,
 }
 
 impl Status {
@@ -85,6 +90,9 @@ impl Status {
                         .unwrap_or(0)
                 }
                 "SigIgn" => s.sig_ign = u64::from_str_radix(value, 16).unwrap_or(0),
+                "CapPrm" => s.cap_prm = u64::from_str_radix(value, 16).unwrap_or(0),
+                "CapEff" => s.cap_eff = u64::from_str_radix(value, 16).unwrap_or(0),
+                "Kthread" => s.kthread = value == "1",
                 _ => {}
             }
         }
@@ -157,6 +165,91 @@ pub fn eperm_message(
     )
 }
 
+/// `CAP_SYS_PTRACE`'s bit in a capability set.
+const CAP_SYS_PTRACE: u32 = 19;
+
+/// Why `PTRACE_SEIZE` of `pid` failed with EPERM although ftprobe has `CAP_SYS_PTRACE`
+/// (`own`: ftprobe's status, `target`: the process's): the kernel's commoncap check passes
+/// then, so it is another user namespace the capability does not reach, or a security
+/// module; and it says which capabilities the target holds that ftprobe does not (a
+/// container's bounding set, `CapBnd`, drops some: its root cannot trace the host's).
+pub fn privileged_eperm_message(pid: i32, target: &Status, own: &Status) -> String {
+    let missing: Vec<String> = (0..64)
+        .filter(|b| target.cap_prm & !own.cap_eff & (1u64 << b) != 0)
+        .map(cap_name)
+        .collect();
+    let mut text = format!(
+        "cannot attach to process {pid} ({}): Operation not permitted (EPERM), although \
+         ftprobe has CAP_SYS_PTRACE",
+        target.name
+    );
+    if !missing.is_empty() {
+        text.push_str(&format!(
+            "; the process holds capabilities ftprobe lacks ({}): it belongs to a more \
+             privileged context (ftprobe runs in a container, or a user namespace, whose \
+             root cannot trace it)",
+            missing.join(", ")
+        ));
+    } else {
+        text.push_str(
+            ": it is in a user namespace ftprobe's capability does not reach, or a security \
+             module (AppArmor, SELinux) refuses it",
+        );
+    }
+    text.push_str("; start the program under ftprobe instead (`ftprobe trace -- PROGRAM ...`)");
+    text
+}
+
+/// The name of capability `bit` (`capabilities(7)`), or `cap_N`.
+fn cap_name(bit: u32) -> String {
+    const NAMES: [&str; 41] = [
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_DAC_READ_SEARCH",
+        "CAP_FOWNER",
+        "CAP_FSETID",
+        "CAP_KILL",
+        "CAP_SETGID",
+        "CAP_SETUID",
+        "CAP_SETPCAP",
+        "CAP_LINUX_IMMUTABLE",
+        "CAP_NET_BIND_SERVICE",
+        "CAP_NET_BROADCAST",
+        "CAP_NET_ADMIN",
+        "CAP_NET_RAW",
+        "CAP_IPC_LOCK",
+        "CAP_IPC_OWNER",
+        "CAP_SYS_MODULE",
+        "CAP_SYS_RAWIO",
+        "CAP_SYS_CHROOT",
+        "CAP_SYS_PTRACE",
+        "CAP_SYS_PACCT",
+        "CAP_SYS_ADMIN",
+        "CAP_SYS_BOOT",
+        "CAP_SYS_NICE",
+        "CAP_SYS_RESOURCE",
+        "CAP_SYS_TIME",
+        "CAP_SYS_TTY_CONFIG",
+        "CAP_MKNOD",
+        "CAP_LEASE",
+        "CAP_AUDIT_WRITE",
+        "CAP_AUDIT_CONTROL",
+        "CAP_SETFCAP",
+        "CAP_MAC_OVERRIDE",
+        "CAP_MAC_ADMIN",
+        "CAP_SYSLOG",
+        "CAP_WAKE_ALARM",
+        "CAP_BLOCK_SUSPEND",
+        "CAP_AUDIT_READ",
+        "CAP_PERFMON",
+        "CAP_BPF",
+        "CAP_CHECKPOINT_RESTORE",
+    ];
+    NAMES
+        .get(bit as usize)
+        .map_or_else(|| format!("cap_{bit}"), |n| (*n).to_owned())
+}
+
 /// Yama's `ptrace_scope`, when the kernel has Yama.
 fn yama_scope() -> Option<u32> {
     std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
@@ -201,6 +294,12 @@ pub fn check_target(pid: i32) -> Result<Status> {
     }
     let status = Status::read(&format!("/proc/{pid}/status"))
         .ok_or_else(|| anyhow!("no process with pid {pid}"))?;
+    if status.kthread {
+        bail!(
+            "process {pid} ({}) is a kernel thread: it runs no user-space program to trace",
+            status.name
+        );
+    }
     for tid in list_tasks(pid)? {
         let Some(t) = Status::read(&format!("/proc/{pid}/task/{tid}/status")) else {
             continue;
@@ -296,6 +395,10 @@ impl Attached {
                         }
                         // SAFETY: geteuid has no preconditions.
                         let euid = unsafe { libc::geteuid() };
+                        let own = Status::read("/proc/self/status").unwrap_or_default();
+                        if own.cap_eff & (1 << CAP_SYS_PTRACE) != 0 {
+                            bail!(privileged_eperm_message(pid, &status, &own));
+                        }
                         bail!(eperm_message(pid, Some(status.uid), euid, yama_scope()));
                     }
                     Err(e) => return Err(e).context(format!("attaching to process {pid}")),
@@ -1216,6 +1319,35 @@ mod tests {
         assert!(!m3.contains("sysctl"), "{m3}");
     }
 
+    /// Issue 26, item 11: as root, `trace -p 1` (a container's host init holds
+    /// CAP_SYS_RESOURCE, which the container's root lacks) and `-p 2` (kthreadd) said "run
+    /// ftprobe with CAP_SYS_PTRACE (as root)".
+    #[test]
+    fn a_refusal_under_cap_sys_ptrace_says_why_not_to_run_as_root() {
+        let own = Status {
+            cap_eff: 0x1_feff_ffff,
+            ..Status::default()
+        };
+        let init = Status {
+            name: "init".into(),
+            cap_prm: 0x1_ffff_ffff,
+            ..Status::default()
+        };
+        let m = privileged_eperm_message(1, &init, &own);
+        assert!(m.contains("although ftprobe has CAP_SYS_PTRACE"), "{m}");
+        assert!(m.contains("CAP_SYS_RESOURCE"), "{m}");
+        assert!(!m.contains("as root"), "{m}");
+        let same = privileged_eperm_message(1, &own, &own);
+        assert!(same.contains("security module"), "{same}");
+        let k = Status::parse("Name:\tkthreadd\nKthread:\t1\nCapPrm:\t000001ffffffffff\n");
+        assert!(k.kthread);
+        assert_eq!(k.cap_prm, 0x1ff_ffff_ffff);
+        if std::fs::read_to_string("/proc/2/status").is_ok_and(|t| t.contains("Kthread:\t1")) {
+            let e = check_target(2).unwrap_err().to_string();
+            assert!(e.contains("is a kernel thread"), "{e}");
+        }
+    }
+
     #[test]
     fn eperm_message_names_the_cause() {
         let other_user = eperm_message(42, Some(1000), 65534, None);
@@ -1243,6 +1375,7 @@ mod tests {
                 seccomp: 1,
                 uid: 1000,
                 sig_ign: 1 << (libc::SIGSEGV - 1),
+                ..Status::default()
             }
         );
     }
