@@ -116,6 +116,9 @@ unsafe fn set(
     reset: c_int,
     notrace: bool,
 ) -> c_int {
+    if let Err(r) = crate::ensure_init() {
+        return r;
+    }
     // SAFETY: forwarded contract.
     let e = match unsafe { engine_of(ops) } {
         Ok(e) => e,
@@ -174,7 +177,8 @@ pub unsafe extern "C" fn ftrace_set_notrace(
 }
 
 /// Start calling `ops->func` on the functions its filter selects (the kernel's
-/// `register_ftrace_function()`). 0 or -EINVAL (before `ftprobe_init`, NULL func, IPMODIFY
+/// `register_ftrace_function()`). 0 or -EINVAL (not initialized and other threads run:
+/// [`crate::ftprobe_init`], NULL func, IPMODIFY
 /// without SAVE_REGS), -EBUSY (already registered, or another IPMODIFY ops holds one of its
 /// functions), -ENOSPC (64 ops registered). On error nothing changed.
 ///
@@ -183,6 +187,9 @@ pub unsafe extern "C" fn ftrace_set_notrace(
 /// is unregistered and no callback runs any more; the callback is async-signal-safe.
 #[no_mangle]
 pub unsafe extern "C" fn register_ftrace_function(ops: *mut ftrace_ops) -> c_int {
+    if let Err(r) = crate::ensure_init() {
+        return r;
+    }
     // SAFETY: forwarded contract.
     match unsafe { engine_of(ops) } {
         Ok(e) => ft::register_ftrace_function(e).map_or_else(ferr, |()| 0),

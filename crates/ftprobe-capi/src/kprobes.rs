@@ -178,6 +178,9 @@ pub unsafe extern "C" fn register_kprobe(p: *mut kprobe) -> c_int {
     if p.is_null() {
         return fail(libc::EINVAL, &"kprobe is NULL");
     }
+    if let Err(r) = crate::ensure_init() {
+        return r;
+    }
     // SAFETY: `p` is live (the caller's contract).
     let c = unsafe { &*p };
     if !c.ftprobe_private.is_null() {
@@ -390,6 +393,9 @@ fn ret_shim(ri: &KretprobeInstance, regs: &PtRegs) -> i32 {
 pub unsafe extern "C" fn register_kretprobe(rp: *mut kretprobe) -> c_int {
     if rp.is_null() {
         return fail(libc::EINVAL, &"kretprobe is NULL");
+    }
+    if let Err(r) = crate::ensure_init() {
+        return r;
     }
     // SAFETY: `rp` is live (the caller's contract).
     let c = unsafe { &*rp };

@@ -27,8 +27,11 @@ pub use kprobes::*;
 pub use regs::*;
 
 /// Find the ftrace sites of every loaded object and convert them to NOPs (the engine's
-/// `ftrace::init`). Call it first, before any other function of this API, while the process
-/// has one thread (the start of `main`): sites are rewritten with plain stores.
+/// `ftrace::init`), while the process has one thread (the start of `main`): sites are
+/// rewritten with plain stores. As the kernel's API has no such call, the first
+/// registration or filter call does it when it was not done and the process has one thread;
+/// a program that creates threads first must call it before them (that call then fails
+/// with -EINVAL, and its text names `ftprobe_init()`).
 ///
 /// Returns 0, or a negative errno: -EINVAL when other threads already run or it ran
 /// already (the text says which, [`ftprobe_last_error`]). Objects that cannot be read are
@@ -39,5 +42,28 @@ pub extern "C" fn ftprobe_init() -> libc::c_int {
     match unsafe { ::ftprobe::ftrace::init() } {
         Ok(_skipped) => 0,
         Err(e) => error::fail(e.errno(), &e),
+    }
+}
+
+/// Initialise on first use ([`ftprobe_init`]'s documentation): 0, or the failing call's
+/// negative errno with its text (other threads run: call `ftprobe_init()` before them).
+pub(crate) fn ensure_init() -> Result<(), libc::c_int> {
+    use ::ftprobe::ftrace::{self, FtraceError};
+    if ftrace::is_initialized() {
+        return Ok(());
+    }
+    // SAFETY: `init` checks that no other thread runs (refused otherwise); this thread is
+    // the only one, so none can start meanwhile.
+    match unsafe { ftrace::init() } {
+        Ok(_) | Err(FtraceError::AlreadyInitialized) => Ok(()),
+        Err(FtraceError::ThreadsRunning(n)) => Err(error::fail(
+            libc::EINVAL,
+            &format!(
+                "ftprobe is not initialized, and with {n} other thread(s) running it cannot \
+                 be now (sites are rewritten with plain stores): call ftprobe_init() at the \
+                 start of main, before any thread is created"
+            ),
+        )),
+        Err(e) => Err(error::fail(e.errno(), &e)),
     }
 }

@@ -221,3 +221,80 @@ fn cxx_shared() {
 fn cxx_static() {
     run(Lang::Cxx, Link::Static);
 }
+
+/// A program that registers a kprobe with no `ftprobe_init()` call (as kernel code does:
+/// the kernel's API has none): with `thread` as its argument it creates a thread first.
+const NO_INIT: &str = r#"
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <ftprobe.h>
+__attribute__((noipa)) long plain(long x) { return x * 3; }
+static unsigned long hits;
+static int pre(struct kprobe *p, struct pt_regs *regs) {
+    (void)p; (void)regs;
+    __atomic_fetch_add(&hits, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+static void *idle(void *a) { (void)a; pause(); return 0; }
+int main(int argc, char **argv) {
+    pthread_t t;
+    if (argc > 1 && !strcmp(argv[1], "thread")) pthread_create(&t, 0, idle, 0);
+    struct kprobe kp = {.symbol_name = "plain", .pre_handler = pre};
+    int r = register_kprobe(&kp);
+    if (r) {
+        printf("register_kprobe = %d (%s): %s\n", r, r == -EINVAL ? "-EINVAL" : "?",
+               ftprobe_last_error());
+        return 0;
+    }
+    long s = 0;
+    for (long i = 0; i < 1000; i++) s += plain(i);
+    printf("hits=%lu s=%ld\n", __atomic_load_n(&hits, __ATOMIC_RELAXED), s);
+    return 0;
+}
+"#;
+
+/// Issue 26, item 11: the first registration initialises ftprobe when the process has one
+/// thread (it said "call ftrace::init first", a Rust name); with a thread running it is
+/// refused, and the text names `ftprobe_init()`.
+#[test]
+fn registration_without_ftprobe_init() {
+    let src = prefix().join("no_init.c");
+    std::fs::write(&src, NO_INIT).unwrap();
+    let exe = prefix().join("no_init");
+    let flags = pkg_config(&["--cflags", "--libs", "ftprobe"]);
+    let out = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(&flags)
+        .output()
+        .expect("run gcc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = |args: &[&str]| {
+        let o = Command::new(&exe)
+            .args(args)
+            .env("LD_LIBRARY_PATH", prefix().join("lib"))
+            .output()
+            .expect("run no_init");
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(run(&[]), format!("hits=1000 s={}\n", 3 * 999 * 1000 / 2));
+    let refused = run(&["thread"]);
+    assert!(
+        refused.starts_with("register_kprobe = ") && refused.contains("(-EINVAL)"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("call ftprobe_init() at the start of main"),
+        "{refused}"
+    );
+    assert!(!refused.contains("ftrace::init"), "{refused}");
+}

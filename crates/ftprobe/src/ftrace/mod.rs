@@ -995,6 +995,11 @@ pub fn select_functions(patterns: &[String]) -> Result<Vec<u64>, FtraceError> {
     Ok(out)
 }
 
+/// Whether [`init`] (or one of its variants) has run.
+pub fn is_initialized() -> bool {
+    lock().is_some()
+}
+
 /// Every function with a site, in address order (the kernel's `available_filter_functions`).
 pub fn functions() -> Result<Vec<FuncSite>, FtraceError> {
     let g = lock();
