@@ -885,6 +885,21 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     if let Some((_, cfd)) = &control {
         command.env("FTPROBE_CONTROL_FD", cfd.as_raw_fd().to_string());
     }
+    // The program starts with the signal dispositions an exec from here gives: glibc's
+    // posix_spawn (what `spawn` uses without this hook) sets the C library's internal
+    // signals 32 and 33, which have handlers in this process, to SIG_IGN in the child, and
+    // that survives the exec (`/proc/PID/status` showed them ignored). Here they go back to
+    // the default, as an exec does for any handled signal (issue 26, item 11).
+    // SAFETY: the hook runs in the forked child before exec and makes two rt_sigaction
+    // system calls with a kernel-layout struct on its stack: async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            for sig in [32, 33] {
+                reset_handled_signal(sig);
+            }
+            Ok(())
+        })
+    };
     let child = command
         .args(&args.cmd[1..])
         .env("LD_PRELOAD", preload)
@@ -1296,6 +1311,38 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
     }
     finish_counting_heap(sink, &mut live, &end)?;
     Ok(if sink.failed() || detach_failed { 1 } else { 0 })
+}
+
+/// Set signal `sig` to SIG_DFL if it has a handler (not if it is ignored: an exec keeps that),
+/// with the raw system call (glibc's `sigaction` refuses its internal signals 32 and 33).
+/// Async-signal-safe: for a forked child before exec.
+fn reset_handled_signal(sig: libc::c_int) {
+    // The kernel's `struct sigaction` on x86-64: handler, flags, restorer, mask.
+    let mut old = [0u64; 4];
+    let dfl = [0u64; 4];
+    // SAFETY: rt_sigaction with a NULL new action reads the current one into `old`, 32
+    // bytes of our stack, with the kernel's 8-byte signal set.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            std::ptr::null::<u64>(),
+            old.as_mut_ptr(),
+            8usize,
+        )
+    };
+    if r == 0 && old[0] != libc::SIG_DFL as u64 && old[0] != libc::SIG_IGN as u64 {
+        // SAFETY: as above; SIG_DFL with no flags and an empty mask.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                dfl.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                8usize,
+            )
+        };
+    }
 }
 
 /// The name of signal `sig` (`strsignal`).

@@ -195,3 +195,61 @@ fn siglongjmp_out_of_a_return_hook_leaves_the_probes_working() {
         }
     }
 }
+
+/// Issue 26, item 11: a traced program's `/proc/PID/status` showed signals 32 and 33 (the C
+/// library's own) as ignored, from the posix_spawn that started it; it now starts with the
+/// dispositions it has untraced.
+#[test]
+fn a_traced_program_starts_with_its_untraced_signal_dispositions() {
+    let exe = common::build_at_test_time(
+        "cc",
+        "sigign.c",
+        r#"
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    char buf[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    while (fgets(buf, sizeof buf, f))
+        if (!strncmp(buf, "SigIgn:", 7) || !strncmp(buf, "SigBlk:", 7)) fputs(buf, stdout);
+    return 0;
+}
+"#,
+        &["-O1"],
+    )
+    .expect("cc builds sigign.c");
+    // Both started as from a shell, where signals 32 and 33 have their default action (this
+    // test process's own children inherit them ignored: it was spawned by posix_spawn too).
+    let run = |cmd: &mut std::process::Command| {
+        // SAFETY: two raw rt_sigaction calls in the forked child: async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(cmd, || {
+                let dfl = [0u64; 4];
+                for sig in [32, 33] {
+                    libc::syscall(
+                        libc::SYS_rt_sigaction,
+                        sig,
+                        dfl.as_ptr(),
+                        std::ptr::null_mut::<u64>(),
+                        8usize,
+                    );
+                }
+                Ok(())
+            })
+        };
+        cmd.output().unwrap()
+    };
+    let plain = stdout(&run(&mut std::process::Command::new(&exe)));
+    let ign = |s: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+            .unwrap_or_else(|| panic!("{s}"))
+    };
+    assert_eq!(ign(&plain) & (3 << 31), 0, "{plain}");
+    let out = run(common::ftprobe()
+        .args(["trace", "-e", "p:m main", "-o", "/dev/null", "--"])
+        .arg(&exe));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout(&out), plain);
+}
