@@ -844,3 +844,71 @@ fn an_attached_session_is_controlled_too() {
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("foreign 0 of "));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 26, item 7: with `XDG_RUNTIME_DIR` unset the control socket was under the
+/// predictable `/tmp/ftprobe-UID`, which another user could make first (then `trace
+/// --control` failed). It is now under the user's own directories (`/run/user/UID`, or
+/// `~/.cache/ftprobe/run`): a `/tmp/ftprobe-UID` of another user's changes nothing.
+#[test]
+fn another_users_tmp_directory_does_not_stop_a_control_session() {
+    let (exe, dir, shm, shared) = setup("ctl_tmp.c", FIXTURE, "control-tmp");
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let squatted = std::path::PathBuf::from(format!("/tmp/ftprobe-{uid}"));
+    let made_here = uid == 0 && !squatted.exists() && std::fs::create_dir(&squatted).is_ok();
+    if made_here {
+        // Another user's (nobody's), as an attacker's would be.
+        std::os::unix::fs::chown(&squatted, Some(65534), Some(65534)).unwrap();
+    }
+    let home = dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let out = dir.join("trace.txt");
+    let mut cli = common::ftprobe()
+        .args(["trace", "--control", "-e", "p:a probed_a", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .arg(&shm)
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("XDG_CACHE_HOME")
+        .env("HOME", &home)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while shared.ready() < THREADS as i64 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = pgrep_child(cli.id());
+    let ctl = common::ftprobe()
+        .arg("ctl")
+        .arg(pid.to_string())
+        .arg("cat kprobe_events")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("XDG_CACHE_HOME")
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    // The socket is in a directory of the user's own, never under /tmp.
+    let run_user = std::path::PathBuf::from(format!("/run/user/{uid}/ftprobe/ctl-{pid}"));
+    let in_home = home.join(format!(".cache/ftprobe/run/ctl-{pid}"));
+    let where_ = (run_user.exists(), in_home.exists());
+    shared.stop();
+    let status = cli.wait().unwrap();
+    let mut err = String::new();
+    cli.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    if made_here {
+        let _ = std::fs::remove_dir(&squatted);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "{err}");
+    assert!(
+        where_.0 || where_.1,
+        "no socket in /run/user/{uid} nor in HOME"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&ctl.stdout),
+        "p:a probed_a\n",
+        "{}",
+        String::from_utf8_lossy(&ctl.stderr)
+    );
+}

@@ -370,22 +370,43 @@ pub mod client {
 
     use super::Reply;
 
-    /// The directory of this user's control sockets: `$XDG_RUNTIME_DIR/ftprobe`, else
-    /// `/tmp/ftprobe-UID`; made (mode 0700) if missing; refused if another user owns it or
-    /// others may enter it.
-    pub fn socket_dir() -> std::io::Result<PathBuf> {
+    /// The directories a control socket may be in, best first: `$XDG_RUNTIME_DIR/ftprobe`;
+    /// with that unset, `/run/user/UID/ftprobe` (systemd's runtime directory of the user,
+    /// when there is one, private to the user); then `$XDG_CACHE_HOME/ftprobe/run` (else
+    /// `~/.cache/ftprobe/run`). None under a directory every user may write (`/tmp`), where
+    /// another user could make it first and so refuse every session (issue 26, item 7).
+    fn candidates() -> Vec<PathBuf> {
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
-        let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-            Some(d) => PathBuf::from(d).join("ftprobe"),
-            None => PathBuf::from(format!("/tmp/ftprobe-{uid}")),
+        let abs = |v: Option<std::ffi::OsString>| {
+            v.filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
         };
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+        let mut out = Vec::new();
+        if let Some(d) = abs(std::env::var_os("XDG_RUNTIME_DIR")) {
+            out.push(d.join("ftprobe"));
+        } else {
+            let run = PathBuf::from(format!("/run/user/{uid}"));
+            if std::fs::symlink_metadata(&run)
+                .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0)
+            {
+                out.push(run.join("ftprobe"));
+            }
         }
-        let m = std::fs::symlink_metadata(&dir)?;
+        let cache = abs(std::env::var_os("XDG_CACHE_HOME"))
+            .or_else(|| abs(std::env::var_os("HOME")).map(|h| h.join(".cache")));
+        if let Some(c) = cache {
+            out.push(c.join("ftprobe").join("run"));
+        }
+        out
+    }
+
+    /// Whether `dir` is a directory of this user's that no one else may enter.
+    fn is_private(dir: &std::path::Path) -> std::io::Result<()> {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let m = std::fs::symlink_metadata(dir)?;
         if !m.is_dir() || m.uid() != uid || m.permissions().mode() & 0o077 != 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
@@ -395,12 +416,51 @@ pub mod client {
                 ),
             ));
         }
-        Ok(dir)
+        Ok(())
     }
 
-    /// The control socket of the session tracing process `pid`.
+    /// The longest socket path (`sockaddr_un`'s 108 bytes with the NUL), for `ctl-PID`.
+    const MAX_PATH: usize = 107 - "ctl-4294967295".len() - 1;
+
+    /// The directory of this user's control sockets: the first of the places above that is,
+    /// or can be made (mode 0700), private to this user.
+    pub fn socket_dir() -> std::io::Result<PathBuf> {
+        let mut why = Vec::new();
+        for dir in candidates() {
+            if dir.as_os_str().len() > MAX_PATH {
+                why.push(format!("{}: too long for a socket's path", dir.display()));
+                continue;
+            }
+            let made = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir);
+            match made.and_then(|()| is_private(&dir)) {
+                Ok(()) => return Ok(dir),
+                Err(e) => why.push(e.to_string()),
+            }
+        }
+        if why.is_empty() {
+            why.push("neither XDG_RUNTIME_DIR nor HOME is set".into());
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no directory for the control socket: {}", why.join("; ")),
+        ))
+    }
+
+    /// The control socket of the session tracing process `pid`: where a session serves it
+    /// (in one of the places above that is private to this user), else where a new one
+    /// would.
     pub fn socket_path(pid: u32) -> std::io::Result<PathBuf> {
-        Ok(socket_dir()?.join(format!("ctl-{pid}")))
+        let name = format!("ctl-{pid}");
+        for dir in candidates() {
+            let p = dir.join(&name);
+            if std::fs::symlink_metadata(&p).is_ok() && is_private(&dir).is_ok() {
+                return Ok(p);
+            }
+        }
+        Ok(socket_dir()?.join(name))
     }
 
     /// A connection to the session tracing process `pid`.
