@@ -221,7 +221,7 @@ fn config_from_env(fd: &str, cli_pid: i32) -> Result<AgentConfig, StartError> {
             .ok()
             .and_then(|v| v.parse::<i32>().ok()),
     };
-    // SAFETY (set_var/remove_var): we run from .init_array before main; no other thread
+    // SAFETY (environ::remove, environ::shorten): we run from .init_array before main; no other thread
     // reads the environment concurrently (ftrace::init checks that we are alone).
     // Libraries the CLI preloaded before the agent (a sanitizer's runtime, which must come
     // first): taken out of LD_PRELOAD too, as the agent itself.
@@ -229,8 +229,9 @@ fn config_from_env(fd: &str, cli_pid: i32) -> Result<AgentConfig, StartError> {
     let added: Vec<&str> = added.split(':').filter(|p| !p.is_empty()).collect();
     follow::save();
     for var in follow::SESSION_VARS {
-        // SAFETY: see above: constructor, single thread.
-        unsafe { std::env::remove_var(var) };
+        // SAFETY: see above: constructor, single thread; the agent keeps no pointer into
+        // the environment (what it needs was copied above and by `follow::save`).
+        unsafe { environ::remove(var) };
     }
     if let Ok(preload) = std::env::var("LD_PRELOAD") {
         let rest: Vec<&str> = preload
@@ -238,11 +239,12 @@ fn config_from_env(fd: &str, cli_pid: i32) -> Result<AgentConfig, StartError> {
             .filter(|p| !p.is_empty() && !p.ends_with("libftprobe_agent.so") && !added.contains(p))
             .collect();
         if rest.is_empty() {
-            // SAFETY: see above: constructor, single thread.
-            unsafe { std::env::remove_var("LD_PRELOAD") };
+            // SAFETY: see above: constructor, single thread (the dynamic loader read
+            // LD_PRELOAD before any constructor ran).
+            unsafe { environ::remove("LD_PRELOAD") };
         } else {
             // SAFETY: see above: constructor, single thread.
-            unsafe { environ::shorten(c"LD_PRELOAD", &rest.join(":")) };
+            unsafe { environ::shorten("LD_PRELOAD", &rest.join(":")) };
         }
     }
     if fd_num.is_none() {

@@ -333,3 +333,22 @@ fn an_event_can_have_several_probes() {
         );
     }
 }
+
+/// Issue 26, item 8: bash defines its own `getenv`/`unsetenv` (its definitions win over the
+/// C library's), so the agent's `unsetenv` of its session variables did nothing there: bash
+/// saw `LD_PRELOAD` and 12 `FTPROBE_*` variables, and `/proc/PID/environ` listed them. The
+/// agent edits `environ` itself now, and clears the bytes: bash sees only what the user set,
+/// as untraced.
+#[test]
+fn bash_sees_only_the_users_environment() {
+    let script = "echo \"[$LD_PRELOAD]\"; export -p | grep -c FTPROBE; \
+                  tr '\\0' '\\n' < /proc/$$/environ | grep -c .";
+    let plain = common::untraced(&["/bin/bash", "-c", script]);
+    let plain = String::from_utf8_lossy(&plain.stdout).into_owned();
+    let (out, text) = trace(&["-e", "p:g libc:getenv"], &["/bin/bash", "-c", script]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(events(&text).any(|l| l.contains(" g: ")), "{text}");
+    let traced = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(traced.starts_with("[]\n0\n"), "{traced}");
+    assert_eq!(traced, plain);
+}
