@@ -6,6 +6,7 @@
 //! The sinks read the rings through [`Source`], which a recording ([`crate::replay`]) also
 //! implements: live `trace` and `replay` format through the same code.
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -600,10 +601,48 @@ pub struct Live<'a> {
     /// threads.
     freed_now: u32,
     held_by_ended: u32,
+    /// The traced process (the CLI's child, or the attached one), as this process sees it.
+    target: u32,
+    /// Per pid an agent wrote into a ring: whether it is the target or a descendant in this
+    /// pid namespace, i.e. the same process here (looked at while it lived). Only for those
+    /// is an ending ring's owner told gone.
+    ours: std::cell::RefCell<HashMap<u32, bool>>,
+}
+
+/// Whether process `pid` (as this process sees it) is in this process's pid namespace.
+fn same_pid_ns(pid: u32) -> bool {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let own = ns("self");
+    own.is_some() && own == ns(&pid.to_string())
+}
+
+/// Whether live process `pid` is `target` or a descendant of it, in this pid namespace.
+fn descends_from(target: u32, pid: u32) -> bool {
+    let mut p = pid;
+    for _ in 0..64 {
+        if !same_pid_ns(p) {
+            return false;
+        }
+        if p == target {
+            return true;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            return false;
+        };
+        match stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok())
+        {
+            Some(ppid) if ppid > 1 => p = ppid,
+            _ => return false,
+        }
+    }
+    false
 }
 
 impl<'a> Live<'a> {
-    pub fn new(rings: &'a SharedRings) -> Live<'a> {
+    pub fn new(rings: &'a SharedRings, target: u32) -> Live<'a> {
         Live {
             rings,
             prefaulter: Prefaulter::new(rings),
@@ -614,7 +653,20 @@ impl<'a> Live<'a> {
             stopped_short: false,
             freed_now: 0,
             held_by_ended: 0,
+            target,
+            ours: std::cell::RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Whether thread `tid` of process `pid` (as the agent there saw them) has ended: `pid`
+    /// is known to be the target or a descendant in this pid namespace (see `ours`), and
+    /// `/proc/PID/task/TID` is gone. Never for a process of another namespace.
+    fn owner_gone(&self, pid: u32, tid: u32) -> bool {
+        let mut ours = self.ours.borrow_mut();
+        let known = *ours
+            .entry(pid)
+            .or_insert_with(|| descends_from(self.target, pid));
+        known && !Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
     }
 
     /// Before a poll: a stream for each ring that has a new owner.
@@ -624,6 +676,15 @@ impl<'a> Live<'a> {
                 continue;
             }
             if let Some((tid, comm, _)) = self.rings.owner(i) {
+                // While its process lives: whether it is one of ours (`owner_gone`).
+                let pid = self.rings.owner_pid(i);
+                if pid != 0 {
+                    let target = self.target;
+                    self.ours
+                        .get_mut()
+                        .entry(pid)
+                        .or_insert_with(|| descends_from(target, pid));
+                }
                 let n = comm.iter().position(|&b| b == 0).unwrap_or(16);
                 self.open[i as usize] = Some(self.streams.len() as u32);
                 self.streams.push(Stream {
@@ -647,7 +708,8 @@ impl<'a> Live<'a> {
             let Some(s) = self.open[i as usize] else {
                 continue;
             };
-            if let Some((_, _, lost)) = self.rings.free_released(i) {
+            let gone = |pid: u32, tid: u32| self.owner_gone(pid, tid);
+            if let Some((_, _, lost)) = self.rings.free_released(i, gone) {
                 self.streams[s as usize].lost = Some(lost);
                 self.open[i as usize] = None;
                 self.prefaulter.forget(i);
@@ -951,7 +1013,7 @@ pub fn run<K: Sink>(plan: Plan, sink: &mut K) -> Result<i32> {
     };
     // While the target starts: fault in the first pages of ring 0 (its first thread's, as a
     // rule), then finish calibrating the clock (only the text output needs it).
-    let mut live = Live::new(&rings);
+    let mut live = Live::new(&rings, child.id());
     live.prefaulter.first_ring(&rings);
     rings.set_clock(Clock::finish_calibration(clock_start));
     let exit = ExitWatch::new(child.id());
@@ -1185,7 +1247,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         None => (None, None),
     };
     eprintln!("ftprobe: tracing process {pid} (Ctrl-C to stop)");
-    let mut live = Live::new(&rings);
+    let mut live = Live::new(&rings, pid as u32);
     let deadline = args
         .duration
         .map(|s| std::time::Instant::now() + Duration::from_secs_f64(s.max(0.0)));

@@ -396,3 +396,70 @@ fn key_destructors_at_a_thread_end_are_traced() {
         assert_eq!(lost_total(&text), 0, "{args:?}");
     }
 }
+
+/// Issue 26, item 9 (uftrace's `s-malloc-tsd`): after a thread's pthread key destructors,
+/// glibc's `__libc_thread_freeres` calls the program's own `free`; those events were lost
+/// ("2 events lost (no ring free)") because the ring was given back in the last destructor
+/// round. A thread's ring now serves it until its last instruction: every `free` the worker
+/// makes is traced, the program's own count, with nothing lost, with or without the thread
+/// function traced too.
+#[test]
+fn a_thread_keeps_its_ring_until_its_last_instruction() {
+    let exe = common::build_at_test_time(
+        "cc",
+        "malloc_tsd.c",
+        r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+extern void *__libc_malloc(size_t);
+extern void __libc_free(void *);
+static __thread int worker;
+static int frees, worker_tid;
+void *malloc(size_t n) { return __libc_malloc(n); }
+void free(void *p) { if (worker) __atomic_add_fetch(&frees, 1, __ATOMIC_RELAXED); __libc_free(p); }
+static pthread_key_t key;
+static void dtor(void *p) { free(p); }
+void *thread(void *a) {
+    worker = 1;
+    worker_tid = syscall(SYS_gettid);
+    pthread_setspecific(key, malloc(16));
+    free(malloc(8));
+    return a;
+}
+int main(void) {
+    pthread_key_create(&key, dtor);
+    pthread_t t;
+    pthread_create(&t, 0, thread, 0);
+    pthread_join(t, 0);
+    printf("tid=%d frees=%d\n", worker_tid, frees);
+    return 0;
+}
+"#,
+        &["-O0", "-pg", "-mfentry", "-pthread"],
+    )
+    .expect("cc builds malloc_tsd.c");
+    let exe = exe.to_str().unwrap();
+    for filter in [&["-F", "free"][..], &["-F", "free", "-F", "thread"][..]] {
+        let (out, text) = trace(filter, &[exe]);
+        assert!(out.status.success(), "{text}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let field = |k: &str| -> u64 {
+            stdout
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{k} in {stdout}"))
+        };
+        let (tid, frees) = (field("tid="), field("frees="));
+        // free(p) in the thread, the key's destructor, and the C library's at the end.
+        assert!(frees >= 3, "{stdout}");
+        let traced = common::events(&text)
+            .filter(|l| l.contains(&format!("-{tid} ")) && l.contains(" free <-"))
+            .count() as u64;
+        assert_eq!(traced, frees, "{filter:?}: {stdout}\n{text}");
+        assert_eq!(common::lost_events(&text), 0, "{filter:?}: {text}");
+    }
+}

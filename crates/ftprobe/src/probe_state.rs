@@ -40,9 +40,6 @@ pub(crate) enum ThreadRing {
         freed: u64,
         why: crate::ring::NoRing,
     },
-    /// The thread released its ring (it is ending: its pthread key destructor ran): later
-    /// events are counted as lost, as in `NoneFree`, and never claim again.
-    Ended { slot: u32 },
 }
 
 /// Between a non-boosted int3 hit and its slot's trap.

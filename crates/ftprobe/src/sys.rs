@@ -284,6 +284,15 @@ pub fn getpid() -> u32 {
     unsafe { raw_syscall2(libc::SYS_getpid, 0, 0) as u32 }
 }
 
+/// Whether thread `tid` of this process no longer exists (`tgkill(pid, tid, 0)` fails with
+/// ESRCH). *Probe path*: two raw syscalls.
+#[inline(never)]
+pub fn thread_gone(tid: u32) -> bool {
+    // SAFETY: tgkill with signal 0 only checks that the thread exists and may be signalled.
+    let r = unsafe { raw_syscall4(libc::SYS_tgkill, u64::from(getpid()), u64::from(tid), 0, 0) };
+    r == -i64::from(libc::ESRCH)
+}
+
 /// The calling thread's name (`comm`, 16 bytes, NUL-padded). *Probe path*: one raw syscall.
 #[inline(never)]
 pub fn thread_comm() -> [u8; 16] {

@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 
 pub use crate::probe_state::fix_thread_state_offset;
 use crate::probe_state::{self, stack_pointer, Entry, ThreadRing, ThreadState};
-use crate::ring::{self, NoRing, RingWriter, SectionWriter, SharedRings};
+use crate::ring::{self, RingWriter, SectionWriter, SharedRings};
 use crate::sys;
 
 /// Record types written into the rings. Their `aux` bits and payload words are documented, and
@@ -282,12 +282,6 @@ fn no_ring(t: &ThreadState) -> Option<RingWriter<'static>> {
         ThreadRing::NoneFree { slot, freed, why } => {
             (rings.freed() == freed).then_some((slot, why))
         }
-        ThreadRing::Ended { slot } if slot != u32::MAX => Some((slot, NoRing::AfterEnd)),
-        ThreadRing::Ended { .. } => {
-            let slot = rings.lost_slot(sys::gettid());
-            t.ring.set(ThreadRing::Ended { slot });
-            Some((slot, NoRing::AfterEnd))
-        }
     };
     if let Some((slot, why)) = slot {
         rings.note_lost_no_ring_as(slot, why);
@@ -496,7 +490,6 @@ fn claim_ring(t: &ThreadState, rings: &'static SharedRings) -> Option<RingWriter
     let state = match t.ring.get() {
         // A handler claimed between our look and the block.
         ThreadRing::Claimed(w) => ThreadRing::Claimed(w),
-        ThreadRing::Ended { slot } => ThreadRing::Ended { slot },
         prior => {
             let tid = sys::gettid();
             // Taken before the claim: a ring freed after this is seen by the next retry.
@@ -583,8 +576,10 @@ fn note_thread_ring() {
 const DESTRUCTOR_ROUNDS: usize = 4;
 
 /// The key's destructor, in the ending thread (glibc's `start_thread`): close the thread's
-/// function_graph calls (their records go into the ring), then release the ring. Events
-/// after this are counted as lost for the thread (`ThreadRing::Ended`).
+/// function_graph calls (their records go into the ring), then mark the ring as ending: the
+/// thread goes on writing its events into it until its last instruction (glibc's
+/// `__libc_thread_freeres` calls the program's `free` after every destructor: uftrace's
+/// `s-malloc-tsd`, issue 26, item 9), and the reader frees it once the thread is gone.
 ///
 /// glibc calls the keys' destructors in rounds, in key order, while some key still has a
 /// value (at most [`DESTRUCTOR_ROUNDS`]); ftprobe's key is one of the first, so releasing in
@@ -602,7 +597,7 @@ unsafe extern "C" fn release_at_exit(value: *mut libc::c_void) {
     release_this_thread();
 }
 
-/// Release this thread's ring (its end): see `release_at_exit`.
+/// This thread's end (its last pthread key destructor): see `release_at_exit`.
 pub fn release_this_thread() {
     let t = probe_state::this_thread();
     let Some(rings) = buffer() else { return };
@@ -610,9 +605,7 @@ pub fn release_this_thread() {
         return;
     };
     crate::ftrace::fgraph::thread_ending(t);
-    // The thread's last sections are closed (a destructor runs outside any probe).
-    t.ring.set(ThreadRing::Ended { slot: u32::MAX });
-    rings.release(w);
+    rings.ending(&w);
 }
 
 /// Probe path: timestamp and CPU for an event.

@@ -31,10 +31,10 @@ fn a_claim_without_a_ring_says_why_and_rings_are_reused_from_the_lowest() {
         "a release wakes the threads without a ring"
     );
     assert_eq!(sr.claim_or_why(4, COMM).err(), Some(NoRing::Unreclaimed));
-    assert_eq!(sr.free_released(1), None, "not read yet");
+    assert_eq!(sr.free_released(1, |_, _| false), None, "not read yet");
     let mut r = sr.reader(1).expect("reader");
     assert_eq!(r.drain(|_, _| {}), 1);
-    assert_eq!(sr.free_released(1).map(|o| o.0), Some(2));
+    assert_eq!(sr.free_released(1, |_, _| false).map(|o| o.0), Some(2));
     assert_eq!(sr.freed(), freed + 2);
     // The freed ring is the one taken: the rings in use stay at the low indices.
     let d = sr.claim_or_why(4, COMM).expect("the freed ring");

@@ -29,6 +29,10 @@ pub const MAX_NEST: u32 = 8;
 pub(super) const STATE_FREE: u32 = 0;
 pub(super) const STATE_OWNED: u32 = 1;
 pub(super) const STATE_RELEASED: u32 = 2;
+/// The owner is ending (its last pthread key destructors ran) but may still write (the C
+/// library's own exit work, e.g. `free` calls): the reader frees the ring once the owner
+/// thread is gone and everything was read.
+pub(super) const STATE_ENDING: u32 = 3;
 /// Entries in the objects table.
 pub const MAX_OBJECTS: usize = 512;
 /// Entries in the event counters table: kprobe events with a larger id keep their counters

@@ -57,9 +57,12 @@
 //! # Owners, sizes and memory
 //!
 //! A ring belongs to one thread at a time, its owner. A thread claims a free ring at its
-//! first event ([`SharedRings::claim`]: state free -> owned, then `tid` and `comm`), and
-//! releases it when it ends ([`SharedRings::release`]: owned -> released, from a pthread key
-//! destructor). The reader frees a released ring once it has read everything in it
+//! first event ([`SharedRings::claim`]: state free -> owned, then `tid` and `comm`), marks it
+//! ending when its last pthread key destructor runs ([`SharedRings::ending`]: it goes on
+//! writing until its last instruction), and it is released once the owner is gone (owned or
+//! ending -> released: [`SharedRings::release`] by the owner itself, a claim that finds the
+//! ending owner gone, or the reader's `gone` in [`SharedRings::free_released`]). The reader
+//! frees a released ring once it has read everything in it
 //! ([`SharedRings::free_released`]): it takes the owner's tid, comm and `lost` first (its
 //! snapshot: every record it has read from the ring since it saw the owner's `tid` is that
 //! owner's), gives the ring's pages back to the system (`MADV_REMOVE`), zeroes the producer
@@ -582,8 +585,26 @@ impl SharedRings {
             let Some(desc) = self.desc(i) else { break };
             // Acquire: pairs with the Release store of STATE_FREE in `free_released`: the
             // reader's zeroing of the descriptor happens before our writes to it.
-            let state = desc.prod.0.state.load(Relaxed);
-            if state == STATE_RELEASED {
+            let mut state = desc.prod.0.state.load(Relaxed);
+            if state == STATE_ENDING {
+                // An ending ring of a thread of this process that is gone: released now (its
+                // last record came before its exit). Another process's (a fork's) is left
+                // to that process: its pids may not be ours.
+                let p = &desc.prod.0;
+                let tid = p.tid.load(Relaxed);
+                if tid != 0
+                    && desc.tail.0.pid.load(Relaxed) == crate::sys::getpid()
+                    && crate::sys::thread_gone(tid)
+                    && p.state
+                        .compare_exchange(STATE_ENDING, STATE_RELEASED, Release, Relaxed)
+                        .is_ok()
+                {
+                    // Relaxed: a hint for threads without a ring.
+                    c.freed.fetch_add(1, Relaxed);
+                    state = STATE_RELEASED;
+                }
+            }
+            if state == STATE_RELEASED || state == STATE_ENDING {
                 released = true;
             }
             if state != STATE_FREE
@@ -634,6 +655,17 @@ impl SharedRings {
         self.header().counters.0.freed.fetch_add(1, Relaxed);
     }
 
+    /// Probe path (a thread's end, its last pthread key destructor): mark `w`'s ring as
+    /// ending. The owner goes on writing into it until its last instruction (the C library's
+    /// exit work after the destructors calls traced functions). The reader frees it once
+    /// the owner is gone ([`free_released`](Self::free_released)'s `gone`), or a later claim
+    /// in the same process that finds the owner gone (`tgkill(pid, tid, 0)`: ESRCH) releases
+    /// it and the reader frees it as any released ring.
+    pub fn ending(&self, w: &RingWriter<'_>) {
+        // Relaxed: only the owner's process looks at it, after the owner is gone.
+        w.desc().state.store(STATE_ENDING, Relaxed);
+    }
+
     /// Reader side: ring `i`'s owner now, (tid, comm, released); `None` while it is free.
     pub fn owner(&self, i: u32) -> Option<(u32, [u8; 16], bool)> {
         let p = &self.desc(i)?.prod.0;
@@ -656,15 +688,33 @@ impl SharedRings {
         self.desc(i).map_or(0, |d| d.tail.0.pid.load(Relaxed))
     }
 
-    /// Reader side: if ring `i` was released by its owner and everything in it was read,
+    /// Reader side: if ring `i` was released by its owner (or, ending, found gone by a
+    /// claim, [`claim`](Self::claim), or by `gone(pid, tid)`) and everything in it was read,
     /// free it for another thread: its memory goes back to the system and to the budget.
     /// Returns the owner's (tid, comm, lost) then, `None` when the ring is not ready.
-    pub fn free_released(&self, i: u32) -> Option<(u32, [u8; 16], u64)> {
+    /// `gone` must never say so of a live thread (its later records would go into a ring
+    /// another thread owns): it answers for the pid and tid the owner had in its own pid
+    /// namespace.
+    pub fn free_released(
+        &self,
+        i: u32,
+        gone: impl Fn(u32, u32) -> bool,
+    ) -> Option<(u32, [u8; 16], u64)> {
         let desc = self.desc(i)?;
         let p = &desc.prod.0;
-        // Acquire: pairs with `release`: the owner's last `head` is visible.
-        if p.state.load(Acquire) != STATE_RELEASED {
-            return None;
+        // Acquire: pairs with `release`: the owner's last `head` is visible (for an ending
+        // ring, the owner's exit happened before `gone` saw it gone).
+        match p.state.load(Acquire) {
+            STATE_RELEASED => {}
+            STATE_ENDING => {
+                let tid = p.tid.load(Acquire);
+                let pid = desc.tail.0.pid.load(Relaxed);
+                if tid == 0 || pid == 0 || !gone(pid, tid) {
+                    return None;
+                }
+                std::sync::atomic::fence(Acquire);
+            }
+            _ => return None,
         }
         if p.head.load(Acquire) != desc.tail.0.tail.load(Relaxed) {
             return None;
@@ -1428,6 +1478,29 @@ mod tests {
         );
     }
 
+    /// A ring its owner marked ending (its last pthread key destructor ran) takes the owner's
+    /// later records, and is freed only once the owner is gone (the reader's `gone`, for the
+    /// pid and tid the owner claimed with) and it was read to the end (issue 26, item 9).
+    #[test]
+    fn an_ending_ring_is_freed_once_its_owner_is_gone() {
+        let sr = rings(1, 1 << 16);
+        let w = sr.claim(100, COMM).unwrap();
+        assert!(w.write3(1, 1, 1, 1));
+        sr.ending(&w);
+        assert!(w.write3(1, 2, 2, 2), "written after the destructors");
+        let pid = crate::sys::getpid();
+        let mut r = sr.reader(0).unwrap();
+        assert_eq!(drain_all(&mut r).len(), 2);
+        assert_eq!(sr.free_released(0, |_, _| false), None, "owner alive");
+        assert_eq!(
+            sr.free_released(0, |p, t| (p, t) == (pid, 100)).map(|o| o.0),
+            Some(100)
+        );
+        assert_eq!(sr.owner(0), None);
+        // Freed: a claim gets it again.
+        assert!(sr.claim(101, COMM).is_some());
+    }
+
     /// A ring released by its owner is freed only once read to the end; then another thread
     /// claims it, from a clean start, and a reader left from before (its tail ahead of the
     /// new owner's head) reads nothing rather than garbage.
@@ -1442,14 +1515,14 @@ mod tests {
         assert_eq!(sr.ring_size(0), Some(32 << 10), "grew on its first lap");
         let used = sr.budget_used();
         assert!(sr.claim(101, COMM).is_none(), "one ring, owned");
-        assert_eq!(sr.free_released(0), None, "not released");
+        assert_eq!(sr.free_released(0, |_, _| false), None, "not released");
         sr.release(w);
         assert_eq!(sr.owner(0).map(|o| (o.0, o.2)), Some((100, true)));
-        assert_eq!(sr.free_released(0), None, "not read yet");
+        assert_eq!(sr.free_released(0, |_, _| false), None, "not read yet");
         let freed = sr.freed();
         let mut r = sr.reader(0).unwrap();
         assert_eq!(drain_all(&mut r).len(), 1000);
-        let (tid, comm, lost) = sr.free_released(0).unwrap();
+        let (tid, comm, lost) = sr.free_released(0, |_, _| false).unwrap();
         assert_eq!((tid, comm, lost), (100, COMM, 0));
         assert_eq!(sr.freed(), freed + 1);
         assert_eq!(sr.budget_used(), used - (32 << 10));

@@ -1339,7 +1339,7 @@ mod tests {
         sr.release(w);
         let got = drain_all(&mut r);
         assert_eq!(split_lost(&got), (vec![7], vec![]));
-        let (_, _, lost) = sr.free_released(0).unwrap();
+        let (_, _, lost) = sr.free_released(0, |_, _| false).unwrap();
         assert_eq!(lost, 7);
         // The next owner starts with nothing to mark.
         let w2 = sr.claim(2, COMM).unwrap();
