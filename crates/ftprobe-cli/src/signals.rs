@@ -2,12 +2,19 @@
 //! forwarded to the target, so that ftprobe keeps draining the rings until the target has
 //! exited and nothing recorded is lost.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 static PENDING: AtomicI32 = AtomicI32::new(0);
+static RECEIVED: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     PENDING.store(sig, Ordering::Relaxed);
+    RECEIVED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many termination signals came so far (a second Ctrl-C stops the last print-out).
+pub fn received() -> u32 {
+    RECEIVED.load(Ordering::Relaxed)
 }
 
 /// Catch SIGINT, SIGTERM, SIGHUP and SIGQUIT from now on.

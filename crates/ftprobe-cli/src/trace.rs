@@ -269,19 +269,26 @@ impl Printer {
         self.recorded = chunked;
         if self.final_poll && !chunked {
             // The writers are gone: drain every ring (a ring whose queue is full waits for
-            // the next round) and print, until nothing is left. A signal now (the first
-            // ended the session: Ctrl-C again) stops the printing: the rest is counted.
+            // the next round) and print, until nothing is left. A second signal (the first
+            // ended the session, or was forwarded to the program) stops the printing: the
+            // rest is counted. One signal alone does not (the program's exit ended this
+            // session, and one Ctrl-C came after it).
             let drain_start = std::time::Instant::now();
             let mut said = false;
             loop {
-                if !self.discarding && crate::signals::take_pending().is_some() {
+                if !self.discarding && crate::signals::received() >= 2 {
                     self.discarding = true;
                 }
                 if !said && !self.discarding && drain_start.elapsed() >= SAY_STILL_PRINTING {
                     said = true;
+                    let again = if crate::signals::received() == 0 {
+                        "Ctrl-C twice"
+                    } else {
+                        "Ctrl-C again"
+                    };
                     eprintln!(
-                        "ftprobe: still printing the events the rings hold (Ctrl-C again to \
-                         stop printing)"
+                        "ftprobe: still printing the events the rings hold ({again} to stop \
+                         printing)"
                     );
                 }
                 self.drain_round(rings, true);

@@ -396,14 +396,24 @@ fn sessions_one_after_another_do_not_pile_up_their_rings() {
             "cycle {i}: {said}"
         );
         let (rings, kb) = rings_and_rss(pid);
-        assert!(rings <= 1, "cycle {i}: {rings} ring mappings");
-        rss.push(kb);
+        // The last session's, and at most one before it: an attach that finds a thread
+        // stopped in ftprobe's code (the self-signalling thread in the handler wrapper,
+        // rarely) leaves the old rings to the next attach (found in a full test run).
+        assert!(rings <= 2, "cycle {i}: {rings} ring mappings");
+        rss.push((rings, kb));
     }
-    // From the third session on (the agent, its ftrace tables and one session's rings are
-    // there by then), less than one session's ring pages (2.5 MiB) more over 7 sessions.
+    let deferred = rss.iter().filter(|r| r.0 == 2).count();
     assert!(
-        rss[9] < rss[2] + 2500,
-        "VmRSS (KiB) after each session: {rss:?}"
+        deferred <= 3,
+        "ring mappings and VmRSS (KiB) per session: {rss:?}"
+    );
+    // From the third session on (the agent, its ftrace tables and one session's rings are
+    // there by then), less than one session's ring pages (2.5 MiB) more over 7 sessions,
+    // among the sessions that left one session's rings.
+    let one: Vec<u64> = rss[2..].iter().filter(|r| r.0 <= 1).map(|r| r.1).collect();
+    assert!(
+        one.len() >= 2 && *one.last().unwrap() < one[0] + 2500,
+        "ring mappings and VmRSS (KiB) per session: {rss:?}"
     );
     assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
 }

@@ -1493,7 +1493,8 @@ mod tests {
         assert_eq!(drain_all(&mut r).len(), 2);
         assert_eq!(sr.free_released(0, |_, _| false), None, "owner alive");
         assert_eq!(
-            sr.free_released(0, |p, t| (p, t) == (pid, 100)).map(|o| o.0),
+            sr.free_released(0, |p, t| (p, t) == (pid, 100))
+                .map(|o| o.0),
             Some(100)
         );
         assert_eq!(sr.owner(0), None);
