@@ -514,6 +514,23 @@ int main(void) {
 }
 "#;
 
+/// Start `exe` (built from [`GPROF_PROGRAM`]) and wait for its `ready`: the child, its
+/// output, its pid.
+fn start_ready(exe: &std::path::Path) -> (KillOnDrop, BufReader<std::process::ChildStdout>, i32) {
+    let mut child = KillOnDrop::spawn(
+        Command::new(exe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+    )
+    .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id() as i32;
+    (child, out, pid)
+}
+
 /// Issue 26, item 2: a detach puts back the bytes the sites held at the attach, whatever
 /// their form: a `-pg -mfentry` PIE calls `__fentry__` through the GOT (`ff 15`, 6 bytes;
 /// gprof is on, the link used `-pg`), a `-pg` non-PIE calls `mcount` after the prologue
@@ -535,17 +552,8 @@ fn detach_puts_back_the_bytes_the_sites_held_at_the_attach() {
     ] {
         let exe = common::build_at_test_time("cc", name, GPROF_PROGRAM, flags)
             .unwrap_or_else(|| panic!("cc {flags:?} builds {name}"));
-        let mut child = KillOnDrop::spawn(
-            Command::new(&exe)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped()),
-        )
-        .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (mut child, mut out, pid) = start_ready(&exe);
         let mut line = String::new();
-        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        assert_eq!(line, "ready\n");
-        let pid = child.id() as i32;
         let before = code_bytes(pid);
         let site_form = |bytes: &[(String, Vec<u8>)]| {
             bytes
@@ -603,17 +611,8 @@ fn a_second_sigint_stops_a_long_print_out() {
         &["-O2", "-fpatchable-function-entry=5", "-pthread"],
     )
     .expect("cc builds the program");
-    let mut child = KillOnDrop::spawn(
-        Command::new(&exe)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped()),
-    )
-    .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out, pid) = start_ready(&exe);
     let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line, "ready\n");
-    let pid = child.id() as i32;
     let file = common::tmp_dir("second-sigint").join("trace.txt");
     // Rings of 256 MiB per thread: millions of lines to print after the first Ctrl-C.
     let mut cli = KillOnDrop::spawn(

@@ -184,30 +184,14 @@ fn a_dlopened_library_is_traced_from_its_constructor_in_both_load_periods() {
     );
 }
 
-/// A kprobe event alone (no function tracer) on a library that is not loaded yet is
-/// accepted and hits exactly once loaded; one naming an object that is never loaded waits
-/// and records nothing, and the program runs as untraced.
-#[test]
-fn a_probe_on_an_object_not_loaded_yet_waits_for_it() {
+/// `dlopen_main cycle LIB N M` traced with `events`: the trace's output and text, and the
+/// calls of `dl_work` the program made (its own counts), checked against `N` and `M`.
+fn traced_cycle(lib: &str, n: u64, m: u64, events: &[&str]) -> (String, u64) {
     let prog = ftprobe_dev::dlopen_main_fixture();
-    let lib = ftprobe_dev::dlfix_lib();
-    let cmd = [
-        prog.to_str().unwrap(),
-        "cycle",
-        lib.to_str().unwrap(),
-        "11",
-        "2",
-    ];
+    let (n_arg, m_arg) = (n.to_string(), m.to_string());
+    let cmd = [prog.to_str().unwrap(), "cycle", lib, &n_arg, &m_arg];
     let plain = common::untraced(&cmd);
-    let (out, text) = trace(
-        &[
-            "-e",
-            "p:dw libdlfix.so:dl_work arg=%di",
-            "-e",
-            "p:never libnothere.so:nothing",
-        ],
-        &cmd,
-    );
+    let (out, text) = trace(events, &cmd);
     assert!(out.status.success(), "{out:?}\n{text}");
     assert_eq!(out.stdout, plain.stdout);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -215,7 +199,27 @@ fn a_probe_on_an_object_not_loaded_yet_waits_for_it() {
         + field(&stdout, "period1", "calls")
         + field(&stdout, "period2", "ctor_calls")
         + field(&stdout, "period2", "calls");
-    assert_eq!(want, 3 + 11 + 3 + 2);
+    assert_eq!(want, 3 + n + 3 + m);
+    (text, want)
+}
+
+/// A kprobe event alone (no function tracer) on a library that is not loaded yet is
+/// accepted and hits exactly once loaded; one naming an object that is never loaded waits
+/// and records nothing, and the program runs as untraced.
+#[test]
+fn a_probe_on_an_object_not_loaded_yet_waits_for_it() {
+    let lib = ftprobe_dev::dlfix_lib();
+    let (text, want) = traced_cycle(
+        lib.to_str().unwrap(),
+        11,
+        2,
+        &[
+            "-e",
+            "p:dw libdlfix.so:dl_work arg=%di",
+            "-e",
+            "p:never libnothere.so:nothing",
+        ],
+    );
     let all: Vec<&str> = events(&text).collect();
     assert_eq!(dw_args(&all).len() as u64, want, "{text}");
     assert_eq!(profile_hits(&text, "dw"), want, "{text}");
@@ -229,25 +233,13 @@ fn a_probe_on_an_object_not_loaded_yet_waits_for_it() {
 /// argument, in both load periods.
 #[test]
 fn a_probe_on_a_library_without_sites_finds_its_symbol_after_the_dlopen() {
-    let prog = ftprobe_dev::dlopen_main_fixture();
     let lib = ftprobe_dev::dlplain_lib();
-    let cmd = [
-        prog.to_str().unwrap(),
-        "cycle",
+    let (text, want) = traced_cycle(
         lib.to_str().unwrap(),
-        "5",
-        "4",
-    ];
-    let plain = common::untraced(&cmd);
-    let (out, text) = trace(&["-e", "p:dw libdlplain.so:dl_work arg=%di"], &cmd);
-    assert!(out.status.success(), "{out:?}\n{text}");
-    assert_eq!(out.stdout, plain.stdout);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let want = field(&stdout, "period1", "ctor_calls")
-        + field(&stdout, "period1", "calls")
-        + field(&stdout, "period2", "ctor_calls")
-        + field(&stdout, "period2", "calls");
-    assert_eq!(want, 3 + 5 + 3 + 4);
+        5,
+        4,
+        &["-e", "p:dw libdlplain.so:dl_work arg=%di"],
+    );
     let all: Vec<&str> = events(&text).collect();
     let mut args = dw_args(&all);
     assert_eq!(args.len() as u64, want, "{text}");

@@ -513,11 +513,29 @@ impl ElfImage {
                 path: path.to_owned(),
             });
         }
+        Ok(ElfImage::without_sites_yet(
+            path,
+            hdr.e_type(e) == object::elf::ET_DYN,
+            data,
+            std::sync::OnceLock::new(),
+            stamp,
+        ))
+    }
+
+    /// An image of the file read through `data`, its symbols `symbols` (set, or left for
+    /// later), no sites (yet).
+    fn without_sites_yet<'d, R: ReadRef<'d>>(
+        path: &Path,
+        relocatable: bool,
+        data: R,
+        symbols: std::sync::OnceLock<Symbols>,
+        stamp: Option<FileStamp>,
+    ) -> ElfImage {
         let (build_id, build_id_svma, debuglink) = identity(data);
-        Ok(ElfImage {
+        ElfImage {
             path: path.to_owned(),
-            relocatable: hdr.e_type(e) == object::elf::ET_DYN,
-            symbols: std::sync::OnceLock::new(),
+            relocatable,
+            symbols,
             stamp,
             sites: Vec::new(),
             segments: load_segments(data),
@@ -526,7 +544,7 @@ impl ElfImage {
             build_id_svma,
             debuglink,
             xray: Vec::new(),
-        })
+        }
     }
 
     /// The symbols, parsed now if they were not with the file: from the file at `path` if it
@@ -634,20 +652,13 @@ impl ElfImage {
                 path: path.to_owned(),
             });
         }
-        let (build_id, build_id_svma, debuglink) = identity(data);
-        let mut img = ElfImage {
-            path: path.to_owned(),
-            relocatable: file.kind() == object::ObjectKind::Dynamic,
-            symbols: Symbols::of(&file, path, with_debug).into(),
-            stamp: None,
-            sites: Vec::new(),
-            segments: load_segments(data),
-            rejected: Vec::new(),
-            build_id,
-            build_id_svma,
-            debuglink,
-            xray: Vec::new(),
-        };
+        let mut img = ElfImage::without_sites_yet(
+            path,
+            file.kind() == object::ObjectKind::Dynamic,
+            data,
+            Symbols::of(&file, path, with_debug).into(),
+            None,
+        );
         if sites {
             img.find_sites(&file);
         }
