@@ -349,6 +349,10 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                 }
                 return Err(text);
             }
+            // Sites the end of a gone session could not put back were made NOPs again by
+            // this session's start: nothing is left to say (an answer 2 would hide the
+            // message that the gone session was ended).
+            SITES_LEFT.lock().unwrap_or_else(|e| e.into_inner()).clear();
             OWNER_PID.store(owner.0, Ordering::Relaxed);
             OWNER_START.store(owner.1, Ordering::Relaxed);
             TRACING.store(true, Ordering::Release);

@@ -1277,15 +1277,25 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
         if std::time::Instant::now() >= next_exec_check {
             next_exec_check = std::time::Instant::now() + Duration::from_millis(100);
             if !attach::rings_mapped(pid) && !exit.exited() {
-                let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|_| "?".into());
-                eprintln!(
-                    "ftprobe: process {pid} exec'd {exe}: the new program is not traced \
-                     (--follow-exec does not apply to -p); tracing stops"
-                );
-                exited = true;
-                break;
+                // A process that is exiting has no mappings left (and no `exe`) before its
+                // pidfd says so: that is its end, said above once it is complete, not an
+                // exec (a process killed with big rings mapped was said to exec `?`).
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+                let mapped = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                    .is_ok_and(|m| !m.is_empty());
+                if exe.is_none() || !mapped {
+                    // Looked at again soon; meanwhile the loop goes on (a zombie leader whose
+                    // threads still run shows no mappings either).
+                    next_exec_check = std::time::Instant::now() + Duration::from_millis(10);
+                } else {
+                    let exe = exe.map_or_else(|| "?".into(), |p| p.display().to_string());
+                    eprintln!(
+                        "ftprobe: process {pid} exec'd {exe}: the new program is not traced \
+                         (--follow-exec does not apply to -p); tracing stops"
+                    );
+                    exited = true;
+                    break;
+                }
             }
         }
         if signals::take_pending().is_some()

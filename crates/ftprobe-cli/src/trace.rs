@@ -405,10 +405,22 @@ impl Printer {
                 q.drained_tsc = ftprobe::ring::read_tsc();
             }
             let mut records = 0usize;
+            let discarding = self.discarding;
             let readable = rings.drain_max(i, chunk, |rt, aux, w| {
                 records += 1;
-                // Timed records (with a timestamp) are merged; TEXT is the agent's.
-                if record::timestamp(rt, w).is_some() {
+                // Timed records (with a timestamp) are merged; TEXT is the agent's. After a
+                // second signal the events are counted here, not merged (LOST marks: the
+                // rings' own counts say the losses).
+                if discarding && rt != rtype::LOST && record::timestamp(rt, w).is_some() {
+                    if let Some(Record::Kprobe { event, .. }) = Record::decode(rt, aux, w) {
+                        let id = event as usize;
+                        if self.seen.len() <= id {
+                            self.seen.resize(id + 1, 0);
+                        }
+                        self.seen[id] += 1;
+                    }
+                    self.discarded += 1;
+                } else if record::timestamp(rt, w).is_some() {
                     got += 1;
                     self.merge.push(i, rt, aux, w);
                 } else if let Some(t @ Record::Text { kind, .. }) = Record::decode(rt, aux, w) {

@@ -644,7 +644,8 @@ fn a_second_sigint_stops_a_long_print_out() {
     let status = cli.wait().unwrap();
     let took = second.elapsed();
     assert!(status.success(), "{said}{rest}");
-    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    // Counting what is left, not printing it: ~1.3 s for 7 M events on a loaded 2-CPU VM.
+    assert!(took < std::time::Duration::from_secs(15), "{took:?}");
     let not_printed: u64 = rest
         .lines()
         .find_map(|l| {
