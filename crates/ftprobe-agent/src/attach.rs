@@ -400,8 +400,9 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
 /// NOP by the batch protocol), every kprobe (events and the unwinder's) unregistered (its
 /// byte back), `_dl_debug_state` back, then every site back to the bytes the first attach
 /// found there (`ftrace::restore_found_sites`; the other threads are stopped at
-/// `stopped`; without their stacks, 6-byte GOT call sites stay NOPs). Trampolines, slots and rings stay mapped (a thread may still be in one),
-/// unused. An error says what was left and where.
+/// `stopped`; without their stacks, 6-byte GOT call sites stay NOPs). Trampolines, slots
+/// and rings stay mapped (a thread may still be in one), unused. An error says what was
+/// left and where.
 fn detach(stopped: &Stopped) -> Result<(), String> {
     use ftprobe::ftrace::{self, FtraceError};
     let mut errors = Vec::new();
@@ -434,7 +435,6 @@ fn detach(stopped: &Stopped) -> Result<(), String> {
             .map(|e| e.to_string()),
     );
     crate::dlopen::unhook();
-    // SAFETY: the CLI's call: every other thread is stopped, at `stopped_ips`.
     if let Err(e) = restore_sites(stopped) {
         errors.push(e);
     }

@@ -444,16 +444,14 @@ struct Symbols {
 
 impl Symbols {
     /// The symbols of `file` (with its separate debug file's, when `with_debug`).
-    fn of(file: &object::File<'_>, path: &Path, with_debug: bool) -> Symbols {
+    /// With `debug` (the image of `file`: its path, build-id and debuglink), its separate
+    /// debug file's symbols too.
+    fn of(file: &object::File<'_>, debug: Option<&ElfImage>) -> Symbols {
         let mut raw = raw_func_symbols(file);
-        if with_debug {
-            let build_id = file.build_id().ok().flatten();
-            let debuglink = file
-                .gnu_debuglink()
-                .ok()
-                .flatten()
-                .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
-            if let Some((_, debug)) = find_debug_file(path, build_id, debuglink.as_ref()) {
+        if let Some(img) = debug {
+            if let Some((_, debug)) =
+                find_debug_file(&img.path, img.build_id.as_deref(), img.debuglink.as_ref())
+            {
                 if let Ok(dfile) = object::File::parse(&*debug) {
                     // After the object's own: those win at an address (stable sort).
                     raw.extend(raw_func_symbols(&dfile));
@@ -568,7 +566,7 @@ impl ElfImage {
             if file.build_id().ok().flatten() != self.build_id.as_deref() {
                 return Symbols::default();
             }
-            Symbols::of(&file, &self.path, false)
+            Symbols::of(&file, None)
         })
     }
 
@@ -656,9 +654,11 @@ impl ElfImage {
             path,
             file.kind() == object::ObjectKind::Dynamic,
             data,
-            Symbols::of(&file, path, with_debug).into(),
+            std::sync::OnceLock::new(),
             None,
         );
+        let symbols = Symbols::of(&file, with_debug.then_some(&img));
+        img.symbols = symbols.into();
         if sites {
             img.find_sites(&file);
         }

@@ -758,17 +758,9 @@ pub unsafe fn convert_found_sites(stopped_ips: &[u64]) -> Result<Vec<u64>, Ftrac
         let Some((idle, n)) = idle_bytes(m) else {
             continue;
         };
-        let same_object = match (&o.image.build_id, o.image.build_id_svma) {
-            (Some(id), Some(at)) => {
-                let mut mem = vec![0u8; id.len()];
-                crate::sys::read_nofault(at.wrapping_add(o.bias), &mut mem) == id.len()
-                    && mem == *id
-            }
-            _ => true,
-        };
         let mut now = [0u8; 6];
         if o.gone
-            || !same_object
+            || !is_mapped_at(&o.image, o.bias)
             || crate::sys::read_nofault(ip, &mut now[..n]) != n
             || now[..n] != m.found[..n]
         {
@@ -792,6 +784,17 @@ pub unsafe fn convert_found_sites(stopped_ips: &[u64]) -> Result<Vec<u64>, Ftrac
     Ok(left)
 }
 
+/// Whether `image` is what is mapped at `bias`: its build-id note's bytes are in memory where
+/// the note says (read without faulting); true for a file without one. A file replaced on
+/// disk since it was loaded, or another object mapped there since, is not.
+fn is_mapped_at(image: &ElfImage, bias: u64) -> bool {
+    let (Some(id), Some(at)) = (&image.build_id, image.build_id_svma) else {
+        return true;
+    };
+    let mut mem = vec![0u8; id.len()];
+    crate::sys::read_nofault(at.wrapping_add(bias), &mut mem) == id.len() && mem == *id
+}
+
 /// What [`scan_object`] finds: the object, its sites (by address), its XRay exit sleds.
 type Scanned = (Object, Vec<(u64, RecMeta)>, Vec<xray::XrayExit>);
 
@@ -809,12 +812,8 @@ fn scan_object(lo: &LoadedObject, oi: usize) -> Result<Scanned, FtraceError> {
         exec.clone().map(|s| s.svma).min().unwrap_or(0) + lo.bias,
         exec.map(|s| s.svma + s.memsz).max().unwrap_or(0) + lo.bias,
     );
-    if let (Some(id), Some(at)) = (&image.build_id, image.build_id_svma) {
-        let mut mem = vec![0u8; id.len()];
-        let got = crate::sys::read_nofault(at.wrapping_add(lo.bias), &mut mem);
-        if got != id.len() || mem != *id {
-            return Err(FtraceError::ObjectChanged(lo.path.clone()));
-        }
+    if !is_mapped_at(&image, lo.bias) {
+        return Err(FtraceError::ObjectChanged(lo.path.clone()));
     }
     let mut sites = Vec::new();
     for s in &image.sites {
