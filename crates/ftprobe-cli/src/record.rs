@@ -120,8 +120,8 @@ fn make_staging(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Staging directories of earlier runs on `dir` whose recorder is gone (`DIR.new-PID` with no
-/// process PID: killed before it started recording, holding only a recording's files) are
-/// removed.
+/// process PID: killed before it started recording, holding only a recording's files), and
+/// old recordings such a recorder was removing (`DIR.del-PID`), are removed.
 fn remove_stale_staging(dir: &Path) {
     let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
         return;
@@ -131,13 +131,18 @@ fn remove_stale_staging(dir: &Path) {
     } else {
         parent
     };
-    let prefix = format!("{}.new-", name.to_string_lossy());
+    let name = name.to_string_lossy();
+    let prefixes = [format!("{name}.new-"), format!("{name}.del-")];
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
     for e in entries.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = n.strip_prefix(&prefix).and_then(|p| p.parse::<i32>().ok()) else {
+        let Some(pid) = prefixes
+            .iter()
+            .find_map(|p| n.strip_prefix(p.as_str()))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
             continue;
         };
         // SAFETY: kill with signal 0 only checks that the process exists.
@@ -169,7 +174,13 @@ fn rotate(staging: &Path, dir: &Path) -> Result<()> {
         let old = sibling(dir, ".old");
         check_replaceable(&old)?;
         if old.exists() {
-            std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+            // Renamed first, then removed: a kill during the removal leaves no half-deleted
+            // `DIR.old` (the next `record` removes the `DIR.del-PID` left).
+            let doomed = sibling(dir, &format!(".del-{}", std::process::id()));
+            std::fs::rename(&old, &doomed)
+                .with_context(|| format!("moving {} to {}", old.display(), doomed.display()))?;
+            std::fs::remove_dir_all(&doomed)
+                .with_context(|| format!("removing {}", doomed.display()))?;
         }
         std::fs::rename(dir, &old)
             .with_context(|| format!("moving {} to {}", dir.display(), old.display()))?;

@@ -645,7 +645,12 @@ fn a_recorder_killed_around_its_start_leaves_readable_recordings() {
             }
         }
     }
-    // The next record removes the staging directories killed recorders left.
+    // The next record removes the staging directories killed recorders left, and an old
+    // recording a killed recorder was removing (moved to `DIR.del-PID` first, so that a kill
+    // during the removal leaves no half-deleted `DIR.old`; PID 999999999 does not exist).
+    let doomed = tmp.join("rec.del-999999999");
+    std::fs::create_dir_all(doomed.join("objects")).unwrap();
+    std::fs::write(doomed.join("ring-0.dat"), b"").unwrap();
     let out = record_to(
         &dir,
         &["-F", "churn_mid"],
@@ -655,7 +660,7 @@ fn a_recorder_killed_around_its_start_leaves_readable_recordings() {
     let left: Vec<String> = std::fs::read_dir(&tmp)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".new-"))
+        .filter(|n| n.contains(".new-") || n.contains(".del-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
     let _ = std::fs::remove_dir_all(&tmp);
