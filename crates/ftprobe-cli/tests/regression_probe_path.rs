@@ -281,8 +281,8 @@ fn stress_counts(out: &str, func: &str) -> Stress {
 /// probe point, or in the caller, not fired; anywhere else fired, and of those, in ftprobe's
 /// code when the PC is outside the program's.
 ///
-/// int3 events (their handler runs with the program's signals blocked): for each, the calls
-/// completed plus those cut after the probe fired equal its hits (records plus drops), and
+/// int3 events (a program signal that comes during their handler is held until it is done):
+/// for each, the calls completed plus those cut after the probe fired equal its hits (records plus drops), and
 /// no cut lands in ftprobe's code. ftrace events: no cut lands in ftprobe's code either (a
 /// signal in a trampoline is held until the hit is done, or the hit is undone), and every
 /// call that fired has both events recorded or counted as lost, exactly. No hit counts as

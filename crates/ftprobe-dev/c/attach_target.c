@@ -16,6 +16,12 @@
  * `ready` comes once every thread has run (busy: made its first call). Every line is
  * flushed at once. The output depends on the commands only.
  *
+ * `attach_target prof`: the same, with the profiling timer on (ITIMER_PROF every 1 ms of the
+ * process's CPU time, as gprof's `-pg` runtime sets it, at a finer step) and a SIGPROF
+ * handler (SA_RESTART) counting. The kernel sends each SIGPROF to the thread whose CPU time
+ * made it, unless that thread blocks it: the sleeper's nanosleep never sees one unless a
+ * running thread blocked SIGPROF (an EINTR is counted).
+ *
  * `attach_target strict`: prints `ready`, enters strict seccomp (read, write, _exit,
  * sigreturn), reads one byte of stdin, writes `bye`, exits 0 with SYS_exit.
  */
@@ -29,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/time.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,6 +57,14 @@ __attribute__((noinline)) long attach_window(long x)
 {
 	__asm__ volatile("" ::: "memory");
 	return x + 7;
+}
+
+static atomic_long prof_got;
+
+static void on_prof(int sig)
+{
+	(void)sig;
+	atomic_fetch_add(&prof_got, 1);
 }
 
 static void on_usr1(int sig)
@@ -155,6 +170,15 @@ int main(int argc, char **argv)
 	sigemptyset(&s);
 	sigaddset(&s, SIGUSR1);
 	pthread_sigmask(SIG_BLOCK, &s, NULL);
+	if (argc > 1 && strcmp(argv[1], "prof") == 0) {
+		struct sigaction sp;
+		memset(&sp, 0, sizeof(sp));
+		sp.sa_handler = on_prof;
+		sp.sa_flags = SA_RESTART;
+		sigaction(SIGPROF, &sp, NULL);
+		struct itimerval it = {{0, 1000}, {0, 1000}};
+		setitimer(ITIMER_PROF, &it, NULL);
+	}
 	if (pipe(pipefd) != 0)
 		return 2;
 	pthread_t t[4];

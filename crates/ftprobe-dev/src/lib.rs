@@ -270,7 +270,9 @@ pub fn tsd_exit_fixture() -> PathBuf {
 /// `attach_window`, then `window N done`), `nap MS` (one nanosleep in main, MS < 1000, then
 /// `nap done`) and `quit` (prints
 /// `eintr=0 bad=0 selfsig=ok reader=1 busy=yes` when nothing went wrong). `attach_target
-/// strict`: `ready`, then strict seccomp, one byte of stdin, `bye`. See `c/attach_target.c`.
+/// prof`: the same with `ITIMER_PROF` every 1 ms of CPU time and a SIGPROF handler, as
+/// gprof's runtime. `attach_target strict`: `ready`, then strict seccomp, one byte of stdin,
+/// `bye`. See `c/attach_target.c`.
 pub fn attach_target_fixture() -> PathBuf {
     PathBuf::from(FIXTURES_DIR).join("attach_target")
 }

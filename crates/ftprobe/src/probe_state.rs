@@ -464,6 +464,7 @@ impl ThreadState {
 /// frame were at or above theirs: the calls made after the jump run deeper, and took them
 /// for live (their hits counted as missed, their events lost).
 pub(crate) fn before_longjmp(target_sp: u64) {
+    crate::arch::x86_64::tramp_signals::before_longjmp(target_sp);
     let t = this_thread();
     if t.maybe_stale(target_sp) {
         let _ = t.repair(Entry::Here(target_sp));

@@ -484,6 +484,112 @@ fn int3_probe_hammered_by_eight_threads() {
     kprobes::unregister_kprobe(p).unwrap();
 }
 
+/// The program's handler of SIGUSR2 (installed at the start of `main`, before `ftrace::init`,
+/// so that ftprobe wraps it): its runs, its thread, and whether the pre_handler that sent
+/// the signal had finished.
+static PSIG_RUNS: AtomicU64 = AtomicU64::new(0);
+static PSIG_TID: AtomicU64 = AtomicU64::new(0);
+static PSIG_AFTER_PRE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static PRE_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_sigusr2(_sig: i32) {
+    PSIG_RUNS.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: gettid has no preconditions.
+    PSIG_TID.store(unsafe { libc::gettid() } as u64, Ordering::Relaxed);
+    PSIG_AFTER_PRE.store(PRE_DONE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+fn install_sigusr2() {
+    // SAFETY: a zeroed sigaction is valid; the handler is an extern "C" fn of ours.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigusr2 as *const () as usize;
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+/// pre_handler: a process-directed SIGUSR2 (`kill`: the kernel offers it to the thread group
+/// leader first, this thread) from inside the int3 hit, then 50 ms more in the hit.
+fn kill_pre(_p: &Kprobe, _regs: &mut PtRegs) -> i32 {
+    // SAFETY: kill and getpid have no memory arguments.
+    unsafe { libc::kill(libc::getpid(), libc::SIGUSR2) };
+    // Long enough for any other thread the kernel woke for it to take it (no system call).
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_millis(50) {
+        std::hint::spin_loop();
+    }
+    PRE_DONE.store(true, Ordering::Relaxed);
+    0
+}
+
+/// Issue 26, item 1: a process-directed signal generated while a thread is inside ftprobe's
+/// SIGTRAP handler (gprof's SIGPROF of the CPU time it uses, here a `kill` from its
+/// pre_handler) went to another thread, because the handler blocked every asynchronous
+/// signal: a thread sleeping in `nanosleep` took it and failed with EINTR. The kernel now
+/// finds the hitting thread willing (`complete_signal()`), ftprobe holds the signal until
+/// the hit is done and delivers it there: the sleeper sleeps on.
+fn a_process_signal_raised_in_an_int3_hit_is_taken_by_that_thread() {
+    use std::sync::atomic::AtomicI64;
+    static SLEPT: AtomicI64 = AtomicI64::new(-1);
+    static SLEEPER: AtomicI64 = AtomicI64::new(0);
+    kprobes::set_optimization(false).unwrap();
+    let sleeper = std::thread::spawn(|| {
+        // SAFETY: gettid has no preconditions.
+        SLEEPER.store(unsafe { libc::gettid() } as i64, Ordering::Relaxed);
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 400_000_000,
+        };
+        // SAFETY: nanosleep reads our timespec; no remainder asked.
+        let r = unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        let err = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        SLEPT.store(if r == 0 { 0 } else { err as i64 }, Ordering::Relaxed);
+    });
+    // The sleeper is in its nanosleep (glibc's is `clock_nanosleep`, system call 230, in
+    // /proc/self/task/TID/syscall).
+    loop {
+        let tid = SLEEPER.load(Ordering::Relaxed);
+        if tid != 0 {
+            let sc = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+                .unwrap_or_default();
+            if sc.starts_with("230 ") {
+                break;
+            }
+        }
+        assert_eq!(
+            SLEPT.load(Ordering::Relaxed),
+            -1,
+            "the sleeper was not seen asleep"
+        );
+        std::thread::yield_now();
+    }
+    let p = leak(Kprobe::new(sym("fx_pg_mul", 0), Some(kill_pre), None));
+    kprobes::register_kprobe(p).unwrap();
+    // SAFETY: plain C function.
+    assert_eq!(unsafe { fx_pg_mul(6, 7) }, 42);
+    kprobes::unregister_kprobe(p).unwrap();
+    sleeper.join().unwrap();
+    assert_eq!(PSIG_RUNS.load(Ordering::Relaxed), 1, "the handler ran once");
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() } as u64;
+    assert_eq!(
+        PSIG_TID.load(Ordering::Relaxed),
+        me,
+        "taken by the thread that hit the probe (the sleeper is {})",
+        SLEEPER.load(Ordering::Relaxed)
+    );
+    assert!(
+        PSIG_AFTER_PRE.load(Ordering::Relaxed),
+        "delivered after the hit, not inside the pre_handler"
+    );
+    assert_eq!(
+        SLEPT.load(Ordering::Relaxed),
+        0,
+        "the sleeper's nanosleep was not interrupted (an errno)"
+    );
+    kprobes::set_optimization(true).unwrap();
+}
+
 /// `unregister_kprobe` of a non-boosted int3 probe killed a multithreaded process: a thread
 /// still in the slot hit the slot's final `int3` after the probe had left the table, and the
 /// trap went to SIGTRAP's default action (3 runs of 3). The slot's trap is now recognised by
@@ -664,6 +770,7 @@ fn main() {
     if !ftprobe_dev::tier::quick_tier_requested() {
         return;
     }
+    install_sigusr2();
     // SAFETY: early in main (reading the arguments starts no thread): single-threaded.
     unsafe { ftrace::init() }.expect("ftrace::init");
     let cases: &[(&str, fn())] = &[
@@ -713,6 +820,10 @@ fn main() {
         ),
         ("bad_targets", bad_targets),
         // Last: it starts threads (ftrace::init is long done, nothing else patches meanwhile).
+        (
+            "a_process_signal_raised_in_an_int3_hit_is_taken_by_that_thread",
+            a_process_signal_raised_in_an_int3_hit_is_taken_by_that_thread,
+        ),
         (
             "int3_probe_hammered_by_eight_threads",
             int3_probe_hammered_by_eight_threads,

@@ -222,7 +222,7 @@ pub fn init() -> Result<(), TextPokeError> {
         return Ok(());
     }
     sys::membarrier_register()?;
-    install(libc::SIGTRAP, sigtrap_handler)?;
+    install(libc::SIGTRAP, sigtrap_entry())?;
     // Release pairs with the Acquire load in `deliver`.
     INSTALLED.store(true, Ordering::Release);
     Ok(())
@@ -239,9 +239,11 @@ fn install(sig: libc::c_int, handler: Handler) -> Result<(), TextPokeError> {
     // SIGTRAP blocked the kernel would kill the process instead of delivering it. The
     // program's handler gets its own mask ([`deliver`]).
     act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER;
-    // Asynchronous signals wait until the handler is done: none can interrupt the probe path
-    // in it (and leave it by a non-local exit) or run while a batch is being emulated.
-    *probe_state::mask_word(&mut act.sa_mask) = probe_state::SLOT_BLOCKED;
+    // No signal is blocked while the handler runs (an empty `sa_mask`): one blocked there
+    // would be routed by the kernel to another thread (`tramp_signals::enter_trap`). A
+    // program's signal that comes inside the handler waits until it is done (held by the
+    // wrapper of the program's handlers): none interrupts the probe path in it (to leave it
+    // by a non-local exit) or runs while a batch is being emulated.
     // SAFETY: a zeroed sigaction is a valid value.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: `act` is a valid sigaction whose handler is async-signal-safe; `old` is ours.
@@ -519,8 +521,8 @@ fn wrapped_default(sig: libc::c_int, h: libc::sighandler_t) {
     }
 }
 
-/// A signal in an ftrace trampoline waits until the trampoline is done (`tramp_signals`),
-/// one in an optprobe's detour as its [`SignalHook`] says: whether it was held (the program's handler is then not called now). Out of line: its
+/// A signal in ftprobe's SIGTRAP handler or in an ftrace trampoline waits until it is done
+/// (`tramp_signals`), one in an optprobe's detour as its [`SignalHook`] says: whether it was held (the program's handler is then not called now). Out of line: its
 /// frame is gone when the program's handler runs.
 #[inline(never)]
 fn held_for_trampoline(
@@ -529,7 +531,14 @@ fn held_for_trampoline(
     uc: &mut libc::ucontext_t,
     flags: libc::c_int,
 ) -> bool {
-    let held = super::tramp_signals::on_program_signal(sig, info, uc)
+    let sp = uc.uc_mcontext.gregs[libc::REG_RSP as usize] as u64;
+    let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
+    let held = if super::tramp_signals::trap_in_progress(pc, sp) {
+        super::tramp_signals::hold_in_trap(sig, info, uc);
+        true
+    } else {
+        false
+    } || super::tramp_signals::on_program_signal(sig, info, uc)
         == super::tramp_signals::Verdict::Deferred
         || {
             let hook = SIGNAL_HOOK.load(Ordering::Acquire);
@@ -694,6 +703,55 @@ fn errno_slot() -> *mut libc::c_int {
     unsafe { libc::__errno_location() }
 }
 
+// The SIGTRAP handler's entry: the trap word (`tramp_signals::trap_in_progress`) holds this
+// frame's stack pointer while `sigtrap_handler` runs, the previous word saved below it.
+// Every register it uses is free at a handler's entry (rax) or preserved (rsp); the
+// arguments pass through untouched. At entry rsp is 8 mod 16; after the push, 0 mod 16,
+// so the call gives `sigtrap_handler` the ABI's alignment.
+std::arch::global_asm!(
+    ".pushsection .text.ftprobe_sigtrap_entry,\"ax\",@progbits",
+    ".globl ftprobe_sigtrap_entry",
+    ".hidden ftprobe_sigtrap_entry",
+    ".globl ftprobe_sigtrap_push",
+    ".hidden ftprobe_sigtrap_push",
+    ".globl ftprobe_sigtrap_set",
+    ".hidden ftprobe_sigtrap_set",
+    ".globl ftprobe_sigtrap_ret",
+    ".hidden ftprobe_sigtrap_ret",
+    ".type ftprobe_sigtrap_entry,@function",
+    "ftprobe_sigtrap_entry:",
+    "mov rax, qword ptr [rip + ftprobe_tramp_frame@GOTTPOFF]",
+    "ftprobe_sigtrap_push:",
+    "push qword ptr fs:[rax + {word}]",
+    "ftprobe_sigtrap_set:",
+    "mov qword ptr fs:[rax + {word}], rsp",
+    "call {handler}",
+    "mov rax, qword ptr [rip + ftprobe_tramp_frame@GOTTPOFF]",
+    "pop qword ptr fs:[rax + {word}]",
+    "ftprobe_sigtrap_ret:",
+    "ret",
+    ".size ftprobe_sigtrap_entry, . - ftprobe_sigtrap_entry",
+    ".popsection",
+    word = const super::tramp_signals::TRAP_WORD,
+    handler = sym sigtrap_handler,
+);
+
+extern "C" {
+    fn ftprobe_sigtrap_entry(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void);
+}
+
+/// The SIGTRAP handler as installed: [`sigtrap_handler`] through its entry stub.
+fn sigtrap_entry() -> Handler {
+    // SAFETY: the stub takes the handler's arguments and returns as an `extern "C"`
+    // function of that signature; the kernel calls it as a signal handler.
+    unsafe {
+        std::mem::transmute::<
+            unsafe extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
+            Handler,
+        >(ftprobe_sigtrap_entry)
+    }
+}
+
 /// Probe path: the SIGTRAP handler. Async-signal-safe: atomics, loads and stores only. The
 /// program's `errno` is as it was when the handler returns or calls the program's handler.
 extern "C" fn sigtrap_handler(
@@ -708,6 +766,7 @@ extern "C" fn sigtrap_handler(
     // SAFETY: as above.
     unsafe { *errno = saved };
     if !ours {
+        super::tramp_signals::suspend_trap();
         deliver(sig, info, ctx);
     }
 }
@@ -803,8 +862,11 @@ extern "C" fn fault_handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *
 /// Probe path: if `addr` is a site of the batch in flight, emulate its new instruction.
 fn emulate_if_in_batch(uc: &mut libc::ucontext_t, addr: u64) -> bool {
     // The batch is read between the increment and the decrement and nothing else is done
-    // there: no fault, and no asynchronous signal (blocked in this handler) can leave the
-    // window without the decrement, which would make every later batch wait forever.
+    // there: no fault, and no program's signal whose handler ftprobe wraps (held until the
+    // SIGTRAP handler is done) can leave the window without the decrement, which would make
+    // every later batch wait forever. (A handler installed by a raw `rt_sigaction` system
+    // call, which ftprobe does not wrap, that left this window of a few instructions by
+    // `siglongjmp` would: a limit DEVELOPERS.md states.)
     HANDLERS_ACTIVE.fetch_add(1, Ordering::SeqCst);
     let batch = BATCH.load(Ordering::SeqCst);
     let mut found = None;

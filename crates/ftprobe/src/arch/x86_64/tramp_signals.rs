@@ -38,19 +38,127 @@ use std::arch::{asm, global_asm};
 use super::tramp_area;
 use crate::sys;
 
-// The frame word (offset 0) and the kept mask (offset 8). Initial-exec TLS: a fixed offset
-// from the thread pointer in every thread (the linker marks the object STATIC_TLS, so even
-// a `dlopen`ed copy gets a static TLS block, or fails to load).
+// The frame word (offset 0), the kept mask (offset 8) and the trap word (offset 16: see
+// [`trap_in_progress`]). Initial-exec TLS: a fixed offset from the thread pointer in every thread
+// (the linker marks the object STATIC_TLS, so even a `dlopen`ed copy gets a static TLS
+// block, or fails to load).
 global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
     ".balign 16",
     ".globl ftprobe_tramp_frame",
     ".hidden ftprobe_tramp_frame",
     ".type ftprobe_tramp_frame,@object",
-    ".size ftprobe_tramp_frame,16",
-    "ftprobe_tramp_frame: .zero 16",
+    ".size ftprobe_tramp_frame,32",
+    "ftprobe_tramp_frame: .zero 32",
     ".popsection",
 );
+
+/// The trap word's offset from the frame word's.
+pub(super) const TRAP_WORD: i32 = 16;
+/// How far below the trap word a context may stand and still be inside ftprobe's SIGTRAP
+/// handler (its frames and a probe handler's are far smaller).
+const TRAP_FRAME_SPAN: u64 = 1 << 20;
+
+// ftprobe's SIGTRAP handler is entered through `ftprobe_sigtrap_entry` (`text_poke`), which
+// keeps the previous trap word on the stack and puts its own stack pointer in the word for
+// the whole of the handler's work; its last instructions put the previous word back.
+extern "C" {
+    static ftprobe_sigtrap_entry: u8;
+    static ftprobe_sigtrap_push: u8;
+    static ftprobe_sigtrap_set: u8;
+    static ftprobe_sigtrap_ret: u8;
+}
+
+/// Probe path (the wrapper of the program's handlers): whether the interrupted context (PC
+/// `pc`, stack pointer `sp`) is inside ftprobe's SIGTRAP handler: at the entry's first three
+/// instructions (the word not set yet: the kernel delivers a pending signal together with
+/// the trap, its frame above the SIGTRAP one, interrupting the handler's first
+/// instruction), at its last (`ret`, the word given back), on the restorer it returns into,
+/// or anywhere the trap word covers.
+///
+/// Why: the SIGTRAP handler runs with asynchronous signals open (`SA_NODEFER`, an empty
+/// `sa_mask`). Blocking them there, as before, made the kernel route a process-directed
+/// signal (`SIGPROF` of the CPU time the handler's thread used) to another thread, whose
+/// `nanosleep` then failed with `EINTR` (issue 26, item 1): the kernel picks the thread that
+/// caused a timer signal, or the thread group leader for a `kill`, only if that thread does
+/// not block it (`complete_signal()` in kernel/signal.c). Instead, a program's signal that
+/// arrives inside the handler is held by ftprobe's wrapper of the program's handlers and
+/// delivered to the same thread when the handler returns ([`hold_in_trap`]). A trap word
+/// left by a handler that a non-local jump left (`longjmp` from a handler ftprobe does not
+/// wrap) is cleared by [`before_longjmp`], and is not taken for live when `sp` is above it.
+pub fn trap_in_progress(pc: u64, sp: u64) -> bool {
+    let entry = &raw const ftprobe_sigtrap_entry as u64;
+    let push = &raw const ftprobe_sigtrap_push as u64;
+    let set = &raw const ftprobe_sigtrap_set as u64;
+    let ret = &raw const ftprobe_sigtrap_ret as u64;
+    if pc == entry || pc == push || pc == set || pc == ret || at_trap_sigreturn(pc, sp) {
+        return true;
+    }
+    let word = tls_load(tls_offset() + TRAP_WORD);
+    word != 0 && sp <= word && word - sp < TRAP_FRAME_SPAN
+}
+
+/// `mov $15,%rax; syscall`: the C library's signal restorer (`__restore_rt`), which the
+/// SIGTRAP handler returns into.
+const RESTORER: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+/// Where a signal frame's `siginfo` lies above the restorer's stack pointer (the return
+/// address popped): after `struct ucontext` (x86-64 `struct rt_sigframe`).
+const SIGINFO_IN_FRAME: u64 = 304;
+
+/// Whether the PC is on the restorer of a SIGTRAP frame of an int3 (`si_code` SI_KERNEL):
+/// the SIGTRAP handler has returned and its `rt_sigreturn` is about to restore the
+/// program's context. A signal held there is delivered right after, at the program's PC.
+fn at_trap_sigreturn(pc: u64, sp: u64) -> bool {
+    let at = |start: u64| {
+        let (Some(a), Some(b)) = (
+            sys::read_u64_nofault(start),
+            sys::read_u64_nofault(start.wrapping_add(1)),
+        ) else {
+            return false;
+        };
+        a.to_le_bytes() == RESTORER[..8] && b.to_le_bytes()[7] == RESTORER[8]
+    };
+    if !(at(pc) || at(pc.wrapping_sub(7))) {
+        return false;
+    }
+    let Some(w) = sys::read_u64_nofault(sp.wrapping_add(SIGINFO_IN_FRAME)) else {
+        return false;
+    };
+    let Some(c) = sys::read_u64_nofault(sp.wrapping_add(SIGINFO_IN_FRAME + 8)) else {
+        return false;
+    };
+    w as u32 as i32 == libc::SIGTRAP && c as u32 as i32 == libc::SI_KERNEL
+}
+
+/// Probe path: the SIGTRAP handler hands a trap that is not ftprobe's to the program's
+/// action: from here on it is the program's handler running, not ftprobe's (its signals are
+/// not held); the trap word is the one before this handler's (kept at the word's address).
+pub fn suspend_trap() {
+    let at = tls_offset() + TRAP_WORD;
+    let word = tls_load(at);
+    if word != 0 {
+        let outer = sys::read_u64_nofault(word).unwrap_or(0);
+        tls_store(at, outer);
+    }
+}
+
+/// Before a non-local jump to `target_sp`: a trap word of a frame the jump leaves is cleared.
+pub fn before_longjmp(target_sp: u64) {
+    let at = tls_offset() + TRAP_WORD;
+    let word = tls_load(at);
+    if word != 0 && target_sp > word {
+        tls_store(at, 0);
+    }
+}
+
+/// Probe path: hold the program's signal `sig` that arrived inside ftprobe's SIGTRAP
+/// handler (context `uc`): blocked in that context and queued again to this thread with
+/// its own `siginfo`, it is delivered when the SIGTRAP handler returns and the program's
+/// mask comes back.
+pub fn hold_in_trap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: &mut libc::ucontext_t) {
+    *mask_word(uc) |= crate::probe_state::bit(sig);
+    queue_again(sig, info);
+}
 
 /// The frame word's offset from the thread pointer (`%fs` base), the same in every thread.
 pub fn tls_offset() -> i32 {
