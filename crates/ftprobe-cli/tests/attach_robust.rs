@@ -536,3 +536,36 @@ fn sigkill_while_the_calling_thread_sleeps_never_fails_its_sleep() {
         );
     }
 }
+
+/// Issue 26, item 4: SIGKILL of ftprobe 20-80 ms into an attach made the program's
+/// `nanosleep` fail with EINTR. The program profiles itself (`attach_target prof`: gprof's
+/// `ITIMER_PROF`, a SIGPROF handler); the thread ftprobe makes call into the program blocked
+/// every signal, so the SIGPROFs of its CPU time waited process-wide, and the sleeping
+/// thread, released with the others when ftprobe died, took one. Killed at 24 points spread
+/// over the attach, the program never sees EINTR and ends clean (about half of these runs
+/// failed before).
+#[test]
+fn sigkill_during_the_attach_of_a_profiled_program_never_fails_a_sleep() {
+    let args = ["-F", "attach_window", "--duration", "0"];
+    let t = Target::start(&["prof"]);
+    let (k, _) = kill_points(t.pid(), &args);
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+    for n in (0..24).map(|i| 20 + i * k.saturating_sub(20) / 24) {
+        let mut t = Target::start(&["prof"]);
+        let o = trace_p(t.pid(), &args, Some(n));
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGKILL),
+            "point {n} of {k}: {}",
+            stderr(&o)
+        );
+        // The threads run on for a while (the sleeper sleeps ~100 times).
+        assert_eq!(t.window(50), "window 50 done\n", "point {n}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(
+            t.quit(),
+            (CLEAN_END.to_owned(), Some(0)),
+            "point {n} of {k}"
+        );
+    }
+}

@@ -628,8 +628,12 @@ impl Attached {
         // The synchronous signals stay open: a fault or trap in the call is delivered, not
         // forced (the kernel resets the action of a forced blocked signal to its default,
         // process-wide: the agent's SIGTRAP handler would be lost).
+        // The CPU-time timers' signals the thread takes stay open too (below).
         kill_point();
-        ptrace::set_sigmask(tid, !SYNCHRONOUS_SIGNALS)?;
+        ptrace::set_sigmask(
+            tid,
+            !(SYNCHRONOUS_SIGNALS | (CPU_TIME_SIGNALS & !saved.mask)),
+        )?;
         kill_point();
         ptrace::syscall(tid, 0)?;
         let end = Ending {
@@ -797,8 +801,12 @@ impl Attached {
                 }
                 // SIGSTOP cannot be blocked: delivered now (the process stops; this thread
                 // goes on with the call after its group-stop). A SIGTRAP is a probe of the
-                // agent's, hit by the call itself (the agent's handler takes it).
-                Stop::Signal(sig @ (libc::SIGSTOP | libc::SIGTRAP)) => ptrace::syscall(tid, sig)?,
+                // agent's, hit by the call itself (the agent's handler takes it). SIGPROF
+                // and SIGVTALRM are the process's CPU-time timers, raised by this thread's
+                // own time: the program's handler runs here, as during any of its calls.
+                Stop::Signal(
+                    sig @ (libc::SIGSTOP | libc::SIGTRAP | libc::SIGPROF | libc::SIGVTALRM),
+                ) => ptrace::syscall(tid, sig)?,
                 Stop::Signal(sig) => {
                     let regs = ptrace::get_regs(tid)?;
                     bail!(
@@ -980,6 +988,15 @@ const SYNCHRONOUS_SIGNALS: u64 = 1 << (libc::SIGTRAP - 1)
     | 1 << (libc::SIGBUS - 1)
     | 1 << (libc::SIGILL - 1)
     | 1 << (libc::SIGFPE - 1);
+
+/// The signals of the process's CPU-time timers (`ITIMER_PROF`, as gprof's runtime sets it,
+/// and `ITIMER_VIRTUAL`), open during a call unless the calling thread blocks them. The
+/// kernel gives such a signal to the thread whose CPU time raised it, unless that thread
+/// blocks it (`complete_signal()` in kernel/signal.c); during a call that thread is the
+/// calling one (the others are stopped). Blocked there, it waited process-wide for the first
+/// thread to run, and a sleeping thread released at the same moment (by ftprobe's death:
+/// issue 26, item 4) took it and failed its `nanosleep` with EINTR.
+const CPU_TIME_SIGNALS: u64 = 1 << (libc::SIGPROF - 1) | 1 << (libc::SIGVTALRM - 1);
 
 /// Where a call ends: the `rt_sigreturn` system call's `rip` (after the `syscall`
 /// instruction) and `rsp` (the frame's `ucontext`).
