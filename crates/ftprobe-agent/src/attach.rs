@@ -206,6 +206,22 @@ struct Stopped<'a> {
     tps: &'a [u64],
 }
 
+/// Hooked calls the last detach or `RestoreSites` left returning through the trampoline.
+static RETURNS_LEFT: AtomicU64 = AtomicU64::new(0);
+
+/// Calls still running through the return trampoline return straight to their callers (an
+/// exception can then unwind through them: issue 26, item 5); those of threads stopped in
+/// ftprobe's code keep their hook (the trampoline stays mapped) until a `RestoreSites`
+/// finds them out of it. Unknown stacks: all are left.
+fn unhook_returns(stopped: &Stopped) {
+    let keep = stacks_inside(stopped);
+    // SAFETY: the CLI's call: every other thread is stopped; the graph users are gone (the
+    // detach unregistered them first); a thread in the middle of an fgraph event is one
+    // `stacks_inside` keeps (unknown stacks: every hooked call is left).
+    let left = unsafe { ftprobe::ftrace::fgraph::unhook_returns(keep.as_deref()) }.1;
+    RETURNS_LEFT.store(left as u64, Ordering::Relaxed);
+}
+
 /// The sites the last detach or `RestoreSites` could not put back yet.
 static SITES_LEFT: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
 
@@ -246,8 +262,19 @@ pub unsafe extern "C" fn ftprobe_agent_control(
     }
     // SAFETY: the caller's contract: a NUL-terminated string.
     let bytes = unsafe { CStr::from_ptr(msg) }.to_bytes();
-    let result = agent_config::decode(bytes).and_then(handle);
+    let decoded = agent_config::decode(bytes);
+    // Only the end of a session reports the calls it left hooked.
+    let ending = matches!(
+        decoded,
+        Ok(AgentMessage::Detach { .. } | AgentMessage::RestoreSites { .. })
+    );
+    let result = decoded.and_then(handle);
     let left = std::mem::take(&mut *SITES_LEFT.lock().unwrap_or_else(|e| e.into_inner()));
+    let returns_left = if ending {
+        RETURNS_LEFT.load(Ordering::Relaxed)
+    } else {
+        0
+    };
     let mut text = CAPTURE
         .lock()
         .ok()
@@ -255,16 +282,27 @@ pub unsafe extern "C" fn ftprobe_agent_control(
         .unwrap_or_default();
     let code = match result {
         // Carried out, but sites wait to be put back (`RestoreSites` later).
-        Ok(()) if !left.is_empty() => {
-            text.push_str(&format!(
-                "{} site(s) left as NOPs instead of the bytes found at the attach (a thread is \
-                 stopped inside, or may return into, the trampoline it calls): {}",
-                left.len(),
-                left.iter()
-                    .map(|ip| format!("{ip:#x}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+        Ok(()) if !left.is_empty() || returns_left > 0 => {
+            if !left.is_empty() {
+                text.push_str(&format!(
+                    "{} site(s) left as NOPs instead of the bytes found at the attach (a thread \
+                     is stopped inside, or may return into, the trampoline it calls): {}",
+                    left.len(),
+                    left.iter()
+                        .map(|ip| format!("{ip:#x}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            if returns_left > 0 {
+                if !text.is_empty() && !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                text.push_str(&format!(
+                    "{returns_left} call(s) left returning through ftprobe's return trampoline \
+                     (a thread is stopped in ftprobe's code)"
+                ));
+            }
             2
         }
         Ok(()) => 0,
@@ -281,6 +319,9 @@ pub unsafe extern "C" fn ftprobe_agent_control(
             *out.add(n) = 0;
         }
     }
+    // The descriptor code writes use is the agent's only while the CLI's call runs (a live
+    // session's control thread opens it again when it patches).
+    ftprobe::arch::x86_64::code_write::release();
     code
 }
 
@@ -373,11 +414,21 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             if TRACING.load(Ordering::Acquire) {
                 return Err("the agent is tracing: sites are put back at its detach".into());
             }
-            restore_sites(&Stopped {
+            let stopped = Stopped {
                 ips: &stopped_ips,
                 sps: &stopped_sps,
                 tps: &thread_pointers,
-            })
+            };
+            if RETURNS_LEFT.load(Ordering::Relaxed) > 0 {
+                unhook_returns(&stopped);
+                if RETURNS_LEFT.load(Ordering::Relaxed) == 0 {
+                    let errors = ftprobe::ftrace::fgraph_unwind::disarm_unwinder_probes();
+                    if let Some(e) = errors.first() {
+                        return Err(format!("removing the unwinder probes: {e}"));
+                    }
+                }
+            }
+            restore_sites(&stopped)
         }
         AgentMessage::Detach {
             stopped_ips,
@@ -429,11 +480,16 @@ fn detach(stopped: &Stopped) -> Result<(), String> {
             .into_iter()
             .map(|e| e.to_string()),
     );
-    errors.extend(
-        ftrace::fgraph_unwind::disarm_unwinder_probes()
-            .into_iter()
-            .map(|e| e.to_string()),
-    );
+    // The unwinder probes go once no call returns through the trampoline any more (an
+    // exception thrown through such a call needs them); else at a later `RestoreSites`.
+    unhook_returns(stopped);
+    if RETURNS_LEFT.load(Ordering::Relaxed) == 0 {
+        errors.extend(
+            ftrace::fgraph_unwind::disarm_unwinder_probes()
+                .into_iter()
+                .map(|e| e.to_string()),
+        );
+    }
     crate::dlopen::unhook();
     if let Err(e) = restore_sites(stopped) {
         errors.push(e);

@@ -188,12 +188,13 @@ fn init_hook(stopped_ips: &[u64]) -> Result<(), String> {
     let rel = i32::try_from(rel).map_err(|_| format!("no stub within reach of {brk:#x}"))?;
     let mut jmp = [0xe9, 0, 0, 0, 0];
     jmp[1..].copy_from_slice(&rel.to_le_bytes());
-    ftrace::make_code_writable(brk).map_err(|e| e.to_string())?;
+    ftrace::check_code(brk).map_err(|e| e.to_string())?;
     // SAFETY: only this thread runs (the agent's start), and no loader call is in progress
     // (the agent starts from an initializer, outside `_dl_debug_state`); the five bytes are
     // `_dl_debug_state`'s own (`endbr64; ret`, or `ret` and alignment padding nothing
-    // executes), in ld.so's code made writable above.
-    unsafe { ftprobe::arch::x86_64::text_poke::text_poke_early(brk, &jmp) };
+    // executes), in ld.so's code.
+    unsafe { ftprobe::arch::x86_64::text_poke::text_poke_early(brk, &jmp) }
+        .map_err(|e| e.to_string())?;
     *HOOKED.lock().unwrap_or_else(|e| e.into_inner()) = Some((brk, bytes));
     Ok(())
 }
@@ -206,8 +207,9 @@ static HOOKED: std::sync::Mutex<Option<(u64, [u8; 5])>> = std::sync::Mutex::new(
 pub fn unhook() {
     if let Some((brk, bytes)) = HOOKED.lock().unwrap_or_else(|e| e.into_inner()).take() {
         // SAFETY: every other thread is stopped by the CLI (the detach call), none inside
-        // these five bytes (a `jmp` of ours: one instruction); the code is writable (init).
-        unsafe { ftprobe::arch::x86_64::text_poke::text_poke_early(brk, &bytes) };
+        // these five bytes (a `jmp` of ours: one instruction). A failed write leaves the
+        // hook (its stub goes on calling into the agent, which stays mapped).
+        let _ = unsafe { ftprobe::arch::x86_64::text_poke::text_poke_early(brk, &bytes) };
     }
 }
 

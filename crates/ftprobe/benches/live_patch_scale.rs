@@ -39,7 +39,8 @@ fn diff(a: PokeStats, b: PokeStats) -> PokeStats {
         bytes: b.bytes - a.bytes,
         pages: b.pages - a.pages,
         sync_core: b.sync_core - a.sync_core,
-        mprotect: b.mprotect - a.mprotect,
+        writes: b.writes - a.writes,
+        fallbacks: b.fallbacks - a.fallbacks,
         emulated: b.emulated - a.emulated,
     }
 }
@@ -187,9 +188,9 @@ fn main() {
     ] {
         println!(
             "  {name}, each: {} batch, {} sites, {} bytes written on {} pages, {} membarrier \
-             (SYNC_CORE), {} mprotect; hits of an int3 in flight emulated: {e} over the \
+             (SYNC_CORE), {} writes to /proc/self/mem ({} through an rwx window); hits of an int3 in flight emulated: {e} over the \
              {CYCLES} cycles",
-            s.batches, s.sites, s.bytes, s.pages, s.sync_core, s.mprotect
+            s.batches, s.sites, s.bytes, s.pages, s.sync_core, s.writes, s.fallbacks
         );
     }
 }

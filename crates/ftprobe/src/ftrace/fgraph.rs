@@ -216,6 +216,21 @@ impl FgraphOps {
 static USERS: [AtomicPtr<FgraphOps>; FGRAPH_MAX_USERS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; FGRAPH_MAX_USERS];
 
+/// Counts user registrations; each user slot keeps the count at its holder's registration
+/// ([`SINCE`]), each entry the count when it took its users (`ShadowEntry::epoch`). An entry
+/// of a call hooked for a user that is gone (a session ended while the call ran) keeps that
+/// user's bit; when a later user holds the slot, the bit is not its own and its return
+/// callback is not called for it (it took a kretprobe's count of live instances below
+/// zero: every later call was missed, issue 26, item 5).
+static EPOCH: AtomicU32 = AtomicU32::new(1);
+static SINCE: [AtomicU32; FGRAPH_MAX_USERS] = [const { AtomicU32::new(0) }; FGRAPH_MAX_USERS];
+
+/// Whether user slot `u`'s bit in an entry of epoch `epoch` is its current holder's.
+#[inline(always)]
+fn holder_took(u: usize, epoch: u32) -> bool {
+    SINCE[u].load(Ordering::Relaxed) <= epoch
+}
+
 /// Hook every function its ftrace filter selects, through their sites
 /// (`register_ftrace_graph`).
 pub fn register_ftrace_graph(gops: &'static FgraphOps) -> Result<(), FtraceError> {
@@ -249,8 +264,17 @@ pub fn register_fgraph_user(gops: &'static FgraphOps) -> Result<(), FtraceError>
     }
     unwind::check_return_hooks_allowed()?;
     unwind::init_thread_exit_key();
+    // One registration at a time: a slot's epoch is written only by the one taking it.
+    static REGISTERING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = REGISTERING.lock().unwrap_or_else(|e| e.into_inner());
     for (i, u) in USERS.iter().enumerate() {
         let p = gops as *const FgraphOps as *mut FgraphOps;
+        if !u.load(Ordering::Acquire).is_null() {
+            continue;
+        }
+        // Before the slot is published: an entry that sees this user sees its epoch too.
+        let since = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
+        SINCE[i].store(since, Ordering::Relaxed);
         // AcqRel pairs with the Acquire loads of the return path (`user`).
         if u.compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
@@ -309,6 +333,9 @@ pub(crate) struct ShadowEntry {
     pub users: u32,
     pub state: u32,
     pub flags: u32,
+    /// [`EPOCH`] when the entry was pushed or last given a user: a `users` bit of a slot
+    /// whose holder registered later ([`SINCE`]) is a bit of the slot's earlier holder.
+    pub epoch: u32,
     pub data: [[u64; FGRAPH_DATA_WORDS]; FGRAPH_MAX_USERS],
 }
 
@@ -586,7 +613,19 @@ unsafe fn enter(
             if unsafe { (gops.entryfunc)(&ent, gops, regs, &mut e.data[u]) } {
                 // The entry may have moved down the list if a signal handler pushed above
                 // it meanwhile; it is still at top - 1 (pushes above are popped or holes).
-                ss.entries[top - 1].users |= bit;
+                let e = &mut ss.entries[top - 1];
+                // Bits of earlier holders of their slots go before the epoch moves on.
+                let mut stale = 0;
+                let mut b = e.users;
+                while b != 0 {
+                    let v = b.trailing_zeros() as usize;
+                    b &= b - 1;
+                    if !holder_took(v, e.epoch) {
+                        stale |= 1 << v;
+                    }
+                }
+                e.users = (e.users & !stale) | bit;
+                e.epoch = EPOCH.load(Ordering::Relaxed);
                 return true;
             }
             return false;
@@ -630,6 +669,8 @@ unsafe fn enter(
     e.depth = depth;
     e.users = 0;
     e.flags = if nohijack { FL_NOHIJACK } else { 0 };
+    // After the Acquire load that found this user: at least its registration's epoch.
+    e.epoch = EPOCH.load(Ordering::Relaxed);
     e.data[u] = [0; FGRAPH_DATA_WORDS];
     let ent = FgraphEnt {
         func,
@@ -682,7 +723,11 @@ pub(crate) fn parent_data_of(
     while i > 0 {
         i -= 1;
         let e = &ss.entries[i];
-        if (e.state == LIVE || e.state == RESTORED) && e.retp != 0 && e.users & (1 << u) != 0 {
+        if (e.state == LIVE || e.state == RESTORED)
+            && e.retp != 0
+            && e.users & (1 << u) != 0
+            && holder_took(u, e.epoch)
+        {
             if e.retp > retp && unwind::same_stack(e.retp, retp) {
                 return Some(e.data[u]);
             }
@@ -724,6 +769,7 @@ pub(crate) fn call_retfuncs(
         retp: e.retp,
         thread: t,
     };
+    let epoch = ss.entries[i].epoch;
     loop {
         let e = &mut ss.entries[i];
         if e.users == 0 {
@@ -733,7 +779,7 @@ pub(crate) fn call_retfuncs(
         e.users &= e.users - 1;
         let data = e.data[u];
         compiler_fence(Ordering::SeqCst);
-        if let Some(g) = user(u) {
+        if let Some(g) = user(u).filter(|_| holder_took(u, epoch)) {
             // SAFETY: the user's callback, with its contract.
             unsafe { (g.retfunc)(&r, g, regs, &data) };
         }
@@ -829,6 +875,68 @@ unsafe fn return_elsewhere(regs: &mut PtRegs, retp: u64) {
         p = ss.next.load(Ordering::Acquire);
     }
     unwind::fatal_no_entry(retp);
+}
+
+/// How far above a kept stack pointer (a thread stopped in ftprobe's code, see
+/// [`unhook_returns`]) a slot is taken to be that thread's.
+const KEEP_SPAN: u64 = 8 << 20;
+
+/// The end of a session whose process goes on (an attached agent's detach): every hooked
+/// call still running, on every thread, gets its real return address back in its slot and
+/// its entry dropped (its return is not reported: the session is over). Without this, a
+/// frame still returning through the trampoline after the detach could not be unwound (no
+/// unwind information for it, and the unwinder probes are gone): an exception thrown
+/// through it ended the program in `std::terminate` (issue 26, item 5). Entries whose slot
+/// lies within [`KEEP_SPAN`] above one of `keep_sps` (threads stopped inside ftprobe's
+/// code, perhaps in the return trampoline itself; `None`: the stacks are not known, every
+/// hooked call is left) are left, as are entries whose slot no longer holds the trampoline.
+/// Returns (restored, left).
+///
+/// # Safety
+/// Every other thread of the process is stopped, none in the middle of an fgraph event
+/// except those whose stack pointer is in `keep_sps`, and no graph user is registered.
+pub unsafe fn unhook_returns(keep_sps: Option<&[u64]>) -> (usize, usize) {
+    let (mut restored, mut left) = (0, 0);
+    let kept = |retp: u64| match keep_sps {
+        Some(sps) => sps
+            .iter()
+            .any(|&sp| retp.wrapping_add(8) >= sp && retp < sp.saturating_add(KEEP_SPAN)),
+        None => true,
+    };
+    // Acquire pairs with the Release CAS in `map_shadow_stack`.
+    let mut p = ALL_STACKS.load(Ordering::Acquire);
+    while !p.is_null() {
+        // SAFETY: shadow stacks are never unmapped; their threads are stopped (the
+        // caller's contract), or the caller's own.
+        let ss = unsafe { &mut *p };
+        // Top down: a tail call's entry (its `ret` is the trampoline) is written before the
+        // entry below it with the same slot, which writes the real address last.
+        for i in (0..ss.top.min(FGRAPH_CAPACITY)).rev() {
+            let e = &mut ss.entries[i];
+            if e.state != LIVE || e.retp == 0 || e.flags & FL_NOHIJACK != 0 {
+                continue;
+            }
+            let mut b = [0u8; 8];
+            let holds = crate::sys::read_nofault(e.retp, &mut b) == 8
+                && u64::from_le_bytes(b) == return_trampoline();
+            if !holds {
+                continue;
+            }
+            if kept(e.retp) {
+                left += 1;
+                continue;
+            }
+            // SAFETY: a live entry's slot in a frame of a stopped thread (or of the
+            // caller's, above this call), holding the trampoline: the call's own slot.
+            unsafe { *(e.retp as *mut u64) = e.ret };
+            e.state = HOLE;
+            e.users = 0;
+            restored += 1;
+        }
+        ss.shrink();
+        p = ss.next.load(Ordering::Acquire);
+    }
+    (restored, left)
 }
 
 /// `ftrace_graph_ret_addr()`: the real return address for a slot `retp` holding `ret`

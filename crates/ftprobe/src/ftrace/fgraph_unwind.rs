@@ -697,11 +697,18 @@ fn unwinder_pre_handler(p: &crate::kprobes::Kprobe, regs: &mut PtRegs) -> i32 {
 /// Put a probe on each of libgcc_s's unwinder entry points ([`UNWINDER_ENTRIES`]) whose
 /// pre_handler puts back the real return addresses of the thread ([`unwinder_entered`]).
 /// int3 probes (libgcc_s has no sites), so they catch glibc's calls through `dlsym`'d
-/// pointers too. Returns how many were armed; the ones that failed (libgcc_s not loaded:
+/// pointers too (nothing if they are armed already). Returns how many are armed; the ones
+/// that failed (libgcc_s not loaded:
 /// a C program that never throws loads it only on its first `pthread_exit`, cancellation
 /// or `backtrace`) are returned as errors.
 pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
     use crate::kprobes::{register_kprobe, Kprobe, KprobeTarget};
+    // Still armed (an attached session's detach left hooked calls, and with them these
+    // probes): as they are.
+    let already = armed_probes().len();
+    if already > 0 {
+        return (already, Vec::new());
+    }
     let mut armed = 0;
     let mut errors = Vec::new();
     for (name, unwinding) in UNWINDER_ENTRIES {

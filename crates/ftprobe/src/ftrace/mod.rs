@@ -20,8 +20,8 @@ mod xray;
 
 pub use modules::{load_objects, unload_objects};
 pub use objects::{
-    addr_of_file_offset, alloc_code_near, data_addr_of_file_offset, filter_module_loaded,
-    find_symbol, has_module, is_ftprobe_code, make_code_writable, module_matches, module_of,
+    addr_of_file_offset, alloc_code_near, check_code, data_addr_of_file_offset,
+    filter_module_loaded, find_symbol, has_module, is_ftprobe_code, module_matches, module_of,
     names_at, symbol_at, symbol_at_or_gone, text_range, SymbolAddr,
 };
 
@@ -377,7 +377,6 @@ struct Object {
     module: String,
     areas: Vec<TrampArea>,
     text: (u64, u64),
-    writable: bool,
     /// The symbols of the object's separate debug file: `None` until first needed (a name
     /// or an address its own symbols do not know), then what was found.
     debug: Option<Option<ElfImage>>,
@@ -562,25 +561,19 @@ pub unsafe fn init_objects_stopped(
             return Err(FtraceError::ThreadInSite { site: *ip, pc });
         }
     }
-    for o in &objects {
-        if o.image.sites.is_empty() {
-            continue;
-        }
-        // SAFETY: the range is the object's executable segments, mapped by the loader.
-        unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
-    }
     let mut records = Vec::with_capacity(sites.len());
     let mut meta = Vec::with_capacity(sites.len());
+    let mut idle: Vec<(u64, [u8; 6], usize)> = sites
+        .iter()
+        .filter_map(|(ip, m)| idle_bytes(m).map(|(b, n)| (*ip, b, n)))
+        .collect();
+    idle.sort_unstable_by_key(|c| c.0);
+    let changes: Vec<(u64, &[u8])> = idle.iter().map(|(ip, b, n)| (*ip, &b[..*n])).collect();
+    // SAFETY: the sites are in the objects' code (sorted by address, apart) and, by this
+    // function's contract, no other thread runs; a CallGot site is 6 bytes, all of its own
+    // instruction. An XRay sled is left as it is (its `nop` is its own bytes).
+    unsafe { text_poke::text_poke_early_many(&changes)? };
     for (ip, m) in sites {
-        // SAFETY: the site is in code made writable above and, by this function's contract,
-        // no other thread runs; a CallGot site is 6 bytes, all of its own instruction. An
-        // XRay sled is left as it is (its `nop` is its own bytes).
-        unsafe {
-            text_poke::text_poke_early(ip, &m.nop);
-            if m.kind == SiteKind::CallGot {
-                text_poke::text_poke_early(ip + SITE_LEN, &[NOP1]);
-            }
-        }
         let flags = if m.place == SitePlace::AfterPrologue {
             FTRACE_FL_AFTER_PROLOGUE
         } else {
@@ -651,6 +644,7 @@ pub unsafe fn restore_found_sites(
     let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
     let mut left = Vec::new();
     let mut restored = Vec::new();
+    let mut writes: Vec<(u64, [u8; 6], usize)> = Vec::new();
     // Where a GOT call's trampoline returns (its NOP1), for the sites to put back.
     let mut returns: Vec<u64> = st
         .records
@@ -687,11 +681,13 @@ pub unsafe fn restore_found_sites(
             left.push(ip);
             continue;
         }
-        // SAFETY: a site of this state, in code made writable when it was converted, that
-        // no thread runs (every other one is stopped, none inside it: checked above).
-        unsafe { text_poke::text_poke_early(ip, &m.found[..n]) };
+        writes.push((ip, m.found, n));
         restored.push(ip);
     }
+    let changes: Vec<(u64, &[u8])> = writes.iter().map(|(ip, b, n)| (*ip, &b[..*n])).collect();
+    // SAFETY: sites of this state (in address order, as the records), that no thread runs
+    // (every other one is stopped, none inside them: checked above).
+    unsafe { text_poke::text_poke_early_many(&changes)? };
     if !restored.is_empty() {
         crate::sys::sync_core_all_threads()?;
     }
@@ -771,11 +767,9 @@ pub unsafe fn convert_found_sites(stopped_ips: &[u64]) -> Result<Vec<u64>, Ftrac
             st.restored.push(ip);
             continue;
         }
-        // SAFETY: the object's text, mapped (its bytes were just read); made writable again
-        // in case it was mapped anew at the same place since.
-        unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
-        // SAFETY: as in `restore_found_sites`.
-        unsafe { text_poke::text_poke_early(ip, &idle[..n]) };
+        // SAFETY: the object's text, mapped (its bytes were just read); as in
+        // `restore_found_sites`.
+        unsafe { text_poke::text_poke_early(ip, &idle[..n])? };
         wrote = true;
     }
     if wrote {
@@ -859,14 +853,12 @@ fn scan_object(lo: &LoadedObject, oi: usize) -> Result<Scanned, FtraceError> {
         .collect();
     entry_ips.sort_unstable();
     let xray_exits = xray::exits_of(&image, lo.bias, oi, &entry_ips);
-    let writable = !image.sites.is_empty();
     let object = Object {
         image,
         bias: lo.bias,
         module,
         areas: Vec::new(),
         text,
-        writable,
         debug: None,
         gone: false,
     };

@@ -57,29 +57,21 @@ pub unsafe fn load_objects(objs: &[LoadedObject]) -> Result<Vec<FtraceError>, Ft
         }
         st.objects[ni].areas.extend(moved);
     }
-    for o in &st.objects[first..] {
-        if o.image.sites.is_empty() {
-            continue;
-        }
-        // SAFETY: the range is the object's executable segments, mapped by the loader.
-        unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
-    }
     if sites.is_empty() && exits.is_empty() {
         // Nothing to convert, and no filter selects anything new (`hash_of`: a `:mod:`
         // pattern still matching no site selects nothing).
         return Ok(skipped);
     }
-    for (ip, m) in &sites {
-        // SAFETY: the site is in code made writable above that, by this function's contract,
-        // no thread runs yet: plain stores are enough, as at init. A CallGot site is 6
-        // bytes, all of its own instruction. An XRay sled is left as it is.
-        unsafe {
-            text_poke::text_poke_early(*ip, &m.nop);
-            if m.kind == SiteKind::CallGot {
-                text_poke::text_poke_early(ip + SITE_LEN, &[NOP1]);
-            }
-        }
-    }
+    let mut idle: Vec<(u64, [u8; 6], usize)> = sites
+        .iter()
+        .filter_map(|(ip, m)| super::idle_bytes(m).map(|(b, n)| (*ip, b, n)))
+        .collect();
+    idle.sort_unstable_by_key(|c| c.0);
+    let changes: Vec<(u64, &[u8])> = idle.iter().map(|(ip, b, n)| (*ip, &b[..*n])).collect();
+    // SAFETY: the sites are in the objects' code that, by this function's contract, no
+    // thread runs yet, as at init. A CallGot site is 6 bytes, all of its own instruction.
+    // An XRay sled is left as it is.
+    unsafe { text_poke::text_poke_early_many(&changes)? };
     // Other threads have not run this code, but a core may hold stale instructions of what
     // was mapped there before (an object unloaded): serialize every thread before the code
     // is handed out, as `text_poke_batch` does between its steps.

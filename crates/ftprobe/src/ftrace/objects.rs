@@ -339,24 +339,20 @@ pub fn text_range(addr: u64) -> Option<(u64, u64)> {
         .map(|o| o.text)
 }
 
-/// Make the code of the object containing `addr` writable (once per object), for int3 probes
-/// on objects without ftrace sites.
-pub fn make_code_writable(addr: u64) -> Result<(), FtraceError> {
-    let mut g = lock();
-    let st = g.as_mut().ok_or(FtraceError::NotInitialized)?;
-    let Some(o) = st
+/// Whether `addr` is in the code of a loaded object ftprobe knows (an int3 probe's place):
+/// [`FtraceError::NoSite`] if not.
+pub fn check_code(addr: u64) -> Result<(), FtraceError> {
+    let g = lock();
+    let st = g.as_ref().ok_or(FtraceError::NotInitialized)?;
+    if st
         .objects
-        .iter_mut()
-        .find(|o| !o.gone && addr >= o.text.0 && addr < o.text.1)
-    else {
-        return Err(FtraceError::NoSite(addr));
-    };
-    if !o.writable {
-        // SAFETY: the range is the object's executable segments, mapped by the loader.
-        unsafe { text_poke::make_writable(o.text.0, o.text.1 - o.text.0)? };
-        o.writable = true;
+        .iter()
+        .any(|o| !o.gone && addr >= o.text.0 && addr < o.text.1)
+    {
+        Ok(())
+    } else {
+        Err(FtraceError::NoSite(addr))
     }
-    Ok(())
 }
 
 /// Whether `addr` is in code ftprobe made (a trampoline or an XOL slot).

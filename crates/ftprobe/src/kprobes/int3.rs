@@ -421,7 +421,7 @@ pub(super) fn arm(
             publish_slots(&mut c);
         }
     }
-    ft::make_code_writable(addr)?;
+    ft::check_code(addr)?;
     if slot_step != 0 || slot_boost != 0 {
         // A fault in a slot is shown at the probed instruction, and resets the slot state.
         text_poke::install_fault_handlers(abort_xol).map_err(|e| KprobeError::Ftrace(e.into()))?;

@@ -1,6 +1,7 @@
 //! x86-64: sites, NOPs, live patching, trampolines (arch/x86/kernel/{ftrace.c,ftrace_64.S,
 //! alternative.c} in the kernel).
 
+pub mod code_write;
 pub mod insn;
 pub mod nops;
 pub mod optprobe;

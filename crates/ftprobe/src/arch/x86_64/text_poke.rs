@@ -13,7 +13,8 @@
 //! return address and jump; the `jmp`s and `ret` of XRay sleds), exactly as the kernel's `poke_int3_handler()` does. A trap that is
 //! not ours is passed on to the handler that was installed before ours.
 //!
-//! Text is made writable once per executable segment ([`make_writable`]), never per site.
+//! Code is never made writable: every store goes through `code_write` (a write to
+//! `/proc/self/mem`; a batch's changes joined into one write per run of nearby sites).
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
@@ -47,8 +48,12 @@ pub struct PokeStats {
     pub pages: u64,
     /// `membarrier(PRIVATE_EXPEDITED_SYNC_CORE)` calls made by them and by [`poke_byte`].
     pub sync_core: u64,
-    /// `mprotect` calls made by [`make_writable`].
-    pub mprotect: u64,
+    /// Writes to `/proc/self/mem` that stored them (and every other code write:
+    /// `code_write`), a run of nearby changes in one.
+    pub writes: u64,
+    /// Writes made through a transient `rwx` window instead, because the kernel refused
+    /// writes through `/proc/self/mem` (`code_write`): 0 on a usual kernel.
+    pub fallbacks: u64,
     /// Threads that hit an int3 of a batch in flight and had the site's new instruction
     /// emulated by the SIGTRAP handler.
     pub emulated: u64,
@@ -59,7 +64,6 @@ static STAT_SITES: AtomicU64 = AtomicU64::new(0);
 static STAT_BYTES: AtomicU64 = AtomicU64::new(0);
 static STAT_PAGES: AtomicU64 = AtomicU64::new(0);
 static STAT_SYNC_CORE: AtomicU64 = AtomicU64::new(0);
-static STAT_MPROTECT: AtomicU64 = AtomicU64::new(0);
 static STAT_EMULATED: AtomicU64 = AtomicU64::new(0);
 
 /// The counters of [`PokeStats`] as they are now (subtract two readings for one operation).
@@ -71,7 +75,8 @@ pub fn stats() -> PokeStats {
         bytes: STAT_BYTES.load(Ordering::Relaxed),
         pages: STAT_PAGES.load(Ordering::Relaxed),
         sync_core: STAT_SYNC_CORE.load(Ordering::Relaxed),
-        mprotect: STAT_MPROTECT.load(Ordering::Relaxed),
+        writes: super::code_write::writes(),
+        fallbacks: super::code_write::fallbacks(),
         emulated: STAT_EMULATED.load(Ordering::Relaxed),
     }
 }
@@ -190,7 +195,7 @@ pub unsafe fn poke_byte(addr: u64, byte: u8) -> Result<(), TextPokeError> {
     // (`sigtrap_work`).
     POKE_SEQ.fetch_add(1, Ordering::SeqCst);
     // SAFETY: the caller's contract.
-    unsafe { std::ptr::write_volatile(addr as *mut u8, byte) };
+    unsafe { super::code_write::write(addr, &[byte])? };
     // Relaxed: a statistic.
     STAT_BYTES.fetch_add(1, Ordering::Relaxed);
     sync_core()?;
@@ -206,10 +211,8 @@ pub unsafe fn poke_byte(addr: u64, byte: u8) -> Result<(), TextPokeError> {
 /// (`kprobes::opt` checks it), and `bytes` either an optprobe's rel32 or the original bytes.
 pub unsafe fn poke_behind_int3(addr: u64, bytes: &[u8]) -> Result<(), TextPokeError> {
     init()?;
-    for (k, &b) in bytes.iter().enumerate() {
-        // SAFETY: the caller's contract.
-        unsafe { std::ptr::write_volatile((addr + 1 + k as u64) as *mut u8, b) };
-    }
+    // SAFETY: the caller's contract.
+    unsafe { super::code_write::write(addr + 1, bytes)? };
     // Relaxed: a statistic.
     STAT_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
     sync_core()?;
@@ -560,46 +563,34 @@ fn held_for_trampoline(
     true
 }
 
-/// Make the pages of `[start, start+len)` readable, writable and executable.
-///
-/// # Safety
-/// The range must be mapped code of this process. Adding `PROT_WRITE` invalidates no access.
-pub unsafe fn make_writable(start: u64, len: u64) -> Result<(), TextPokeError> {
-    let page = sys::page_size() as u64;
-    let lo = start & !(page - 1);
-    let hi = (start + len).div_ceil(page) * page;
-    // Relaxed: a statistic.
-    STAT_MPROTECT.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: the caller guarantees the range is our mapped code; RWX only adds permissions.
-    unsafe {
-        sys::mprotect(
-            lo as usize,
-            (hi - lo) as usize,
-            libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
-        )?
-    };
-    Ok(())
-}
-
 /// Rewrite sites while no other thread can run (the kernel's `text_poke_early()`): plain
 /// stores, no protocol. Used in the agent's constructor and in `ftrace::init`, and for the
 /// sites of an object just loaded, before its code runs (`ftrace::load_objects`).
 ///
 /// # Safety
-/// Every `addr..addr+bytes.len()` must be writable code of this process (see [`make_writable`])
-/// that no other thread executes or can start executing until this returns.
-pub unsafe fn text_poke_early(addr: u64, bytes: &[u8]) {
-    for (i, b) in bytes.iter().enumerate() {
-        // SAFETY: the caller guarantees the byte is writable and not concurrently executed.
-        unsafe { std::ptr::write_volatile((addr as usize + i) as *mut u8, *b) };
-    }
+/// Every `addr..addr+bytes.len()` must be code of this process that no other thread
+/// executes or can start executing until this returns.
+pub unsafe fn text_poke_early(addr: u64, bytes: &[u8]) -> Result<(), TextPokeError> {
+    // SAFETY: the caller's contract.
+    unsafe { super::code_write::write(addr, bytes)? };
+    Ok(())
+}
+
+/// [`text_poke_early`] for many changes, sorted by address (joined into few writes).
+///
+/// # Safety
+/// As [`text_poke_early`], for each change.
+pub unsafe fn text_poke_early_many(changes: &[(u64, &[u8])]) -> Result<(), TextPokeError> {
+    // SAFETY: the caller's contract.
+    unsafe { super::code_write::write_many(changes)? };
+    Ok(())
 }
 
 /// Rewrite a batch of 5-byte sites while other threads may execute them (module docs).
 ///
 /// # Safety
-/// Every `addr` must be the first byte of a 5-byte site in writable code of this process
-/// (see [`make_writable`]) whose current and new contents are each one whole instruction, and no
+/// Every `addr` must be the first byte of a 5-byte site in code of this process whose
+/// current and new contents are each one whole instruction, and no
 /// other thread may patch the same sites concurrently (callers hold the ftrace lock).
 pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
     if pokes.is_empty() {
@@ -637,32 +628,23 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
     let batch = &published as *const *const [Poke] as *mut *const [Poke];
     // Release pairs with the Acquire load in `sigtrap_handler`: the handler sees the whole slice.
     BATCH.store(batch, Ordering::SeqCst);
-    let result = (|| {
-        for p in sorted {
-            // SAFETY: see above.
-            unsafe { std::ptr::write_volatile(p.addr as *mut u8, INT3) };
-        }
-        // Relaxed: a statistic.
-        STAT_BYTES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
+    let result = (|| -> Result<(), TextPokeError> {
+        poke_bytes(sorted, |_| &INT3_SITE, 0..1)?;
         sync_core()?;
-        poke_bytes(sorted, |p| &p.new, 1..SITE_LEN as usize);
+        poke_bytes(sorted, |p| &p.new, 1..SITE_LEN as usize)?;
         sync_core()?;
-        poke_bytes(sorted, |p| &p.new, 0..1);
-        sync_core()
+        poke_bytes(sorted, |p| &p.new, 0..1)?;
+        sync_core()?;
+        Ok(())
     })();
     if result.is_err() {
         // Put every site back as it was, through the same int3-first order; the batch stays
         // published meanwhile so a thread that traps is still emulated (as the old bytes now).
-        for p in sorted {
-            // SAFETY: see above.
-            unsafe { std::ptr::write_volatile(p.addr as *mut u8, INT3) };
-        }
-        // Relaxed: a statistic.
-        STAT_BYTES.fetch_add(pokes.len() as u64, Ordering::Relaxed);
+        let _ = poke_bytes(sorted, |_| &INT3_SITE, 0..1);
         let _ = sync_core();
-        poke_bytes(sorted, |p| &p.old, 1..SITE_LEN as usize);
+        let _ = poke_bytes(sorted, |p| &p.old, 1..SITE_LEN as usize);
         let _ = sync_core();
-        poke_bytes(sorted, |p| &p.old, 0..1);
+        let _ = poke_bytes(sorted, |p| &p.old, 0..1);
         let _ = sync_core();
     }
     BATCH.store(std::ptr::null_mut(), Ordering::SeqCst);
@@ -675,26 +657,27 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
     result.map_err(Into::into)
 }
 
-/// Write bytes `range` of each site's `which` contents.
-fn poke_bytes(pokes: &[Poke], which: fn(&Poke) -> &[u8; 5], range: std::ops::Range<usize>) {
+/// An int3 where a site's first byte goes (only byte 0 of it is written).
+const INT3_SITE: [u8; 5] = [INT3, 0, 0, 0, 0];
+
+/// Write bytes `range` of each site's `which` contents (the sites sorted by address): each
+/// run of nearby sites in one write (`code_write::write_many`).
+fn poke_bytes(
+    pokes: &[Poke],
+    which: fn(&Poke) -> &[u8; 5],
+    range: std::ops::Range<usize>,
+) -> Result<(), TextPokeError> {
     // Relaxed: a statistic.
     STAT_BYTES.fetch_add((pokes.len() * range.len()) as u64, Ordering::Relaxed);
-    if range == (1..SITE_LEN as usize) {
-        for p in pokes {
-            let tail: [u8; 4] = which(p)[1..].try_into().expect("4 bytes");
-            // SAFETY: as below; `[u8; 4]` has alignment 1. The int3 on the first byte keeps
-            // every thread from decoding the tail while it changes, in any store order.
-            unsafe { std::ptr::write_volatile((p.addr as usize + 1) as *mut [u8; 4], tail) };
-        }
-        return;
-    }
-    for p in pokes {
-        for i in range.clone() {
-            // SAFETY: text_poke_batch's contract: each address is a site in writable code; the
-            // first byte is an int3 while other bytes change, so no thread decodes a mix.
-            unsafe { std::ptr::write_volatile((p.addr as usize + i) as *mut u8, which(p)[i]) };
-        }
-    }
+    let changes: Vec<(u64, &[u8])> = pokes
+        .iter()
+        .map(|p| (p.addr + range.start as u64, &which(p)[range.clone()]))
+        .collect();
+    // SAFETY: text_poke_batch's contract: each address is a site in code of this process;
+    // the first byte is an int3 while the others change, so no thread decodes a mix (the
+    // bytes between joined sites are written with the values they hold).
+    unsafe { super::code_write::write_many(&changes)? };
+    Ok(())
 }
 
 /// This thread's `errno`.

@@ -11,7 +11,7 @@ const AREA_SIZE: u64 = 64 * 1024;
 /// How far from the object an area may be placed; well inside rel32 reach of every site.
 const MAX_DISTANCE: u64 = 1 << 30;
 
-/// A bump allocator over one RWX mapping near an object's code.
+/// A bump allocator over one `r-x` mapping near an object's code.
 #[derive(Debug)]
 pub struct TrampArea {
     base: u64,
@@ -22,7 +22,8 @@ impl TrampArea {
     /// Map an area within 1 GiB of `[lo, hi)` (an object's code), in the free gap
     /// nearest to it according to `/proc/self/maps`; never over an existing mapping.
     pub fn near(lo: u64, hi: u64) -> Result<TrampArea, SyscallError> {
-        let prot = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        // Never writable: code goes in through `code_write` (W^X).
+        let prot = libc::PROT_READ | libc::PROT_EXEC;
         let mut last_err = None;
         // Another thread may map into a gap between our read of the maps and our mmap: retry.
         for _ in 0..8 {
@@ -78,17 +79,21 @@ impl TrampArea {
         self.alloc(&code[..code.len().min(len)])
     }
 
-    /// Copy `code` into the area and return its address, or `None` if the area is full.
+    /// Copy `code` into the area and return its address, or `None` if the area is full (or,
+    /// should the write fail, as full: the next area is tried).
     pub fn alloc(&mut self, code: &[u8]) -> Option<u64> {
         let len = (code.len() as u64).div_ceil(16) * 16;
         if self.used + len > AREA_SIZE {
             return None;
         }
         let at = self.base + self.used;
-        // SAFETY: [at, at+len) lies inside our own RWX mapping, past every trampoline handed out
+        // SAFETY: [at, at+len) lies inside our own mapping, past every trampoline handed out
         // so far, so no thread executes it yet; the copy is published by the text_poke that
         // later points a site at it (its membarrier orders the stores before any execution).
-        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
+        if unsafe { super::code_write::write(at, code) }.is_err() {
+            self.used = AREA_SIZE;
+            return None;
+        }
         self.used += len;
         Some(at)
     }
