@@ -166,6 +166,15 @@ pub struct ObjectInfo {
     pub build_id: Option<String>,
     /// The copy of its file, relative to the directory (none: it could not be read).
     pub copy: Option<String>,
+    /// When it was loaded (raw TSC; 0 or absent: before the first event). A library loaded
+    /// again, or another loaded where an unloaded one was, is another entry: each names
+    /// the records written while it was the one mapped there.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub load_tsc: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The data file of ring `i`.

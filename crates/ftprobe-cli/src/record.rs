@@ -523,15 +523,25 @@ impl Recorder {
         }
     }
 
-    /// Copy the objects of the table not seen before into `objects/`.
-    fn copy_objects(&mut self, table: Vec<(u64, Vec<u8>)>) {
-        for (bias, path) in &table {
+    /// One entry per entry of the table (`load_tsc`: when each was added), in its order;
+    /// the files not seen before copied into `objects/`.
+    fn copy_objects(&mut self, table: Vec<(u64, Vec<u8>)>, load_tsc: &[u64]) {
+        // The table only grows (objects loaded later are appended): the entries past those
+        // kept are new. A table that is not a continuation (another session's) starts over.
+        if !table.starts_with(&self.table) {
+            self.objects.clear();
+            self.journaled_objects = 0;
+        }
+        for (k, (bias, path)) in table.iter().enumerate().skip(self.objects.len()) {
             let path = String::from_utf8_lossy(path).into_owned();
-            if self
-                .objects
-                .iter()
-                .any(|o| o.bias == *bias && o.path == path)
-            {
+            let load_tsc = load_tsc.get(k).copied().unwrap_or(0);
+            // The same file mapped again: its copy is there already.
+            if let Some(o) = self.objects.iter().find(|o| o.path == path).cloned() {
+                self.objects.push(ObjectInfo {
+                    bias: *bias,
+                    load_tsc,
+                    ..o
+                });
                 continue;
             }
             let (build_id, copy) = match copy_object(&self.dir, Path::new(&path)) {
@@ -546,6 +556,7 @@ impl Recorder {
                 path,
                 build_id,
                 copy,
+                load_tsc,
             });
         }
         self.table = table;
@@ -555,14 +566,7 @@ impl Recorder {
     /// The table's entries not in the journal yet go there, in the table's order.
     fn journal_objects(&mut self) {
         while self.journal.is_some() && self.journaled_objects < self.table.len() {
-            let (bias, path) = &self.table[self.journaled_objects];
-            let path = String::from_utf8_lossy(path);
-            let Some(o) = self
-                .objects
-                .iter()
-                .find(|o| o.bias == *bias && o.path == path)
-                .cloned()
-            else {
+            let Some(o) = self.objects.get(self.journaled_objects).cloned() else {
                 break;
             };
             if let Err(e) = self.journal(&JournalEntry::Object(o)) {
@@ -640,7 +644,8 @@ impl Sink for Recorder {
         self.rotate_once_armed(src);
         let table = src.objects();
         if table != self.table {
-            self.copy_objects(table);
+            let times = src.object_load_times();
+            self.copy_objects(table, &times);
         }
         let n = src.claimed().min(src.nr_rings()) as usize;
         if self.records.len() < n {

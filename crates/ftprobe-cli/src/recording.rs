@@ -892,6 +892,9 @@ impl Source for Recording {
     fn objects(&self) -> Vec<(u64, Vec<u8>)> {
         self.objects.clone()
     }
+    fn object_load_times(&self) -> Vec<u64> {
+        self.info.objects.iter().map(|o| o.load_tsc).collect()
+    }
     fn cpus_online(&self) -> u32 {
         self.info.cpus_online
     }
@@ -991,13 +994,22 @@ impl Recording {
     /// with [`select_stream`](Self::select_stream).
     pub fn symbols(&self) -> Symbols {
         Symbols::with_images(&self.objects, &self.info.images)
+            .with_load_times(self.info.objects.iter().map(|o| o.load_tsc).collect())
     }
 
     /// Make `syms` name stream `i`'s records: from the image its process ran when the
     /// stream's thread claimed its ring (a ring is claimed in one image: an exec'd image's
     /// threads claim new ones), found by the stream's first timestamp.
     pub fn select_stream(&mut self, syms: &mut Symbols, i: u32) {
+        self.select_stream_at(syms, i, u64::MAX);
+    }
+
+    /// As [`select_stream`](Self::select_stream), with the objects loaded by `load_time`
+    /// (the unit of the symbolizer's load times: [`symbols_by_ns`](Self::symbols_by_ns)'s
+    /// CLOCK_MONOTONIC ns for a call's `start_ns`).
+    pub fn select_stream_at(&mut self, syms: &mut Symbols, i: u32, load_time: u64) {
         if !syms.has_images() {
+            syms.select_view(0, 0, load_time);
             return;
         }
         let tsc = match self.first_tsc.get(&i) {
@@ -1008,7 +1020,39 @@ impl Recording {
                 t
             }
         };
-        syms.select(self.pid_of(i), tsc);
+        syms.select_view(self.pid_of(i), tsc, load_time);
+    }
+
+    /// For stream `i`'s calls one by one: select in `syms` the stream's image and the
+    /// objects loaded by a time in CLOCK_MONOTONIC ns (a [`Call::start_ns`]), for a
+    /// symbolizer from [`symbols_by_ns`](Self::symbols_by_ns).
+    pub fn stream_selector(&mut self, i: u32) -> impl FnMut(&mut Symbols, u64) {
+        let pid = self.pid_of(i);
+        let tsc = match self.first_tsc.get(&i) {
+            Some(&t) => t,
+            None => {
+                let t = self.stream_first_tsc(i);
+                self.first_tsc.insert(i, t);
+                t
+            }
+        };
+        move |syms: &mut Symbols, ns: u64| syms.select_view(pid, tsc, ns)
+    }
+
+    /// [`symbols`](Self::symbols) whose objects' load times are CLOCK_MONOTONIC ns (the
+    /// unit of [`Call::start_ns`]).
+    pub fn symbols_by_ns(&self) -> Symbols {
+        let clock = self.clock();
+        Symbols::with_images(&self.objects, &self.info.images).with_load_times(
+            self.info
+                .objects
+                .iter()
+                .map(|o| match o.load_tsc {
+                    0 => 0,
+                    t => clock.tsc_to_mono_ns(t),
+                })
+                .collect(),
+        )
     }
 
     /// The first timestamp (raw TSC) of stream `i`'s file (0: none).

@@ -260,7 +260,9 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     let mut rec = Recording::open_filtered(&args.data.dir, args.selection.filters())?;
     let events = rec.events()?;
     let decoders: Vec<Option<RecordDecoder>> = events.iter().map(RecordDecoder::new).collect();
-    let mut syms = rec.symbols();
+    // Load times in CLOCK_MONOTONIC ns: a call is named among the objects loaded by its
+    // entry (a library unloaded and another loaded at the same address each name their own).
+    let mut syms = rec.symbols_by_ns();
     let mut out = open_output(args.output.as_ref())?;
     let o: &mut dyn Write = &mut out;
     let tracer = rec.info.tracer.clone();
@@ -306,14 +308,19 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         }
         let (_, stats, hits, values) = groups.last_mut().expect("pushed");
         rec.select_stream(&mut syms, i);
-        // This stream's function names, by address.
-        let mut named: FxHashMap<u64, String> = FxHashMap::default();
+        // This stream's function names, by view and address.
+        let mut named: FxHashMap<(usize, u64), String> = FxHashMap::default();
         let mut key = |syms: &mut crate::symbols::Symbols, f: u64| {
-            let name = named.entry(f).or_insert_with(|| name_of(syms, f)).clone();
+            let name = named
+                .entry((syms.view(), f))
+                .or_insert_with(|| name_of(syms, f))
+                .clone();
             (f, name)
         };
         if tracer == "function_graph" {
+            let mut at = rec.stream_selector(i);
             rec.calls(i, |c, open| {
+                at(&mut syms, c.start_ns);
                 if c.lost_return {
                     // Its time is unknown: left out of the times, said below the table.
                     stats.entry(key(&mut syms, c.func)).or_default().lost_return += 1;
@@ -325,6 +332,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
                     .or_default()
                     .add(c.dur_ns, c.self_ns, c.cut, nested);
             })?;
+            rec.select_stream(&mut syms, i);
         }
         rec.for_each(i, &mut |rt, aux, w| match Record::decode(rt, aux, w) {
             Some(Record::Func { ip, .. }) if tracer == "function" => {

@@ -529,6 +529,11 @@ pub trait Source {
     }
     /// The objects table: (load bias, the path to read the object's symbols from).
     fn objects(&self) -> Vec<(u64, Vec<u8>)>;
+    /// When each entry of [`objects`](Self::objects) was added (raw TSC; 0: from the
+    /// start); empty when not known (every entry from the start).
+    fn object_load_times(&self) -> Vec<u64> {
+        Vec::new()
+    }
     /// A recording whose counters are not all known: why (its recorder did not finish, or
     /// stopped recording before the program ended). `None` live and for a whole recording.
     fn unfinished(&self) -> Option<String> {
@@ -822,6 +827,9 @@ impl Source for Live<'_> {
     }
     fn objects(&self) -> Vec<(u64, Vec<u8>)> {
         self.rings.objects()
+    }
+    fn object_load_times(&self) -> Vec<u64> {
+        self.rings.object_load_times()
     }
     fn lost_no_ring(&self) -> u64 {
         self.rings.lost_no_ring()

@@ -84,6 +84,10 @@ pub struct Symbols {
     name_ids: FxHashMap<(usize, usize), u32>,
     /// Per object (lazily): the names that tell apart its functions of the same short name.
     distinct: FxHashMap<usize, Distinct>,
+    /// When each table entry was added (raw TSC; 0 or none: from the start), and the
+    /// latest of those times: a record before it sees only the entries added by then.
+    load_tsc: Vec<u64>,
+    last_load: u64,
 }
 
 /// The functions of one object that share their short (shown) name with another of its
@@ -205,7 +209,30 @@ impl Symbols {
             owner: Vec::new(),
             name_ids: FxHashMap::default(),
             distinct: FxHashMap::default(),
+            load_tsc: Vec::new(),
+            last_load: 0,
         }
+    }
+
+    /// When each entry of the table was added (the rings' `object_load_times`, a
+    /// recording's `load_tsc`s): a record then resolves only among the entries added at or
+    /// before its timestamp ([`select`](Self::select)). Without it, the last entry that
+    /// covers an address names it, whenever the record was written: a library loaded where
+    /// an unloaded one was named the unloaded one's calls (uftrace's `s-dlopen`; issue 26,
+    /// item 10).
+    pub fn with_load_times(mut self, load_tsc: Vec<u64>) -> Symbols {
+        self.last_load = load_tsc.iter().copied().max().unwrap_or(0);
+        self.load_tsc = load_tsc;
+        self
+    }
+
+    /// How many entries of the table were added at or before `tsc` (the table is in the
+    /// order objects were added, which is their time order).
+    fn loaded_by(&self, tsc: u64) -> usize {
+        if tsc >= self.last_load {
+            return usize::MAX;
+        }
+        self.load_tsc.partition_point(|&t| t <= tsc)
     }
 
     /// A process exec'd into `image` (once per image: a repeat is ignored).
@@ -222,10 +249,23 @@ impl Symbols {
     /// TSC, as the records carry it) see them: in that process's image then.
     #[inline]
     pub fn select(&mut self, pid: u32, tsc: u64) {
-        if self.images.is_empty() {
+        self.select_view(pid, tsc, tsc);
+    }
+
+    /// As [`select`](Self::select), the process's image by `image_tsc` and the objects
+    /// loaded by `load_time` (in the unit of [`with_load_times`](Self::with_load_times);
+    /// `u64::MAX`: every object of the table, whenever loaded).
+    #[inline]
+    pub fn select_view(&mut self, pid: u32, image_tsc: u64, load_time: u64) {
+        if self.images.is_empty() && load_time >= self.last_load && self.view == 0 {
             return;
         }
-        let view = image_view(&self.images, pid, tsc);
+        let (lo, hi, own) = if self.images.is_empty() {
+            WHOLE
+        } else {
+            image_view(&self.images, pid, image_tsc)
+        };
+        let view = (lo, hi.min(self.loaded_by(load_time)), own);
         if self.caches[self.view].0 == view {
             return;
         }

@@ -122,6 +122,8 @@ pub struct Printer {
     clock: Clock,
     symbols: Option<Symbols>,
     objects: Vec<(u64, Vec<u8>)>,
+    /// When each of `objects` was added (see `Symbols::with_load_times`).
+    load_times: Vec<u64>,
     events: Vec<ProbeDef>,
     /// Per event, its record layout (worked out once, not per record).
     decoders: Vec<Option<RecordDecoder>>,
@@ -186,6 +188,7 @@ impl Printer {
             clock: Clock::from_parts([0, 0, 0]),
             symbols: None,
             objects: Vec::new(),
+            load_times: Vec::new(),
             decoders: events.iter().map(RecordDecoder::new).collect(),
             events,
             merge: Merge::default(),
@@ -311,7 +314,10 @@ impl Printer {
             // Loaded after the drain (it takes ~10 ms: before it, the ring would fill), and
             // before the lines: the threads that claimed rings meanwhile count for the
             // function_graph layout's TASK/PID column.
-            self.symbols = Some(Symbols::with_images(&self.objects, &self.images));
+            self.symbols = Some(
+                Symbols::with_images(&self.objects, &self.images)
+                    .with_load_times(self.load_times.clone()),
+            );
             self.claimed = rings.claimed();
         }
         if self.final_poll {
@@ -347,6 +353,7 @@ impl Printer {
         if objects != self.objects || self.symbols.is_none() {
             self.symbols = None;
             self.objects = objects;
+            self.load_times = rings.object_load_times();
         }
         let mut active = std::mem::take(&mut self.active);
         rings.active(&mut active);
@@ -460,6 +467,7 @@ impl Printer {
         if objects != self.objects {
             self.symbols = None;
             self.objects = objects;
+            self.load_times = rings.object_load_times();
         }
     }
 
@@ -670,7 +678,10 @@ impl Printer {
             }
         }
         if self.symbols.is_none() {
-            self.symbols = Some(Symbols::with_images(&self.objects, &self.images));
+            self.symbols = Some(
+                Symbols::with_images(&self.objects, &self.images)
+                    .with_load_times(self.load_times.clone()),
+            );
         }
         let head = self.merge.queues[&r].head().expect("taken from the heap");
         let (rt, aux, key) = (head.rtype, head.aux, head.key);

@@ -10,7 +10,7 @@ use super::RingError;
 /// The first 8 bytes of the memfd.
 pub const MAGIC: [u8; 8] = *b"FTPRING1";
 /// Layout version; bumped on any change of the layout above.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 /// Smallest data area of one ring, in bytes.
 pub const MIN_RING_BYTES: u32 = 4096;
 /// Largest data area of one ring, in bytes.
@@ -67,6 +67,8 @@ pub(super) struct ObjectSlot {
     pub(super) path_len: AtomicU32,
     /// 1 once the entry is taken (`set_objects`, `add_objects`).
     pub(super) claimed: AtomicU32,
+    /// The raw TSC when the object was added (0: loaded before the session's first event).
+    pub(super) load_tsc: AtomicU64,
     pub(super) path: [AtomicU8; MAX_OBJECT_PATH + 1],
 }
 
@@ -201,17 +203,18 @@ const _: () = {
     assert!(offset_of!(Header, counters) + offset_of!(Counters, freed) == 112);
     assert!(offset_of!(Header, counters) + offset_of!(Counters, budget_bytes) == 120);
     assert!(offset_of!(Header, objects) == 128);
-    assert!(size_of::<ObjectSlot>() == 272);
+    assert!(size_of::<ObjectSlot>() == 280);
     assert!(offset_of!(ObjectSlot, load_bias) == 0);
     assert!(offset_of!(ObjectSlot, path_len) == 8);
-    assert!(offset_of!(ObjectSlot, path) == 16);
-    assert!(offset_of!(Header, event_counters) == 139_392);
+    assert!(offset_of!(ObjectSlot, load_tsc) == 16);
+    assert!(offset_of!(ObjectSlot, path) == 24);
+    assert!(offset_of!(Header, event_counters) == 143_488);
     assert!(size_of::<EventCounters>() == 16);
-    assert!(offset_of!(Header, lost_tids) == 155_776);
+    assert!(offset_of!(Header, lost_tids) == 159_872);
     assert!(size_of::<LostTid>() == 16);
-    assert!(offset_of!(Header, no_ring_kinds) == 159_872);
-    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 272 + MAX_EVENTS * 16 + 4096 + 64);
-    assert!(HEADER_BYTES == 163_840);
+    assert!(offset_of!(Header, no_ring_kinds) == 163_968);
+    assert!(size_of::<Header>() == 128 + MAX_OBJECTS * 280 + MAX_EVENTS * 16 + 4096 + 64);
+    assert!(HEADER_BYTES == 167_936);
     assert!(align_of::<Header>() <= PAGE);
     assert!(DESC_BYTES == 128);
     assert!(align_of::<RingDesc>() == CACHE_LINE);

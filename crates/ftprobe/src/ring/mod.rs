@@ -13,7 +13,7 @@
 //!
 //! ```text
 //! offset
-//! 0 +-- Header: HEADER_BYTES = 163840 bytes (40 pages) ------------------------------+
+//! 0 +-- Header: HEADER_BYTES = 167936 bytes (41 pages) ------------------------------+
 //!   |   0 magic "FTPRING1"     8 version u32          12 header_bytes u32            |
 //!   |  16 nr_rings u32 (descriptors) 20 ring_bytes u32 (a ring's largest size: stride) |
 //!   |  24 total_bytes u64 (file size)                                                 |
@@ -29,15 +29,16 @@
 //!   | 104 budget_used u64 (bytes: the sum of the sizes of the rings owned)             |
 //!   | 112 freed u64 (rings released or freed so far: threads without a ring retry)     |
 //!   | 120 budget_bytes u64 (--buffer-size-kb: what ring sizes may add up to)          |
-//!   | 128 objects[512], 272 bytes each:                                              |
-//!   |       0 load_bias u64, 8 path_len u32, 12 claimed u32, 16 path[256]            |
-//!   | 139392 event_counters[1024], 16 bytes each (kprobe events, by event id):        |
+//!   | 128 objects[512], 280 bytes each:                                              |
+//!   |       0 load_bias u64, 8 path_len u32, 12 claimed u32, 16 load_tsc u64 (raw TSC |
+//!   |       when added; 0: before the first event), 24 path[256]                     |
+//!   | 143488 event_counters[1024], 16 bytes each (kprobe events, by event id):        |
 //!   |       0 dropped u64 (hits whose record was lost), 8 nmissed u64                |
-//!   | 155776 lost_tids[256], 16 bytes each (threads that had no ring):               |
+//!   | 159872 lost_tids[256], 16 bytes each (threads that had no ring):               |
 //!   |       0 tid u32, 4 reserved u32, 8 lost u64                                    |
-//!   | 159872 lost_unreclaimed u64 (of lost_no_ring: no ring free, some of them       |
+//!   | 163968 lost_unreclaimed u64 (of lost_no_ring: no ring free, some of them       |
 //!   |        released by ended threads and not freed by the reader yet)              |
-//!   | 159880 lost_after_end u64 (of lost_no_ring: events of a thread after it        |
+//!   | 163976 lost_after_end u64 (of lost_no_ring: events of a thread after it        |
 //!   |        released its ring, e.g. in a later TLS destructor)                      |
 //!   +-- Descriptors at DESC_OFFSET = HEADER_BYTES, 128 bytes per ring ---------------+
 //!   |  +0 line 0, written by the producer: 0 head u64 (published), 8 lost u64,        |
@@ -958,6 +959,7 @@ impl SharedRings {
             // Claimed, for `add_objects`.
             slot.claimed.store(1, Relaxed);
             slot.load_bias.store(bias, Relaxed);
+            slot.load_tsc.store(0, Relaxed);
             slot.path_len.store(path.len() as u32, Relaxed);
             for (dst, &b) in slot.path.iter().zip(path) {
                 dst.store(b, Relaxed);
@@ -993,6 +995,9 @@ impl SharedRings {
             };
             let slot = &h.objects[i];
             slot.load_bias.store(bias, Relaxed);
+            // After the object was mapped and before its code can run (the loader's
+            // notification): an event at or after this time is the new object's.
+            slot.load_tsc.store(read_tsc(), Relaxed);
             slot.path_len.store(path.len() as u32, Relaxed);
             for (dst, &b) in slot.path.iter().zip(path) {
                 dst.store(b, Relaxed);
@@ -1032,6 +1037,21 @@ impl SharedRings {
                     .collect();
                 (slot.load_bias.load(Relaxed), path)
             })
+            .collect()
+    }
+
+    /// CLI side: when each entry of [`objects`](Self::objects) was added (raw TSC; 0: at the
+    /// start, before any event). An address resolves to the last entry covering it that was
+    /// added at or before the event (issue 26, item 10: a library unloaded, and another one
+    /// loaded at the same address, name each its own calls).
+    pub fn object_load_times(&self) -> Vec<u64> {
+        let h = self.header();
+        // Acquire: pairs with the Release store in `set_objects`/`add_objects`.
+        let n = (h.nr_objects.load(Acquire) as usize).min(MAX_OBJECTS);
+        h.objects
+            .iter()
+            .take(n)
+            .map(|slot| slot.load_tsc.load(Relaxed))
             .collect()
     }
 
@@ -1277,7 +1297,7 @@ mod tests {
         assert!(matches!(err, RingError::TooSmall { len: 100 }), "{err:?}");
         assert_eq!(
             err.to_string(),
-            "ring memfd is 100 bytes, smaller than the 163840-byte header: \
+            "ring memfd is 100 bytes, smaller than the 167936-byte header: \
              not an ftprobe ring buffer"
         );
 
