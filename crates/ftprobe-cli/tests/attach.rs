@@ -837,11 +837,8 @@ fn return_probes_in_an_attached_cpp_process_survive_exceptions_and_detach() {
             "round {round}: {lr} returns, {lp} entries"
         );
         // SAFETY: kill with signal 0 only checks that the process exists.
-        assert_eq!(
-            unsafe { libc::kill(child.id() as i32, 0) },
-            0,
-            "round {round}: the program died"
-        );
+        let alive = unsafe { libc::kill(child.id() as i32, 0) } == 0;
+        assert!(alive, "round {round}: the program died");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     // SAFETY: kill has no memory effects; the pid is our live child.

@@ -15,8 +15,15 @@ use common::ftprobe;
 
 use ftprobe_dev::{attach_target_fixture, KillOnDrop};
 
-/// The probe modes: (name, extra environment, `trace` options).
-const MODES: &[(&str, &[(&str, &str)], &[&str])] = &[
+/// A probe mode: its name, extra environment, `trace` options.
+type Mode = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static [&'static str],
+);
+
+/// The probe modes.
+const MODES: &[Mode] = &[
     ("function tracer", &[], &["-F", "attach_*"]),
     (
         "function_graph",

@@ -887,7 +887,7 @@ const KEEP_SPAN: u64 = 8 << 20;
 /// frame still returning through the trampoline after the detach could not be unwound (no
 /// unwind information for it, and the unwinder probes are gone): an exception thrown
 /// through it ended the program in `std::terminate` (issue 26, item 5). Entries whose slot
-/// lies within [`KEEP_SPAN`] above one of `keep_sps` (threads stopped inside ftprobe's
+/// lies within 8 MiB above one of `keep_sps` (threads stopped inside ftprobe's
 /// code, perhaps in the return trampoline itself; `None`: the stacks are not known, every
 /// hooked call is left) are left, as are entries whose slot no longer holds the trampoline.
 /// Returns (restored, left).

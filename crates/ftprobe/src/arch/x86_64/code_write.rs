@@ -9,7 +9,7 @@
 //! Cost: one `pwrite` is ~1.5 us here (the kernel pins the page and maps it), against a
 //! plain store. A batch of sites writes each run of nearby changes in one call: changes
 //! less than [`COALESCE_GAP`] bytes apart are joined, the bytes between them written with
-//! the values they hold (only ftprobe writes code, under [`LOCK`], so they do not change
+//! the values they hold (only ftprobe writes code, under one lock, so they do not change
 //! meanwhile; rewriting an instruction's own bytes is harmless to a thread executing it).
 //!
 //! Where the kernel refuses such writes (`proc_mem.force_override=never`, a kernel built
@@ -127,7 +127,7 @@ fn pwrite_mem(addr: u64, bytes: &[u8]) -> Result<bool, SyscallError> {
 /// The fallback: the pages `rwx` for the store, `r-x` again after.
 ///
 /// # Safety
-/// As [`write`]; the pages must be `r-x` code.
+/// As [`write()`]; the pages must be `r-x` code.
 unsafe fn write_through_window(addr: u64, bytes: &[u8]) -> Result<(), SyscallError> {
     // Relaxed: a statistic.
     STAT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
@@ -175,7 +175,7 @@ pub unsafe fn write(addr: u64, bytes: &[u8]) -> Result<(), SyscallError> {
 /// those less than [`COALESCE_GAP`] apart into one write.
 ///
 /// # Safety
-/// As [`write`], for each change; the bytes between two joined changes are mapped too
+/// As [`write()`], for each change; the bytes between two joined changes are mapped too
 /// (they are, when both lie in one object's text or one trampoline area: the callers' case;
 /// a gap that is not mapped is never joined, see below).
 pub unsafe fn write_many(changes: &[(u64, &[u8])]) -> Result<(), SyscallError> {

@@ -654,7 +654,7 @@ pub unsafe fn text_poke_batch(pokes: &[Poke]) -> Result<(), TextPokeError> {
         std::thread::yield_now();
     }
     // No handler can reach `published` or the slice any more: both may go.
-    result.map_err(Into::into)
+    result
 }
 
 /// An int3 where a site's first byte goes (only byte 0 of it is written).
