@@ -19,7 +19,7 @@ use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind};
 use object::{Object, ObjectSection, ObjectSymbol};
 
 mod common;
-use common::{events, ftprobe, tmp_dir, untraced};
+use common::{child_of, events, ftprobe, tmp_dir, untraced};
 
 use ftprobe_dev::{
     lua, lua_script, optlibc_fixture, optrefuse_fixture, optunwind_fixture, LuaBuild,
@@ -765,19 +765,6 @@ fn a_jump_table_stays_int3() {
     assert_eq!(c["switch"] as i64, own["switch"]);
     assert_eq!(c["plain"] as i64, own["plain"]);
     assert_eq!((own["table"], own["case1"]), (500, 125));
-}
-
-/// The pid of the program `ftprobe` (pid `cli`) runs.
-fn child_of(cli: u32) -> u32 {
-    for _ in 0..2000 {
-        let children =
-            std::fs::read_to_string(format!("/proc/{cli}/task/{cli}/children")).unwrap_or_default();
-        if let Some(p) = children.split_whitespace().next() {
-            return p.parse().unwrap();
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    panic!("no child of ftprobe");
 }
 
 /// A probe on a `call *%rax` followed by more bytes of the range (`ref_callmid+7`), added

@@ -101,19 +101,6 @@ fn same_protections(
     Ok(())
 }
 
-/// The program ftprobe (`cli`) started: its one child.
-fn child_of(cli: u32) -> i32 {
-    for _ in 0..500 {
-        let c =
-            std::fs::read_to_string(format!("/proc/{cli}/task/{cli}/children")).unwrap_or_default();
-        if let Some(p) = c.split_whitespace().next() {
-            return p.parse().unwrap();
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    panic!("ftprobe started no program");
-}
-
 /// Issue 26, item 3: during a `trace -- prog`, the program's and ld.so's text were `rwxp`,
 /// libc's after a probe there, and ftprobe's trampoline areas were anonymous `rwxp`
 /// mappings. Now code is written through `/proc/self/mem` and every mapping keeps its
@@ -132,7 +119,7 @@ fn no_mapping_is_writable_and_executable_while_tracing() {
             .arg("--")
             .arg(attach_target_fixture());
         let mut t = Target::spawn(cmd);
-        let pid = child_of(t.pid() as u32);
+        let pid = common::child_of(t.pid() as u32) as i32;
         assert_eq!(t.window(200), "window 200 done\n", "{name}");
         assert_eq!(writable_and_executable(pid), Vec::<String>::new(), "{name}");
         assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)), "{name}");

@@ -58,6 +58,19 @@ pub fn record_to(
         .expect("run ftprobe record")
 }
 
+/// The pid of the program `ftprobe` (pid `cli`) runs: its one child, once it exists.
+pub fn child_of(cli: u32) -> u32 {
+    for _ in 0..2000 {
+        let children =
+            std::fs::read_to_string(format!("/proc/{cli}/task/{cli}/children")).unwrap_or_default();
+        if let Some(p) = children.split_whitespace().next() {
+            return p.parse().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("no child of ftprobe");
+}
+
 /// The `ftprobe` binary under test.
 pub fn ftprobe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ftprobe"))
