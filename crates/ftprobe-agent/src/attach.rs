@@ -423,6 +423,7 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                 unhook_returns(&stopped);
                 if RETURNS_LEFT.load(Ordering::Relaxed) == 0 {
                     let errors = ftprobe::ftrace::fgraph_unwind::disarm_unwinder_probes();
+                    crate::return_hooks_stopped();
                     if let Some(e) = errors.first() {
                         return Err(format!("removing the unwinder probes: {e}"));
                     }
@@ -489,6 +490,7 @@ fn detach(stopped: &Stopped) -> Result<(), String> {
                 .into_iter()
                 .map(|e| e.to_string()),
         );
+        crate::return_hooks_stopped();
     }
     crate::dlopen::unhook();
     if let Err(e) = restore_sites(stopped) {

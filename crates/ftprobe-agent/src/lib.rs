@@ -539,8 +539,14 @@ pub(crate) fn start_return_hooks_once() {
     }
 }
 
-/// [`start_return_hooks`] ran.
+/// [`start_return_hooks`] ran (and the unwinder probes were not taken out since).
 static RETURN_HOOKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The unwinder probes were taken out (an attached session's end): the next return event
+/// added over the control channel arms them again.
+pub(crate) fn return_hooks_stopped() {
+    RETURN_HOOKS.store(false, std::sync::atomic::Ordering::Relaxed);
+}
 
 fn start_return_hooks() {
     RETURN_HOOKS.store(true, std::sync::atomic::Ordering::Relaxed);
