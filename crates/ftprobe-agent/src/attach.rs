@@ -319,9 +319,6 @@ pub unsafe extern "C" fn ftprobe_agent_control(
             *out.add(n) = 0;
         }
     }
-    // The descriptor code writes use is the agent's only while the CLI's call runs (a live
-    // session's control thread opens it again when it patches).
-    ftprobe::arch::x86_64::code_write::release();
     code
 }
 

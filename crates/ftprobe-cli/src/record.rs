@@ -729,25 +729,8 @@ impl Sink for Recorder {
             })
             .collect();
         info.end = end.clone();
-        // The last table's order first (the one live symbolization used last), then objects
-        // seen only earlier.
-        let mut objects: Vec<ObjectInfo> = Vec::new();
-        for (bias, path) in &self.table {
-            let path = String::from_utf8_lossy(path);
-            if let Some(o) = self
-                .objects
-                .iter()
-                .find(|o| o.bias == *bias && o.path == path)
-            {
-                objects.push(o.clone());
-            }
-        }
-        for o in &self.objects {
-            if !objects.iter().any(|x| x.bias == o.bias && x.path == o.path) {
-                objects.push(o.clone());
-            }
-        }
-        info.objects = objects;
+        // One entry per entry of the table, in its order (each load with its own time).
+        info.objects = self.objects.clone();
         // Losses are said at the end, as perf record does (the recording keeps the details).
         let streams = 0..src.claimed().min(src.nr_rings());
         let full: u64 = streams.clone().map(|i| src.lost(i)).sum();

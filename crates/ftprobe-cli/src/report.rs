@@ -334,8 +334,11 @@ pub fn run(args: ReportArgs) -> Result<i32> {
             })?;
             rec.select_stream(&mut syms, i);
         }
+        let mut at = rec.stream_selector(i);
+        let clock = crate::session::Source::clock(&rec);
         rec.for_each(i, &mut |rt, aux, w| match Record::decode(rt, aux, w) {
-            Some(Record::Func { ip, .. }) if tracer == "function" => {
+            Some(Record::Func { ip, ts, .. }) if tracer == "function" => {
+                at(&mut syms, clock.tsc_to_mono_ns(ts));
                 stats
                     .entry(key(&mut syms, ip))
                     .or_default()

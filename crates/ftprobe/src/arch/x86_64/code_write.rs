@@ -16,7 +16,7 @@
 //! with `CONFIG_PROC_MEM_NO_FORCE`), the write falls back to making the pages `rwx` for
 //! the store and `r-x` again right after, counted in [`fallbacks`].
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::sys::{self, SyscallError};
@@ -25,8 +25,8 @@ use crate::sys::{self, SyscallError};
 /// system call).
 pub const COALESCE_GAP: u64 = 4096;
 
-/// `/proc/self/mem`, opened on first use: -1 not yet, -2 refused (the fallback is used).
-static MEM_FD: AtomicI32 = AtomicI32::new(-1);
+/// `/proc/self/mem` could not be opened (no `/proc`): every write takes the fallback.
+static NO_MEM: AtomicBool = AtomicBool::new(false);
 /// Serializes every writer of code (a read of the bytes between two changes and its write).
 static LOCK: Mutex<()> = Mutex::new(());
 static STAT_WRITES: AtomicU64 = AtomicU64::new(0);
@@ -44,46 +44,38 @@ pub fn fallbacks() -> u64 {
     STAT_FALLBACKS.load(Ordering::Relaxed)
 }
 
-fn mem_fd() -> Option<i32> {
-    // Relaxed: the descriptor is a plain integer; opening twice only leaks one (closed below).
-    let fd = MEM_FD.load(Ordering::Relaxed);
-    if fd >= 0 {
-        return Some(fd);
-    }
-    if fd == -2 {
-        return None;
-    }
-    // SAFETY: a NUL-terminated path; O_CLOEXEC: the program's children do not inherit it.
-    let new = unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    let new = if new < 0 { -2 } else { new };
-    match MEM_FD.compare_exchange(-1, new, Ordering::Relaxed, Ordering::Relaxed) {
-        Ok(_) => (new >= 0).then_some(new),
-        Err(other) => {
-            if new >= 0 {
-                // SAFETY: the descriptor opened just above, used by nobody.
-                unsafe { libc::close(new) };
-            }
-            (other >= 0).then_some(other)
+/// `/proc/self/mem`, open for one operation (under [`LOCK`]): a descriptor kept open would
+/// be the program's to see, and to close (a daemon's `close_range`), after which its number
+/// could name a file of the program's that the next code write would land in.
+struct Mem(i32);
+
+impl Mem {
+    fn open() -> Option<Mem> {
+        // Relaxed: a hint; a failed open says it again.
+        if NO_MEM.load(Ordering::Relaxed) {
+            return None;
         }
+        // SAFETY: a NUL-terminated path; O_CLOEXEC: a child the program forks meanwhile
+        // does not inherit it.
+        let fd = unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            NO_MEM.store(true, Ordering::Relaxed);
+            return None;
+        }
+        Some(Mem(fd))
     }
 }
 
-/// Close `/proc/self/mem` until the next write (an attached agent at the end of each of the
-/// CLI's calls: the process's descriptors stay as they were after a detach).
-pub fn release() {
-    let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // Relaxed: under the lock every writer holds.
-    let fd = MEM_FD.load(Ordering::Relaxed);
-    if fd >= 0 {
-        MEM_FD.store(-1, Ordering::Relaxed);
-        // SAFETY: our own descriptor, used only under the lock held here.
-        unsafe { libc::close(fd) };
+impl Drop for Mem {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor this value opened, closed once.
+        unsafe { libc::close(self.0) };
     }
 }
 
 /// Write `bytes` at `addr` through `/proc/self/mem`; false if the kernel refused.
-fn pwrite_mem(addr: u64, bytes: &[u8]) -> Result<bool, SyscallError> {
-    let Some(fd) = mem_fd() else {
+fn pwrite_mem(mem: &Option<Mem>, addr: u64, bytes: &[u8]) -> Result<bool, SyscallError> {
+    let Some(Mem(fd)) = *mem else {
         return Ok(false);
     };
     let mut done = 0;
@@ -164,7 +156,8 @@ pub unsafe fn write(addr: u64, bytes: &[u8]) -> Result<(), SyscallError> {
         return Ok(());
     }
     let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if pwrite_mem(addr, bytes)? {
+    let mem = Mem::open();
+    if pwrite_mem(&mem, addr, bytes)? {
         return Ok(());
     }
     // SAFETY: the caller's contract.
@@ -180,6 +173,7 @@ pub unsafe fn write(addr: u64, bytes: &[u8]) -> Result<(), SyscallError> {
 /// a gap that is not mapped is never joined, see below).
 pub unsafe fn write_many(changes: &[(u64, &[u8])]) -> Result<(), SyscallError> {
     let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mem = Mem::open();
     let page = sys::page_size() as u64;
     let mut buf: Vec<u8> = Vec::new();
     let mut i = 0;
@@ -201,7 +195,7 @@ pub unsafe fn write_many(changes: &[(u64, &[u8])]) -> Result<(), SyscallError> {
         }
         if j == i + 1 {
             let (a, b) = changes[i];
-            if !pwrite_mem(a, b)? {
+            if !pwrite_mem(&mem, a, b)? {
                 // SAFETY: the caller's contract.
                 unsafe { write_through_window(a, b)? };
             }
@@ -217,7 +211,7 @@ pub unsafe fn write_many(changes: &[(u64, &[u8])]) -> Result<(), SyscallError> {
                 let o = (a - start) as usize;
                 buf[o..o + b.len()].copy_from_slice(b);
             }
-            if !pwrite_mem(start, &buf)? {
+            if !pwrite_mem(&mem, start, &buf)? {
                 for &(a, b) in &changes[i..j] {
                     // SAFETY: the caller's contract.
                     unsafe { write_through_window(a, b)? };
