@@ -18,7 +18,9 @@
 //! - the probe path's per-thread state starts fresh ([`ftprobe::trace::reset_copied_thread_state`]).
 //!
 //! The thread blocks every asynchronous signal (the program's process-directed signals go to
-//! its own threads), never the synchronous ones (a trap blocked when forced would reset
+//! its own threads) but the CPU-time timers' (SIGPROF, SIGVTALRM: raised by its own time,
+//! the kernel gives them to it, and the program's handler runs there), never the synchronous
+//! ones (a trap blocked when forced would reset
 //! its action to the default, for the whole process). It lives until the process exits or
 //! execs; nothing of it is freed.
 
@@ -180,6 +182,17 @@ pub unsafe fn spawn(
             libc::SIGSYS,
         ] {
             libc::sigdelset(&mut all, s);
+        }
+        // The CPU-time timers' signals stay as the calling thread has them: the kernel gives
+        // one to the thread whose time raised it unless that thread blocks it, and this
+        // thread's time (a control command's work) blocked here sent gprof's SIGPROF to a
+        // sleeping thread of the program, failing its `nanosleep` with EINTR.
+        let mut cur: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+        for s in [libc::SIGPROF, libc::SIGVTALRM] {
+            if libc::sigismember(&cur, s) == 0 {
+                libc::sigdelset(&mut all, s);
+            }
         }
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);

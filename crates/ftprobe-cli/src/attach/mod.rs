@@ -363,6 +363,11 @@ pub struct Attached {
     /// The return stub's page in the target, once found or made.
     stub: Option<u64>,
     detached: bool,
+    /// The calling thread took a CPU-time timer's signal during a call of this stop (its own
+    /// handler ran, and that handler's `rt_sigreturn` cancelled the restart block of a
+    /// system call the stop interrupted): the system call is then issued again whole at
+    /// every later hand-back (they all put back the registers saved at the first call).
+    cpu_signal_taken: bool,
     /// When the first thread was seen stopped (`FTPROBE_TIMING`'s start).
     first_stop: Instant,
 }
@@ -459,6 +464,7 @@ impl Attached {
             last_blobs: Vec::new(),
             stub: None,
             detached: false,
+            cpu_signal_taken: false,
             first_stop: first_stop.unwrap_or_else(Instant::now),
         })
     }
@@ -687,11 +693,21 @@ impl Attached {
         ptrace::interrupt(tid)?;
         kill_point();
         ptrace::cont(tid, 0)?;
+        // A restart block a handler's `rt_sigreturn` cancelled cannot be kept: the
+        // interrupted call is issued again (`resume_regs`), not failed with EINTR.
+        // Sticky for the thread's whole stop: every later call's hand-back too (they all
+        // put back the registers saved at the first one).
+        let reissue = self.cpu_signal_taken;
+        let back = if reissue {
+            sigframe::resume_regs(&saved.regs)
+        } else {
+            saved.regs
+        };
         loop {
             match ptrace::wait(tid, false)? {
                 Some(Stop::Event { .. } | Stop::OtherEvent) => {
                     kill_point();
-                    ptrace::set_regs(tid, &saved.regs)?;
+                    ptrace::set_regs(tid, &back)?;
                     kill_point();
                     return Ok(());
                 }
@@ -699,11 +715,20 @@ impl Attached {
                 Some(Stop::Signal(sig)) => {
                     // A signal that came during the call (blocked then): delivered now,
                     // as it would have been; the thread stops at its handler (or its
-                    // group-stop), and that is its state from now on.
-                    ptrace::set_regs(tid, &saved.regs)?;
+                    // group-stop), and that is its state from now on. A CPU-time timer's
+                    // (raised by the call's own time) runs before the interrupted system
+                    // call is issued again, which it does not fail.
+                    let cpu = matches!(sig, libc::SIGPROF | libc::SIGVTALRM);
+                    let regs = if cpu {
+                        sigframe::resume_regs(&saved.regs)
+                    } else {
+                        back
+                    };
+                    ptrace::set_regs(tid, &regs)?;
                     ptrace::interrupt(tid)?;
                     ptrace::cont(tid, sig)?;
                     self.threads[self.caller].saved = None;
+                    self.cpu_signal_taken = false;
                     loop {
                         match ptrace::wait(tid, false)? {
                             Some(Stop::Event { .. } | Stop::OtherEvent) => return Ok(()),
@@ -804,9 +829,11 @@ impl Attached {
                 // agent's, hit by the call itself (the agent's handler takes it). SIGPROF
                 // and SIGVTALRM are the process's CPU-time timers, raised by this thread's
                 // own time: the program's handler runs here, as during any of its calls.
-                Stop::Signal(
-                    sig @ (libc::SIGSTOP | libc::SIGTRAP | libc::SIGPROF | libc::SIGVTALRM),
-                ) => ptrace::syscall(tid, sig)?,
+                Stop::Signal(sig @ (libc::SIGPROF | libc::SIGVTALRM)) => {
+                    self.cpu_signal_taken = true;
+                    ptrace::syscall(tid, sig)?
+                }
+                Stop::Signal(sig @ (libc::SIGSTOP | libc::SIGTRAP)) => ptrace::syscall(tid, sig)?,
                 Stop::Signal(sig) => {
                     let regs = ptrace::get_regs(tid)?;
                     bail!(
@@ -907,6 +934,18 @@ impl Attached {
         }
         let mut first_err = None;
         for t in &self.threads {
+            // A sleep the stop interrupted that the kernel would resume through its restart
+            // block (`nanosleep`, a `poll` or `futex` with a timeout) is issued again whole
+            // instead: a signal the thread takes as it leaves the stop (the profiling timer's,
+            // whose expiry ftprobe's own work in the process brought closer, found on the
+            // first thread to run) would otherwise fail it with EINTR.
+            if !matches!(t.taken, Taken::Signal(_)) {
+                if let Ok(r) = ptrace::get_regs(t.tid) {
+                    if r.orig_rax as i64 >= 0 && r.rax as i64 == -516 {
+                        let _ = ptrace::set_regs(t.tid, &sigframe::resume_regs(&r));
+                    }
+                }
+            }
             let r = match t.taken {
                 // Still in the signal-delivery-stop it was taken in (the calling thread
                 // never is: see `attach`).
