@@ -206,6 +206,42 @@ struct Stopped<'a> {
     tps: &'a [u64],
 }
 
+/// A refused attach: the descriptors the CLI made in this process for the session (the
+/// rings' memfd, the control channel's) are closed, not left to the program.
+fn close_session_fds(config: &AgentConfig) {
+    let agent_config::RingsFrom::Fd(fd) = config.rings;
+    for fd in std::iter::once(fd).chain(config.control) {
+        // SAFETY: descriptors the CLI created in this process for this session, which
+        // nothing else uses.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Rings memfds of earlier attaches whose CLI died before the agent mapped them (a
+/// SIGKILL during the attach): the agent closes every rings descriptor it maps, so any
+/// other open one is such a leftover (found by a fresh user's review: one descriptor per
+/// killed attach, for good).
+fn close_stale_rings_fds(config: &AgentConfig) {
+    let agent_config::RingsFrom::Fd(own) = config.rings;
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let stale: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| {
+            let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            let t = target.to_string_lossy();
+            let rings = t == "/memfd:ftprobe-rings (deleted)" || t == "/memfd:ftprobe-rings";
+            (rings && fd != own && Some(fd) != config.control).then_some(fd)
+        })
+        .collect();
+    for fd in stale {
+        // SAFETY: a rings memfd no session uses (see above).
+        unsafe { libc::close(fd) };
+    }
+}
+
 /// Hooked calls the last detach or `RestoreSites` left returning through the trampoline.
 static RETURNS_LEFT: AtomicU64 = AtomicU64::new(0);
 
@@ -330,6 +366,7 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             thread_pointers,
         } => {
             if ftprobe::trace::buffer().is_some() && !ATTACHED.load(Ordering::Relaxed) {
+                close_session_fds(&config);
                 return Err(
                     "this process is traced already: it was started under `ftprobe trace`".into(),
                 );
@@ -339,6 +376,7 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             if TRACING.load(Ordering::Acquire) {
                 let owner = OWNER_PID.load(Ordering::Relaxed);
                 if owner_alive() {
+                    close_session_fds(&config);
                     return Err(format!(
                         "another ftprobe (process {owner}) is attached to this process"
                     ));
@@ -359,6 +397,7 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                      ended first\n"
                 ));
             }
+            close_stale_rings_fds(&config);
             // SAFETY: getpid has no preconditions.
             PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
             ATTACHED.store(true, Ordering::Release);

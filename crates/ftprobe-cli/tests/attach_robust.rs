@@ -284,8 +284,20 @@ fn a_live_session_is_not_taken_over() {
     let pid = t.pid();
     let s = Session::start(pid, &["-F", "attach_window"], "first");
     assert!(s.tracing(), "{}", s.said);
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
     let o = trace_p(pid, &["-F", "attach_window", "--duration", "0"], None);
     assert!(!o.status.success());
+    // The refused attach's memfds are closed (found by a fresh user's review: one left open
+    // per refused attach, for good).
+    assert_eq!(
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count(),
+        fds,
+        "descriptors after the refused attach"
+    );
     assert!(
         stderr(&o).contains(&format!(
             "another ftprobe (process {}) is attached",

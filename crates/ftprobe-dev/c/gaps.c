@@ -64,8 +64,8 @@ static char state(pid_t pid)
 
 /* Until this thread's ring was read to its end: the ring's tail (the reader's) reaches its
  * head (the published records). The rings are the agent's mapping of the memfd
- * `ftprobe-rings` in this process; the layout (crates/ftprobe/src/ring/mod.rs, version 6):
- * a 163840-byte header (u32 version at 8, u32 nr_rings at 16), then 128 bytes per ring
+ * `ftprobe-rings` in this process; the layout (crates/ftprobe/src/ring/mod.rs, version 7):
+ * a header (u32 version at 8, u32 header_bytes at 12, u32 nr_rings at 16), then 128 bytes per ring
  * (u64 head at +0, u32 tid at +24, u64 tail at +64). `record` keeps what it read in memory
  * (a short thread's stream is written at its end), so its writes cannot tell. */
 static void wait_until_read(void)
@@ -78,14 +78,15 @@ static void wait_until_read(void)
             break;
     if (f)
         fclose(f);
-    if (!base || off != 0 || *(volatile unsigned *)(base + 8) != 6) {
-        fprintf(stderr, "gaps: no ftprobe rings of layout 6 in this process\n");
+    if (!base || off != 0 || *(volatile unsigned *)(base + 8) != 7) {
+        fprintf(stderr, "gaps: no ftprobe rings of layout 7 in this process\n");
         exit(3);
     }
     unsigned nr = *(volatile unsigned *)(base + 16);
+    unsigned long header = *(volatile unsigned *)(base + 12);
     unsigned tid = (unsigned)syscall(SYS_gettid);
     for (unsigned i = 0; i < nr; i++) {
-        unsigned long d = base + 163840 + 128UL * i;
+        unsigned long d = base + header + 128UL * i;
         if (__atomic_load_n((unsigned *)(d + 24), __ATOMIC_ACQUIRE) != tid)
             continue;
         while (__atomic_load_n((unsigned long *)(d + 64), __ATOMIC_ACQUIRE) !=
