@@ -12,6 +12,7 @@
 //! (unwinders are: they are int3 probes).
 
 use std::ffi::{c_char, CStr};
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use ftprobe::agent_config::{self, AgentMessage};
@@ -219,13 +220,21 @@ fn close_session_fds(config: &AgentConfig) {
 
 /// Rings memfds of earlier attaches whose CLI died before the agent mapped them (a
 /// SIGKILL during the attach): the agent closes every rings descriptor it maps, so any
-/// other open one is such a leftover (found by a fresh user's review: one descriptor per
-/// killed attach, for good).
+/// other open one that nothing maps is such a leftover (found by a fresh user's review: one
+/// descriptor per killed attach, for good).
 fn close_stale_rings_fds(config: &AgentConfig) {
     let agent_config::RingsFrom::Fd(own) = config.rings;
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
+    // The rings memfds mapped in this process, by inode: one mapped is in use (by the
+    // agent, or by the program if it is itself an ftprobe reading its child's rings).
+    let mapped: Vec<u64> = std::fs::read_to_string("/proc/self/maps")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("memfd:ftprobe-rings"))
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .collect();
     let stale: Vec<i32> = dir
         .flatten()
         .filter_map(|e| {
@@ -233,7 +242,11 @@ fn close_stale_rings_fds(config: &AgentConfig) {
             let target = std::fs::read_link(e.path()).ok()?;
             let t = target.to_string_lossy();
             let rings = t == "/memfd:ftprobe-rings (deleted)" || t == "/memfd:ftprobe-rings";
-            (rings && fd != own && Some(fd) != config.control).then_some(fd)
+            if !rings || fd == own || Some(fd) == config.control {
+                return None;
+            }
+            let ino = std::fs::metadata(e.path()).ok()?.ino();
+            (!mapped.contains(&ino)).then_some(fd)
         })
         .collect();
     for fd in stale {

@@ -164,8 +164,8 @@ pub unsafe fn write(addr: u64, bytes: &[u8]) -> Result<(), SyscallError> {
     unsafe { write_through_window(addr, bytes) }
 }
 
-/// Write many changes (`(address, bytes)`, sorted by address, not overlapping), joining
-/// those less than [`COALESCE_GAP`] apart into one write.
+/// Write many changes (`(address, bytes)`), joining those less than [`COALESCE_GAP`] apart
+/// into one write (changes at one place: the later one's bytes win).
 ///
 /// # Safety
 /// As [`write()`], for each change; the bytes between two joined changes are mapped too
@@ -175,22 +175,31 @@ pub unsafe fn write_many(changes: &[(u64, &[u8])]) -> Result<(), SyscallError> {
     let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mem = Mem::open();
     let page = sys::page_size() as u64;
+    // By address; changes at one place keep their order, the later one's bytes written last
+    // (the callers give them sorted and apart; this holds whatever they give).
+    let mut sorted: Vec<(u64, &[u8])> = changes
+        .iter()
+        .copied()
+        .filter(|c| !c.1.is_empty())
+        .collect();
+    sorted.sort_by_key(|c| c.0);
+    let changes = &sorted[..];
     let mut buf: Vec<u8> = Vec::new();
     let mut i = 0;
     while i < changes.len() {
         let start = changes[i].0;
         let mut end = start + changes[i].1.len() as u64;
         let mut j = i + 1;
-        // Join while the next change is near and on a page this run covers or the next one
-        // (a run never spans a page it does not write on: every page it reads is mapped).
+        // Join while the next change overlaps or is near, on a page this run covers or the
+        // next one (a run never spans a page it does not write on: every page it reads is
+        // mapped).
         while j < changes.len() {
             let (a, b) = changes[j];
-            debug_assert!(a >= end, "changes sorted and apart");
             let next_page = (end - 1) / page + 1;
             if a.saturating_sub(end) >= COALESCE_GAP || a / page > next_page {
                 break;
             }
-            end = a + b.len() as u64;
+            end = end.max(a + b.len() as u64);
             j += 1;
         }
         if j == i + 1 {
