@@ -1012,14 +1012,7 @@ impl Recording {
             syms.select_view(0, 0, load_time);
             return;
         }
-        let tsc = match self.first_tsc.get(&i) {
-            Some(&t) => t,
-            None => {
-                let t = self.stream_first_tsc(i);
-                self.first_tsc.insert(i, t);
-                t
-            }
-        };
+        let tsc = self.first_tsc_cached(i);
         syms.select_view(self.pid_of(i), tsc, load_time);
     }
 
@@ -1028,14 +1021,7 @@ impl Recording {
     /// symbolizer from [`symbols_by_ns`](Self::symbols_by_ns).
     pub fn stream_selector(&mut self, i: u32) -> impl FnMut(&mut Symbols, u64) {
         let pid = self.pid_of(i);
-        let tsc = match self.first_tsc.get(&i) {
-            Some(&t) => t,
-            None => {
-                let t = self.stream_first_tsc(i);
-                self.first_tsc.insert(i, t);
-                t
-            }
-        };
+        let tsc = self.first_tsc_cached(i);
         move |syms: &mut Symbols, ns: u64| syms.select_view(pid, tsc, ns)
     }
 
@@ -1053,6 +1039,16 @@ impl Recording {
                 })
                 .collect(),
         )
+    }
+
+    /// [`stream_first_tsc`](Self::stream_first_tsc), read once per stream.
+    fn first_tsc_cached(&mut self, i: u32) -> u64 {
+        if let Some(&t) = self.first_tsc.get(&i) {
+            return t;
+        }
+        let t = self.stream_first_tsc(i);
+        self.first_tsc.insert(i, t);
+        t
     }
 
     /// The first timestamp (raw TSC) of stream `i`'s file (0: none).

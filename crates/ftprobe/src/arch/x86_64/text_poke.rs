@@ -534,15 +534,9 @@ fn held_for_trampoline(
     uc: &mut libc::ucontext_t,
     flags: libc::c_int,
 ) -> bool {
-    let sp = uc.uc_mcontext.gregs[libc::REG_RSP as usize] as u64;
-    let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
-    let held = if super::tramp_signals::trap_in_progress(pc, sp) {
-        super::tramp_signals::hold_in_trap(sig, info, uc);
-        true
-    } else {
-        false
-    } || super::tramp_signals::on_program_signal(sig, info, uc)
-        == super::tramp_signals::Verdict::Deferred
+    let held = super::tramp_signals::hold_if_in_trap(sig, info, uc)
+        || super::tramp_signals::on_program_signal(sig, info, uc)
+            == super::tramp_signals::Verdict::Deferred
         || {
             let hook = SIGNAL_HOOK.load(Ordering::Acquire);
             // SAFETY: SIGNAL_HOOK only ever holds a `SignalHook`.

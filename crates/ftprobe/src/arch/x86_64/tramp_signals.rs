@@ -151,13 +151,23 @@ pub fn before_longjmp(target_sp: u64) {
     }
 }
 
-/// Probe path: hold the program's signal `sig` that arrived inside ftprobe's SIGTRAP
-/// handler (context `uc`): blocked in that context and queued again to this thread with
-/// its own `siginfo`, it is delivered when the SIGTRAP handler returns and the program's
-/// mask comes back.
-pub fn hold_in_trap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: &mut libc::ucontext_t) {
+/// Probe path: if the program's signal `sig` interrupted ftprobe's SIGTRAP handler (context
+/// `uc`, [`trap_in_progress`]), hold it: blocked in that context and queued again to this
+/// thread with its own `siginfo`, it is delivered when the SIGTRAP handler returns and the
+/// program's mask comes back. Whether it was held.
+pub fn hold_if_in_trap(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uc: &mut libc::ucontext_t,
+) -> bool {
+    let sp = *reg(uc, libc::REG_RSP) as u64;
+    let pc = *reg(uc, libc::REG_RIP) as u64;
+    if !trap_in_progress(pc, sp) {
+        return false;
+    }
     *mask_word(uc) |= crate::probe_state::bit(sig);
     queue_again(sig, info);
+    true
 }
 
 /// The frame word's offset from the thread pointer (`%fs` base), the same in every thread.
