@@ -2,7 +2,7 @@
 # The Debian 12 packages ftprobe needs, in one list, by purpose:
 #   scripts/deps.sh build   what `cargo build --workspace` needs (./demo.sh calls this)
 #   scripts/deps.sh test    what `cargo test --workspace` needs besides (the README's test
-#                           command and .ci/run call this)
+#                           command asks for both groups; so does .ci/run)
 # Installs what is missing, quietly (apt's output goes to a log, shown only if it fails);
 # uses sudo when not root. Exit 0 when everything asked for is there.
 set -euo pipefail

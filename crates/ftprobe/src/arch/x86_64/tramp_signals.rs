@@ -83,7 +83,7 @@ extern "C" {
 /// caused a timer signal, or the thread group leader for a `kill`, only if that thread does
 /// not block it (`complete_signal()` in kernel/signal.c). Instead, a program's signal that
 /// arrives inside the handler is held by ftprobe's wrapper of the program's handlers and
-/// delivered to the same thread when the handler returns ([`hold_in_trap`]). A trap word
+/// delivered to the same thread when the handler returns ([`hold_if_in_trap`]). A trap word
 /// left by a handler that a non-local jump left (`longjmp` from a handler ftprobe does not
 /// wrap) is cleared by [`before_longjmp`], and is not taken for live when `sp` is above it.
 pub fn trap_in_progress(pc: u64, sp: u64) -> bool {
