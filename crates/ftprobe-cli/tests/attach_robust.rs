@@ -124,6 +124,54 @@ fn sigkill_of_ftprobe_anywhere_in_the_attach_never_hurts_the_program() {
     }
 }
 
+/// Issue 26 (a hang found while checking item 4): ftprobe killed inside one of its calls
+/// into the process (the agent's `dlopen`, its start), then another killed inside its own,
+/// then a third `trace -p` at once. A killed ftprobe's call goes on in its thread with the
+/// others running, and may hold a lock (the loader's, the agent's) that the next call needs:
+/// stopping the threads with that call half done made the next call wait for a lock no
+/// thread could release ("did not return within 20 s"), and later attaches then found a
+/// site holding a `call`. Each attach now waits until such a call has ended; the third one
+/// traces, its counts exact, and after its detach every code byte is as before the first.
+#[test]
+fn an_attach_after_killed_ones_waits_for_the_calls_they_left_running() {
+    let args = ["-F", "attach_window", "--duration", "0"];
+    let t = Target::start(&[]);
+    let (k, _) = kill_points(t.pid(), &args);
+    assert_eq!(t.quit(), (CLEAN_END.to_owned(), Some(0)));
+    // Inside the first calls (mmap, dlopen), the middle (the agent's start) and the end.
+    let pairs = [(20, 80), (k / 3, k / 2), (k / 2, k - 10), (30, k / 2)];
+    for (first, second) in pairs {
+        let mut t = Target::start(&[]);
+        let pid = t.pid();
+        let before = code_bytes(pid);
+        for n in [first, second] {
+            let o = trace_p(pid, &args, Some(n));
+            assert!(
+                o.status.signal() == Some(libc::SIGKILL) || o.status.success(),
+                "points {first}, {second} of {k}: {}",
+                stderr(&o)
+            );
+        }
+        let s = Session::start(pid, &["-F", "attach_window"], &format!("{first}-{second}"));
+        assert!(s.tracing(), "points {first}, {second}: {}", s.said);
+        assert_eq!(t.window(20), "window 20 done\n", "points {first}, {second}");
+        let (status, said, text) = s.end(libc::SIGINT);
+        assert!(status.success(), "points {first}, {second}: {said}");
+        assert_eq!(
+            count(&text, "attach_window <-main"),
+            20,
+            "points {first}, {second}: {said}"
+        );
+        same_code(&before, &code_bytes(pid))
+            .unwrap_or_else(|e| panic!("points {first}, {second}: {e}"));
+        assert_eq!(
+            t.quit(),
+            (CLEAN_END.to_owned(), Some(0)),
+            "points {first}, {second}"
+        );
+    }
+}
+
 /// The same with the kill coming from outside at any time (a sweep of delays from the
 /// start of ftprobe): whatever it interrupted, the program is not hurt.
 #[test]

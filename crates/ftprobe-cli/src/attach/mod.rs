@@ -373,8 +373,32 @@ pub struct Attached {
 }
 
 impl Attached {
-    /// Check `pid` ([`check_target`]), then seize and stop every thread.
+    /// Check `pid` ([`check_target`]), then seize and stop every thread. When a call that
+    /// an earlier ftprobe started and did not see end (it was killed) is still running in
+    /// a thread (a `dlopen` or the agent's start, which may hold a lock the next call
+    /// needs), the threads are let go and stopped again until it has ended
+    /// ([`ORPHAN_WAIT`] at most).
     pub fn attach(pid: i32) -> Result<Attached> {
+        let deadline = Instant::now() + ORPHAN_WAIT;
+        loop {
+            let mut a = Attached::attach_once(pid)?;
+            let Some((tid, cli)) = a.orphan_call() else {
+                return Ok(a);
+            };
+            if Instant::now() >= deadline {
+                bail!(
+                    "a call into process {pid} that ftprobe process {cli} started (it did not \
+                     see it end: it was killed) is still running in thread {tid} after {} s: \
+                     try again when it has ended",
+                    ORPHAN_WAIT.as_secs()
+                );
+            }
+            a.detach()?;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn attach_once(pid: i32) -> Result<Attached> {
         let status = check_target(pid)?;
         let mut threads: Vec<Tracee> = Vec::new();
         let mut detach_on_error = DetachGuard(Vec::new());
@@ -467,6 +491,34 @@ impl Attached {
             cpu_signal_taken: false,
             first_stop: first_stop.unwrap_or_else(Instant::now),
         })
+    }
+
+    /// A call made through the return stub by an earlier ftprobe that is still running:
+    /// its thread and that ftprobe's pid. A call is marked in the stub page ([`mark_call`])
+    /// before its thread starts it and unmarked once the thread is handed back; a mark
+    /// left by a killed ftprobe names a call still running while its thread's stack is
+    /// below the call's frame and the frame's return address is still the stub's (the
+    /// stub writes the result over it when the call returns). A stale mark is cleared.
+    fn orphan_call(&mut self) -> Option<(i32, u32)> {
+        let stub = find_stub(self.pid, &self.mem)?;
+        let mut m = [0u8; 32];
+        self.mem.read(stub + MARK_OFF, &mut m).ok()?;
+        let word = |i: usize| u64::from_le_bytes(m[i * 8..i * 8 + 8].try_into().unwrap());
+        if word(0) != MARK_MAGIC {
+            return None;
+        }
+        let (tid, frame, cli) = (word(1) as i32, word(2), word(3) as u32);
+        let running = self.threads.iter().any(|t| t.tid == tid)
+            && ptrace::get_regs(tid).is_ok_and(|r| r.rsp < frame)
+            && {
+                let mut ret = [0u8; 8];
+                self.mem.read(frame, &mut ret).is_ok() && u64::from_le_bytes(ret) == stub
+            };
+        if running {
+            return Some((tid, cli));
+        }
+        let _ = self.mem.write(stub + MARK_OFF, &[0u8; 32]);
+        None
     }
 
     /// When the first thread was seen stopped, and how many threads are held.
@@ -626,6 +678,10 @@ impl Attached {
         regs.orig_rax = u64::MAX;
         regs.rip = func;
         regs.rsp = frame.addr;
+        if stub {
+            kill_point();
+            mark_call(&self.mem, ret, tid, frame.addr)?;
+        }
         // The ABI's direction flag is clear at a call.
         regs.eflags &= !0x400;
         ptrace::trace_sysgood(tid)?;
@@ -656,6 +712,10 @@ impl Attached {
                     0
                 };
                 self.hand_back(tid)?;
+                if stub {
+                    kill_point();
+                    self.mem.write(ret + MARK_OFF, &[0u8; 32])?;
+                }
                 Ok(rax)
             }
             Err(e) => {
@@ -665,6 +725,9 @@ impl Attached {
                     let _ = ptrace::set_regs(tid, &saved.regs)
                         .and_then(|()| ptrace::set_xstate(tid, &saved.xstate))
                         .and_then(|()| ptrace::set_sigmask(tid, saved.mask));
+                }
+                if stub {
+                    let _ = self.mem.write(ret + MARK_OFF, &[0u8; 32]);
                 }
                 Err(e)
             }
@@ -1047,6 +1110,24 @@ struct Ending {
 /// `mov $15,%rax; syscall` (`rt_sigreturn`): glibc's `__restore_rt`.
 const RESTORER: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
 const RESTORER_LEN: u64 = RESTORER.len() as u64;
+/// Where in the stub page a call in progress is marked ([`mark_call`]): the magic, the
+/// thread, the call's frame and the calling ftprobe's pid, 8 bytes each.
+const MARK_OFF: u64 = 2048;
+const MARK_MAGIC: u64 = u64::from_le_bytes(*b"ftpcall1");
+
+/// Mark the call about to start in `tid` with its frame at `frame`, in the stub page at
+/// `stub` (see `Attached::orphan_call`).
+fn mark_call(mem: &Mem, stub: u64, tid: i32, frame: u64) -> Result<()> {
+    let mut m = Vec::with_capacity(32);
+    m.extend_from_slice(&MARK_MAGIC.to_le_bytes());
+    m.extend_from_slice(&(tid as u64).to_le_bytes());
+    m.extend_from_slice(&frame.to_le_bytes());
+    m.extend_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    Ok(mem.write(stub + MARK_OFF, &m)?)
+}
+
+/// How long an attach waits for a call an earlier, killed ftprobe left running.
+const ORPHAN_WAIT: Duration = Duration::from_secs(10);
 /// The return stub's page size, and where its `syscall` ends.
 const STUB_PAGE: u64 = 4096;
 const STUB_SYSCALL_END: u64 = 5 + RESTORER_LEN;
