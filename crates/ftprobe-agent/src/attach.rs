@@ -78,6 +78,7 @@ fn again(
     // SAFETY: the CLI's call: every other thread is stopped, at `stopped_ips`.
     let left = unsafe { ftprobe::ftrace::convert_found_sites(stopped_ips)? };
     if let Some(ip) = left.first() {
+        refused_for_now();
         return Err(format!(
             "a thread is stopped inside the site at {ip:#x} (and {} more): try again",
             left.len() - 1
@@ -255,6 +256,16 @@ fn close_stale_rings_fds(config: &AgentConfig) {
     }
 }
 
+/// The call's refusal is for now only: a stopped thread is where a site is about to be
+/// rewritten (inside a run of one-byte NOPs, say); once the threads have run a moment, the
+/// same message will do (the answer 3).
+static REFUSED_FOR_NOW: AtomicBool = AtomicBool::new(false);
+
+/// Mark this call's refusal as one for now ([`REFUSED_FOR_NOW`]).
+pub(crate) fn refused_for_now() {
+    REFUSED_FOR_NOW.store(true, Ordering::Relaxed);
+}
+
 /// Hooked calls the last detach or `RestoreSites` left returning through the trampoline.
 static RETURNS_LEFT: AtomicU64 = AtomicU64::new(0);
 
@@ -293,7 +304,9 @@ fn restore_sites(stopped: &Stopped) -> Result<(), String> {
 /// (and the error, if any) are written into `out` (`out_len` bytes, NUL-terminated).
 /// Returns 0 when the message was carried out, 1 otherwise, 2 when it was but sites are
 /// left to put back (a detach whose threads were inside a trampoline: the CLI lets them run
-/// and sends `RestoreSites`).
+/// and sends `RestoreSites`), 3 when it was refused for now only (a thread is stopped inside
+/// a site about to be rewritten: the CLI lets the threads run a moment and sends it again;
+/// nothing was armed).
 ///
 /// # Safety
 /// `msg` is a NUL-terminated string and `out` is writable for `out_len` bytes. Called by
@@ -317,6 +330,7 @@ pub unsafe extern "C" fn ftprobe_agent_control(
         decoded,
         Ok(AgentMessage::Detach { .. } | AgentMessage::RestoreSites { .. })
     );
+    REFUSED_FOR_NOW.store(false, Ordering::Relaxed);
     let result = decoded.and_then(handle);
     let left = std::mem::take(&mut *SITES_LEFT.lock().unwrap_or_else(|e| e.into_inner()));
     let returns_left = if ending {
@@ -357,7 +371,11 @@ pub unsafe extern "C" fn ftprobe_agent_control(
         Ok(()) => 0,
         Err(e) => {
             text.push_str(&e);
-            1
+            if REFUSED_FOR_NOW.load(Ordering::Relaxed) {
+                3
+            } else {
+                1
+            }
         }
     };
     if out_len > 0 {

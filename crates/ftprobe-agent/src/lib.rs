@@ -374,7 +374,11 @@ fn start(config: &AgentConfig, mode: &Mode) -> Result<(), StartError> {
             trace::fix_thread_state_offset();
             // SAFETY: every other thread is stopped by the CLI's ptrace until this returns,
             // at these instruction pointers (the CLI's call, DESIGN.md section 7).
-            unsafe { ftrace::init_objects_stopped(&objects, stopped_ips) }?
+            unsafe { ftrace::init_objects_stopped(&objects, stopped_ips) }.inspect_err(|e| {
+                if matches!(e, ftrace::FtraceError::ThreadInSite { .. }) {
+                    attach::refused_for_now();
+                }
+            })?
         }
     };
     sigtrap::start();

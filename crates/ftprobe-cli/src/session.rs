@@ -1240,7 +1240,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
             config.control = Some(c);
         }
         Ok(AgentMessage::Attach {
-            config: Box::new(config),
+            config: Box::new(config.clone()),
             stopped_ips: a.thread_ips()?,
             thread_pointers: a.thread_pointers()?,
         })
@@ -1436,18 +1436,29 @@ fn signal_name(sig: i32) -> String {
 
 /// Attach to `pid`, make sure the agent is loaded, send it the message `msg` builds (with
 /// the stopped process in hand), and detach. The agent's messages are printed; its error
-/// is ours.
+/// is ours. A refusal for now (the agent's answer 3: a thread stopped inside a site about
+/// to be rewritten, e.g. within a run of one-byte NOPs) is tried again after the threads
+/// ran a moment, [`RETRIES_FOR_NOW`] times at most, with a new message.
 fn control(
     pid: i32,
     agent: &Path,
-    msg: impl FnOnce(&mut Attached) -> Result<ftprobe::agent_config::AgentMessage>,
+    mut msg: impl FnMut(&mut Attached) -> Result<ftprobe::agent_config::AgentMessage>,
 ) -> Result<ControlTimes> {
-    let mut a = Attached::attach(pid)?;
-    let all_stopped = std::time::Instant::now();
-    let handle = a.dlopen(agent)?;
-    let entry = a.dlsym(handle, "ftprobe_agent_control")?;
-    let bytes = ftprobe::agent_config::encode(&msg(&mut a)?);
-    let (code, text) = a.call_with_output(entry, &bytes, 16 << 10)?;
+    let mut tries = 0;
+    let (a, all_stopped, code, text) = loop {
+        let mut a = Attached::attach(pid)?;
+        let all_stopped = std::time::Instant::now();
+        let handle = a.dlopen(agent)?;
+        let entry = a.dlsym(handle, "ftprobe_agent_control")?;
+        let bytes = ftprobe::agent_config::encode(&msg(&mut a)?);
+        let (code, text) = a.call_with_output(entry, &bytes, 16 << 10)?;
+        tries += 1;
+        if code != 3 || tries == RETRIES_FOR_NOW {
+            break (a, all_stopped, code, text);
+        }
+        a.detach()?;
+        std::thread::sleep(Duration::from_millis(1));
+    };
     let agent_done = std::time::Instant::now();
     let (first_stop, threads) = a.stop_stats();
     a.detach()?;
@@ -1470,6 +1481,9 @@ fn control(
         left,
     })
 }
+
+/// How many times an attach is tried when the agent refuses it for now.
+const RETRIES_FOR_NOW: usize = 50;
 
 /// How many times a detach stops the threads again to put back sites a thread was inside.
 const RESTORE_TRIES: usize = 20;

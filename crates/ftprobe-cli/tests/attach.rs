@@ -599,6 +599,53 @@ fn detach_puts_back_the_bytes_the_sites_held_at_the_attach() {
     }
 }
 
+/// An attach is never refused because a busy thread was stopped inside a site (found by
+/// `a_second_sigint_stops_a_long_print_out`, which failed on it now and then): with
+/// `-fpatchable-function-entry=5` a site is five one-byte NOPs, and a thread stopped
+/// between two of them would resume mid-instruction once they are one 5-byte NOP. The
+/// agent refuses that attach for now; the CLI lets the threads run a moment and sends it
+/// again. Two busy threads call `work` (its NOP run is a third of its instructions) while
+/// 8 processes are attached to 4 times each: every attach traces, and the program's checks
+/// all pass.
+#[test]
+fn an_attach_is_not_refused_for_a_thread_stopped_inside_a_nop_run() {
+    let exe = common::build_at_test_time(
+        "cc",
+        "nop_run.c",
+        GPROF_PROGRAM,
+        &["-O2", "-fpatchable-function-entry=5", "-pthread"],
+    )
+    .expect("cc builds the program");
+    for p in 0..8 {
+        let (mut child, mut out, pid) = start_ready(&exe);
+        for round in 0..4 {
+            let o = ftprobe()
+                .args([
+                    "trace",
+                    "-p",
+                    &pid.to_string(),
+                    "-F",
+                    "work",
+                    "--duration",
+                    "0",
+                ])
+                .args(["-o", "/dev/null"])
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "process {p}, attach {round}: {}",
+                stderr(&o)
+            );
+        }
+        child.stdin.take().unwrap().write_all(b"x\n").unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line, "ok 1\n", "process {p}");
+        assert_eq!(child.wait().unwrap().code(), Some(0), "process {p}");
+    }
+}
+
 /// Issue 26, item 6: Ctrl-C ends the session, and while ftprobe prints what the rings hold
 /// (it says so after a second), a second Ctrl-C stops the printing at once and says how
 /// many events were not printed; the entries line counts them as written.
