@@ -7,9 +7,10 @@
 //!
 //! Not available to an attached agent: the interposers of the preloaded one (a `dlopen`ed
 //! library's definitions do not take precedence over the C library's for the program): the
-//! program's own SIGTRAP actions and masks are not filtered (`sigtrap`), `exec` leaves no
-//! note, and `longjmp`, context switches and C++ catches are not followed for return hooks
-//! (unwinders are: they are int3 probes).
+//! program's own SIGTRAP actions and masks are not filtered (`sigtrap`) and `exec` leaves no
+//! note. For return hooks, probes take the interposers' place: on the C library's `longjmp`
+//! and context switches (`returns::LIBC_PROBES`) and on the unwinder's functions (C++
+//! catches are seen at `_Unwind_SetIP`).
 
 use std::ffi::{c_char, CStr};
 use std::os::unix::fs::MetadataExt;
@@ -23,6 +24,11 @@ use crate::{start, Mode, StartError, CAPTURE, PID};
 
 /// An attach ran (successfully or not) in this process.
 static ATTACHED: AtomicBool = AtomicBool::new(false);
+/// Whether this agent was loaded by an attach (not preloaded).
+pub(crate) fn attached() -> bool {
+    ATTACHED.load(Ordering::Acquire)
+}
+
 /// A session is on (between its attach and its detach).
 static TRACING: AtomicBool = AtomicBool::new(false);
 /// The CLI that owns the session: its pid (as this process's pid namespace numbers it)

@@ -555,7 +555,14 @@ pub(crate) fn return_hooks_stopped() {
 fn start_return_hooks() {
     RETURN_HOOKS.store(true, std::sync::atomic::Ordering::Relaxed);
     returns::start();
-    let (_, errors) = ftprobe::ftrace::fgraph_unwind::arm_unwinder_probes();
+    // Attached, the C library's `longjmp` and context switches are not interposed: probes
+    // on them tell the engine instead.
+    let extra = if attach::attached() {
+        &returns::LIBC_PROBES[..]
+    } else {
+        &[]
+    };
+    let (_, errors) = ftprobe::ftrace::fgraph_unwind::arm_unwinder_probes(extra);
     if !ftprobe::ftrace::has_module("libgcc_s.so.1") {
         say!(
             "ftprobe-agent: return hooks: libgcc_s.so.1 is not loaded: an exception, \
@@ -563,7 +570,9 @@ fn start_return_hooks() {
         );
     }
     for e in errors {
-        say!("ftprobe-agent: return hooks: an unwinder probe failed: {e}");
+        say!(
+            "ftprobe-agent: return hooks: a probe of the unwinder's or the C library's failed: {e}"
+        );
     }
 }
 

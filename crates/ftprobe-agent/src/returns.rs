@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ftprobe::ftrace::fgraph_unwind;
+use ftprobe::ftrace::PtRegs;
+use ftprobe::kprobes::{Kprobe, KprobePreHandler};
 
 /// Return hooks are on (the function_graph tracer runs).
 static ON: AtomicBool = AtomicBool::new(false);
@@ -170,6 +172,46 @@ pub fn before_longjmp(mangled_sp: u64) {
     if on() {
         fgraph_unwind::longjmp_unwind(target);
     }
+}
+
+/// An attached agent's probes on the C library's entry points that its interposers cover
+/// when preloaded (`sigtrap`): `longjmp`, `_longjmp` and `siglongjmp` are one function in
+/// glibc; `__longjmp_chk` is `longjmp` under `_FORTIFY_SOURCE`.
+pub const LIBC_PROBES: [(&str, &str, KprobePreHandler); 4] = [
+    ("libc.so.6", "siglongjmp", longjmp_pre_handler),
+    ("libc.so.6", "__longjmp_chk", longjmp_pre_handler),
+    ("libc.so.6", "setcontext", setcontext_pre_handler),
+    ("libc.so.6", "swapcontext", swapcontext_pre_handler),
+];
+
+/// At a `longjmp(env, val)` (`rdi`: the `jmp_buf`, whose word 6 is the mangled stack
+/// pointer): as [`before_longjmp`], for the thread whose stack pointer is `regs.sp`. The
+/// probe path's own guards are not repaired here (this runs inside it): a jump out of a
+/// signal handler that interrupted ftprobe's code is the preloaded agent's case only.
+fn longjmp_pre_handler(_p: &Kprobe, regs: &mut PtRegs) -> i32 {
+    if on() && regs.rdi != 0 {
+        // SAFETY: the `jmp_buf` the program passes to `longjmp`, which reads this word
+        // right after (a bad one faults there as here). A plain load: a fault-proof read
+        // costs a system call when no fetch arg made plain loads safe (`uaccess`).
+        let mangled = unsafe { std::ptr::read_volatile((regs.rdi + 6 * 8) as *const u64) };
+        fgraph_unwind::longjmp_unwind_from(regs.sp, demangle(mangled));
+    }
+    0
+}
+
+/// At `setcontext(ucp)`.
+fn setcontext_pre_handler(_p: &Kprobe, regs: &mut PtRegs) -> i32 {
+    // SAFETY: the `ucontext_t` the program passes to `setcontext`, which reads it right
+    // after (as in `longjmp_pre_handler`); null is let through.
+    unsafe { before_context_switch(regs.rdi as *const libc::ucontext_t) };
+    0
+}
+
+/// At `swapcontext(oucp, ucp)`.
+fn swapcontext_pre_handler(_p: &Kprobe, regs: &mut PtRegs) -> i32 {
+    // SAFETY: as in `setcontext_pre_handler`, for `swapcontext`'s `ucp`.
+    unsafe { before_context_switch(regs.rsi as *const libc::ucontext_t) };
+    0
 }
 
 /// Before `setcontext`/`swapcontext` to `ucp`: the stack it runs on (set by the program for

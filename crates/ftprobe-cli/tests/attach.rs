@@ -836,6 +836,176 @@ int main(int argc, char **argv)
 }
 "#;
 
+/// A program that leaves hooked calls by `longjmp`/`siglongjmp` (`leaf` jumps past `deep`
+/// back into `jumper` on one call in five, in 2 threads) and switches stacks by
+/// `swapcontext` (a coroutine whose `co_work` yields to the thread's main context in the
+/// middle of every call, in a third thread); it checks every result (`bad=0`).
+const JUMPER: &str = r#"
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+static volatile int stop;
+static __thread jmp_buf env;
+static __thread sigjmp_buf senv;
+static long bad;
+
+__attribute__((noinline)) int leaf(int i) {
+    if (i % 5 == 0) {
+        if (i % 2)
+            longjmp(env, 1);
+        else
+            siglongjmp(senv, 1);
+    }
+    return i + 1;
+}
+__attribute__((noinline)) int deep(int i) { int r = leaf(i); __asm__ volatile(""); return r + 1; }
+__attribute__((noinline)) long jumper(int i) {
+    if (i % 2) {
+        if (setjmp(env)) return -1;
+    } else {
+        if (sigsetjmp(senv, 1)) return -1;
+    }
+    return deep(i);
+}
+static void *jumps(void *a) {
+    for (int i = 1; !stop; i++) {
+        long r = jumper(i);
+        if (r != (i % 5 == 0 ? -1 : i + 2)) __atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
+    }
+    return a;
+}
+
+static __thread ucontext_t main_ctx, co_ctx;
+__attribute__((noinline)) int co_work(int i) {
+    swapcontext(&co_ctx, &main_ctx);
+    __asm__ volatile("");
+    return i + 2;
+}
+static void co_body(void) {
+    for (int i = 0;; i++)
+        if (co_work(i) != i + 2) __atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
+}
+static void *coroutine(void *a) {
+    static __thread char stack[1 << 16];
+    getcontext(&co_ctx);
+    co_ctx.uc_stack.ss_sp = stack;
+    co_ctx.uc_stack.ss_size = sizeof stack;
+    co_ctx.uc_link = 0;
+    makecontext(&co_ctx, co_body, 0);
+    while (!stop) swapcontext(&main_ctx, &co_ctx);
+    return a;
+}
+
+int main(void) {
+    pthread_t t[3];
+    pthread_create(&t[0], 0, jumps, 0);
+    pthread_create(&t[1], 0, jumps, 0);
+    pthread_create(&t[2], 0, coroutine, 0);
+    printf("ready\n");
+    fflush(stdout);
+    char line[8];
+    if (!fgets(line, sizeof line, stdin)) return 2;
+    stop = 1;
+    for (int i = 0; i < 3; i++) pthread_join(t[i], 0);
+    printf("bad=%ld\n", bad);
+    return 0;
+}
+"#;
+
+/// Issue 26, item 5: an attached session follows `longjmp` and `swapcontext` for return
+/// hooks, as the preloaded one does with its interposers: the attached agent probes the C
+/// library's `siglongjmp` (which is `longjmp` and `_longjmp` too), `__longjmp_chk`
+/// (`longjmp` under `_FORTIFY_SOURCE`), `setcontext` and `swapcontext` (jump-optimized:
+/// a coroutine switch costs no trap). Before, function_graph closed each call a jump left
+/// as `/* leaf: lost */`, late, at the next event deeper on the stack. Built with sites,
+/// plain and with `-D_FORTIFY_SOURCE=2`; per program two sessions of return probes (4
+/// returns of `deep` in 5 entries, up to the calls a session's ends cut; every `co_work`
+/// entry returns; nothing missed) and one of function_graph (every call a jump left is
+/// closed as `longjmp`, none as lost), and the program's checks all pass.
+#[test]
+fn return_hooks_in_an_attached_process_follow_longjmp_and_swapcontext() {
+    for (name, flags) in [
+        (
+            "jumper.c",
+            &["-O2", "-pthread", "-fpatchable-function-entry=5"][..],
+        ),
+        (
+            "jumper_fortify.c",
+            &[
+                "-O2",
+                "-D_FORTIFY_SOURCE=2",
+                "-pthread",
+                "-fpatchable-function-entry=5",
+            ][..],
+        ),
+    ] {
+        let exe = common::build_at_test_time("cc", name, JUMPER, flags).expect("cc builds it");
+        let (mut child, mut out, pid) = start_ready(&exe);
+        for round in 0..2 {
+            let o = ftprobe()
+                .args(["trace", "-p", &pid.to_string(), "--duration", "0.2"])
+                .args(["-e", "r:dr deep", "-e", "p:dp deep"])
+                .args(["-e", "r:cr co_work", "-e", "p:cp co_work"])
+                .stdout(Stdio::piped())
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{name} round {round}: {}", stderr(&o));
+            let text = String::from_utf8_lossy(&o.stdout);
+            let (dr, dr_missed) = common::profile(&text, "dr");
+            let (dp, _) = common::profile(&text, "dp");
+            let (cr, cr_missed) = common::profile(&text, "cr");
+            let (cp, _) = common::profile(&text, "cp");
+            let at = format!(
+                "{name} round {round}: deep {dp}/{dr}/{dr_missed}, co_work {cp}/{cr}/{cr_missed}"
+            );
+            assert!(dp > 1000 && cp > 1000, "{at}");
+            assert_eq!((dr_missed, cr_missed), (0, 0), "{at}");
+            // Each of the 2 jumping threads may be cut between an entry and its return at
+            // either end of the session; the coroutine's thread once.
+            assert!((5 * dr as i64 - 4 * dp as i64).abs() <= 5 * 2 * 2, "{at}");
+            assert!((cp as i64 - cr as i64).abs() <= 2, "{at}");
+        }
+        let file = common::tmp_dir("attach-longjmp").join(format!("{name}.txt"));
+        let o = ftprobe()
+            .args(["trace", "-p", &pid.to_string(), "--duration", "0.3"])
+            .args([
+                "-t",
+                "function_graph",
+                "-F",
+                "deep",
+                "-F",
+                "leaf",
+                "-F",
+                "jumper",
+            ])
+            .args(["-F", "co_work", "-o"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let jumped = count(&text, "} /* leaf: longjmp */");
+        let entered = count(&text, "jumper() {");
+        assert!(
+            jumped > 100 && entered > 500,
+            "{name}: {jumped} jumps, {entered} calls"
+        );
+        assert_eq!(count(&text, ": lost */"), 0, "{name}");
+        assert!(count(&text, "co_work();") > 100, "{name}");
+        child.stdin.take().unwrap().write_all(b"x\n").unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line, "bad=0\n", "{name}");
+        assert_eq!(child.wait().unwrap().code(), Some(0), "{name}");
+    }
+}
+
 /// Issue 26, item 5: a return probe in an attached C++ process whose `leaf` throws on one
 /// call in seven (4 threads, `g++ -O2 -pthread`, no site flags). After the detach, calls
 /// still returning through ftprobe's return trampoline could not be unwound (the unwinder

@@ -516,12 +516,17 @@ fn thread_ended(ss: &mut ShadowStack) {
 /// its stack pointer to `target_sp` (from the `jmp_buf`). Closes (as `Longjmp`, deepest
 /// first) every entry on the target's stack between the caller and the target.
 pub fn longjmp_unwind(target_sp: u64) {
+    longjmp_unwind_from(probe_state::stack_pointer(), target_sp);
+}
+
+/// [`longjmp_unwind`] for a thread whose stack pointer is `cur` (a probe's pre_handler on
+/// the C library's `longjmp`, which runs on another stack or below `cur`: `regs.sp`).
+pub fn longjmp_unwind_from(cur: u64, target_sp: u64) {
     let t = probe_state::this_thread();
     if t.fgraph.get().is_null() {
         return;
     }
     let Some(ss) = shadow_stack(t) else { return };
-    let cur = probe_state::stack_pointer();
     let from_same = same_stack(cur, target_sp);
     let rettime = crate::ring::read_tsc();
     let mut j = ss.top;
@@ -700,8 +705,12 @@ fn unwinder_pre_handler(p: &crate::kprobes::Kprobe, regs: &mut PtRegs) -> i32 {
 /// pointers too (nothing if they are armed already). Returns how many are armed; the ones
 /// that failed (libgcc_s not loaded:
 /// a C program that never throws loads it only on its first `pthread_exit`, cancellation
-/// or `backtrace`) are returned as errors.
-pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
+/// or `backtrace`) are returned as errors. `extra`: more probes armed and disarmed with them
+/// (an attached agent's on the C library's `longjmp` and context switches, which the
+/// preloaded one interposes), each `(module, symbol, pre_handler)`.
+pub fn arm_unwinder_probes(
+    extra: &[(&str, &str, crate::kprobes::KprobePreHandler)],
+) -> (usize, Vec<crate::kprobes::KprobeError>) {
     use crate::kprobes::{register_kprobe, Kprobe, KprobeTarget};
     // Still armed (an attached session's detach left hooked calls, and with them these
     // probes): as they are.
@@ -754,6 +763,25 @@ pub fn arm_unwinder_probes() -> (usize, Vec<crate::kprobes::KprobeError>) {
                 }
                 Err(e) => errors.push(e),
             }
+        }
+    }
+    for &(module, name, handler) in extra {
+        let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
+            KprobeTarget::Symbol {
+                module: Some(module.to_owned()),
+                name: name.to_owned(),
+                offset: 0,
+            },
+            Some(handler),
+            None,
+        )));
+        p.mark_internal();
+        match register_kprobe(p) {
+            Ok(()) => {
+                armed += 1;
+                armed_probes().push(p);
+            }
+            Err(e) => errors.push(e),
         }
     }
     // A backtrace removes no frame: at each `ret` of `_Unwind_Backtrace` every restored call

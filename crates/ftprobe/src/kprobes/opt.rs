@@ -3,8 +3,8 @@
 //! switched to it, and back to the int3 when that stops being safe.
 //!
 //! A probe is optimized when every probe at its address is enabled-or-disabled without a
-//! post_handler (a post_handler needs the instruction stepped alone, as in the kernel), none
-//! is ftprobe's own (`KPROBE_FLAG_INTERNAL`), optimization is on ([`set_optimization`], the
+//! post_handler (a post_handler needs the instruction stepped alone, as in the kernel),
+//! optimization is on ([`set_optimization`], the
 //! kernel's `debug.kprobes-optimization` sysctl; off from the start with the environment
 //! variable `FTPROBE_KPROBES_OPTIMIZATION=0`), the range passes `optprobe::analyze`, no
 //! other armed probe and no ftrace site is inside it, and no thread is inside it (below).
@@ -69,7 +69,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::{int3, published, Kprobe, KprobeError, KPROBE_FLAG_INTERNAL, KPROBE_FLAG_OPTIMIZED};
+use super::{int3, published, Kprobe, KprobeError, KPROBE_FLAG_OPTIMIZED};
 use crate::arch::x86_64::nops::INT3;
 use crate::arch::x86_64::optprobe::{self as arch, VectorSave, DETOUR_BODY, DETOUR_CODE};
 use crate::arch::x86_64::{text_poke, tramp_signals};
@@ -212,9 +212,9 @@ fn set_flag(probes: &[&'static Kprobe], on: bool) {
 pub(super) fn update(addr: u64, probes: &[&'static Kprobe]) -> Result<(), KprobeError> {
     let want = optimization_enabled()
         && probes.iter().any(|p| !p.is_disabled())
-        && !probes.iter().any(|p| {
-            (!p.is_disabled() && p.post_handler.is_some()) || p.flags() & KPROBE_FLAG_INTERNAL != 0
-        });
+        && !probes
+            .iter()
+            .any(|p| !p.is_disabled() && p.post_handler.is_some());
     let is = is_optimized(addr);
     if want && !is {
         let r = try_optimize(addr);
