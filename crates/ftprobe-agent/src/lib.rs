@@ -436,7 +436,15 @@ pub(crate) fn arm(
             }
         }
     }
-    if config.events.is_empty() && ftrace::functions()?.is_empty() {
+    // A `:mod:OBJ` filter of an object not loaded yet selects the sites it will have (the
+    // kernel keeps such a filter for a module loaded later): the program itself may have
+    // none (its only sites in a library it `dlopen`s).
+    let for_later = (config.function || config.graph)
+        && config.filter.iter().any(|p| {
+            ftrace::glob::FilterEntry::parse(p)
+                .is_ok_and(|e| !e.negate && e.names_a_module() && !ftrace::filter_module_loaded(&e))
+        });
+    if config.events.is_empty() && ftrace::functions()?.is_empty() && !for_later {
         return Err(
             "no function of this program or its libraries has an ftrace site: nothing to trace \
                     (build with -pg -mfentry, -pg, or -fpatchable-function-entry=5)"

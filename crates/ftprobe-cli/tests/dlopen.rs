@@ -447,6 +447,51 @@ int main(int argc, char **argv)
 }
 "#;
 
+/// A program with no sites of its own whose only sites are in a library it `dlopen`s
+/// (found by a fresh user's review): `-F 'FUNC:mod:LIB'` was refused at start ("no function
+/// of this program or its libraries has an ftrace site"), although the kernel keeps a
+/// `:mod:` filter for a module loaded later. Now the filter waits for the library: both
+/// load periods of `libfirst.so` are traced, in the function tracer and function_graph.
+#[test]
+fn a_program_whose_only_sites_are_in_a_dlopened_library_is_traced_by_mod_filter() {
+    let dir = common::tmp_dir("only-lib-sites");
+    let flags = ["-O1", "-fPIC", "-shared", "-fpatchable-function-entry=5"];
+    for (lib, name) in [("libfirst.so", "lib_first"), ("libsecond.so", "lib_second")] {
+        let src = dir.join(format!("{name}.c"));
+        std::fs::write(&src, same_place_lib(name)).unwrap();
+        let ok = std::process::Command::new("cc")
+            .args(flags)
+            .arg(&src)
+            .arg("-o")
+            .arg(dir.join(lib))
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cc {lib}");
+    }
+    let main = common::build_at_test_time("cc", "no_sites.c", SAME_PLACE_MAIN, &["-O1", "-ldl"])
+        .expect("cc builds the program");
+    let (first, second) = (dir.join("libfirst.so"), dir.join("libsecond.so"));
+    let cmd = [
+        main.to_str().unwrap(),
+        first.to_str().unwrap(),
+        second.to_str().unwrap(),
+    ];
+    let (out, text) = trace(&["-F", "lib_first:mod:libfirst.so"], &cmd);
+    assert!(out.status.success(), "{out:?}");
+    let calls = events(&text)
+        .filter(|l| l.contains(": lib_first <-"))
+        .count();
+    assert_eq!(calls, 4, "trace:\n{text}");
+    let (out, text) = trace(
+        &["-t", "function_graph", "-F", "lib_first:mod:libfirst.so"],
+        &cmd,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let calls = text.lines().filter(|l| l.contains("lib_first();")).count();
+    assert_eq!(calls, 4, "trace:\n{text}");
+}
+
 fn same_place_lib(name: &str) -> String {
     format!("int {name}(int x) {{ return x * 3 + 1; }}\n")
 }
