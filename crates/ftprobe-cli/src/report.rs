@@ -99,6 +99,10 @@ pub fn time(ns: u64) -> String {
     format!("{t:>3}.{rem:03} {}", UNITS[unit])
 }
 
+/// A report row's identity: a function of a file `(0, name, Some((file, function)))`, or
+/// an address no symbol covers `(addr, name, None)` (see `Symbols::function_of`).
+type Key = (u64, String, Option<(usize, usize)>);
+
 /// The lines of `stats`, sorted by `key`.
 fn sorted(mut v: Vec<(String, Stat)>, key: SortKey) -> Vec<(String, Stat)> {
     v.sort_by(|(na, a), (nb, b)| {
@@ -288,12 +292,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     // counts per bucket per event id.
     // A function is its address and its name: the name as the stream's process image gives
     // it (`--follow-exec`: two images may have different functions at one address).
-    type Group = (
-        String,
-        FxHashMap<(u64, String), Stat>,
-        Vec<u64>,
-        Vec<Vec<u64>>,
-    );
+    type Group = (String, FxHashMap<Key, Stat>, Vec<u64>, Vec<Vec<u64>>);
     let mut groups: Vec<Group> = Vec::new();
     let ring_ids: Vec<u32> = rec.ring_ids();
     for &i in &ring_ids {
@@ -309,13 +308,17 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         let (_, stats, hits, values) = groups.last_mut().expect("pushed");
         rec.select_stream(&mut syms, i);
         // This stream's function names, by view and address.
-        let mut named: FxHashMap<(usize, u64), String> = FxHashMap::default();
+        // A row per function: one of a file (whatever its load's address), else one
+        // address no symbol covers.
+        let mut named: FxHashMap<(usize, u64), Key> = FxHashMap::default();
         let mut key = |syms: &mut crate::symbols::Symbols, f: u64| {
-            let name = named
+            named
                 .entry((syms.view(), f))
-                .or_insert_with(|| name_of(syms, f))
-                .clone();
-            (f, name)
+                .or_insert_with(|| match syms.function_of(f) {
+                    Some(func) => (0, name_of(syms, f), Some(func)),
+                    None => (f, name_of(syms, f), None),
+                })
+                .clone()
         };
         if tracer == "function_graph" {
             let mut at = rec.stream_selector(i);
@@ -387,8 +390,42 @@ pub fn run(args: ReportArgs) -> Result<i32> {
         if args.task {
             writeln!(o, "{title}")?;
         }
-        let stats: Vec<(String, Stat)> =
-            stats.into_iter().map(|((_, name), s)| (name, s)).collect();
+        // Functions of two files with one name (two libraries loaded one after the other,
+        // maybe at one address) are two rows, each named with its file, as perf report's
+        // Shared Object column tells them apart.
+        let mut files_of: FxHashMap<&str, Vec<usize>> = FxHashMap::default();
+        for (_, name, func) in stats.keys() {
+            let v = files_of.entry(name.as_str()).or_default();
+            if let Some((file, _)) = func {
+                if !v.contains(file) {
+                    v.push(*file);
+                }
+            }
+        }
+        let shared: Vec<String> = files_of
+            .into_iter()
+            .filter(|(_, v)| v.len() > 1)
+            .map(|(n, _)| n.to_owned())
+            .collect();
+        let stats: Vec<(String, Stat)> = stats
+            .into_iter()
+            .map(|((_, name, func), s)| match func {
+                Some((f, _)) if shared.contains(&name) => {
+                    // The object's own file name (the recording holds a copy named after
+                    // its build-id).
+                    let copy = syms.file_path(f);
+                    let file = rec
+                        .info
+                        .objects
+                        .iter()
+                        .find(|o| o.copy.as_deref().is_some_and(|c| copy.ends_with(c)))
+                        .map_or_else(|| copy.to_string_lossy().into_owned(), |o| o.path.clone());
+                    let file = file.rsplit('/').next().unwrap_or(&file).to_owned();
+                    (format!("{name} [{file}]"), s)
+                }
+                _ => (name, s),
+            })
+            .collect();
         match tracer {
             "function_graph" => graph_table(o, stats, args.sort)?,
             "function" => count_table(o, "Calls", "Function", stats, args.sort)?,

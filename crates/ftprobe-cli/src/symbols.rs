@@ -367,6 +367,21 @@ impl Symbols {
         })
     }
 
+    /// The function containing `addr` as `(file, function)`: an index of this table's files
+    /// (the same for every load of one file) and of the file's functions. Calls of one
+    /// function in two load periods of its library (maybe at two addresses) have the same;
+    /// two libraries' functions loaded one after the other at one address do not.
+    pub fn function_of(&mut self, addr: u64) -> Option<(usize, usize)> {
+        let r = self.resolve(addr)?;
+        let (o, i) = self.owner[r.name as usize];
+        Some((self.objects[o].2, i))
+    }
+
+    /// The path of file `file` ([`Symbols::function_of`]).
+    pub fn file_path(&self, file: usize) -> &std::path::Path {
+        &self.elf[file].path
+    }
+
     /// The function containing `addr` and the offset into it.
     pub fn lookup(&mut self, addr: u64) -> Option<(&str, u64)> {
         self.lookup_sized(addr).map(|(n, o, _)| (n, o))
