@@ -194,7 +194,8 @@ pub struct Names {
     syms: Option<Symbols>,
     /// `-F` selects no function of the recording's objects: every function passes.
     filter_all: bool,
-    cache: FxHashMap<u64, (bool, bool)>,
+    /// By symbolizer view (the objects loaded when the record was written) and address.
+    cache: FxHashMap<(usize, u64), (bool, bool)>,
 }
 
 impl Names {
@@ -258,15 +259,22 @@ impl Names {
         })
     }
 
-    /// (matches -F, matches -N) for the function at `addr`.
-    fn check(&mut self, f: &Filters, addr: u64) -> (bool, bool) {
-        if let Some(&v) = self.cache.get(&addr) {
-            return v;
-        }
+    /// (matches -F, matches -N) for the function at `addr` in a record of process `pid`
+    /// written at `tsc` (raw TSC; `None`: a record without one, named in the last view): a
+    /// library loaded where an unloaded one was names only the records written after its
+    /// load, in `replay -F` as in `replay`'s lines.
+    fn check(&mut self, f: &Filters, pid: u32, tsc: Option<u64>, addr: u64) -> (bool, bool) {
         let all = f.filter.is_empty() || self.filter_all;
         let Some(syms) = self.syms.as_mut() else {
             return (all, false);
         };
+        if let Some(tsc) = tsc {
+            syms.select(pid, tsc);
+        }
+        let key = (syms.view(), addr);
+        if let Some(&v) = self.cache.get(&key) {
+            return v;
+        }
         let v = match syms.names_at(addr) {
             Some((sym, shown)) => (
                 all || glob::in_set(&f.filter, |e| e.matches_function(sym, &shown, "")),
@@ -275,7 +283,7 @@ impl Names {
             // No symbol: named by its address, which no pattern matches.
             None => (all, false),
         };
-        self.cache.insert(addr, v);
+        self.cache.insert(key, v);
         v
     }
 
@@ -311,6 +319,9 @@ pub struct Ctx<'a> {
     pub graph: bool,
     /// The time range, CLOCK_MONOTONIC ns.
     pub range: (u64, u64),
+    /// The process whose records these are (the objects its image had when each was
+    /// written name them).
+    pub pid: u32,
 }
 
 impl ThreadFilter {
@@ -343,7 +354,7 @@ impl ThreadFilter {
             } else if let Some(Record::Func { ip: addr, .. } | Record::Kprobe { addr, .. }) =
                 Record::decode(rt, aux, w)
             {
-                let (inf, inn) = cx.names.check(f, addr);
+                let (inf, inn) = cx.names.check(f, cx.pid, record::timestamp(rt, w), addr);
                 if !inf || inn {
                     return;
                 }
@@ -380,7 +391,7 @@ impl ThreadFilter {
                 if self.region.is_some_and(|b| d <= b) {
                     self.region = None;
                 }
-                let (inf, inn) = cx.names.check(f, func);
+                let (inf, inn) = cx.names.check(f, cx.pid, record::timestamp(rt, w), func);
                 if inn {
                     self.hidden = Some(d);
                     return None;
@@ -527,6 +538,7 @@ mod tests {
             clock: &clock,
             graph: true,
             range: filters.range_ns(0),
+            pid: 1,
         };
         let mut f = ThreadFilter::default();
         let mut out = Vec::new();

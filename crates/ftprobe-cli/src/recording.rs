@@ -708,6 +708,7 @@ impl Recording {
     fn read(&mut self, i: u32, max: usize, f: &mut dyn FnMut(u16, u32, &[u64])) -> bool {
         let clock = self.clock();
         let graph = self.info.tracer == "function_graph";
+        let pid = self.pid_of(i);
         let format = self.info.format;
         let Some(Some(c)) = self.cursors.get_mut(i as usize) else {
             return false;
@@ -783,6 +784,7 @@ impl Recording {
                 clock: &clock,
                 graph,
                 range: self.range,
+                pid,
             };
             c.filter.push(&mut cx, rt, aux, &file.words, &mut out);
             if n.get() >= max {

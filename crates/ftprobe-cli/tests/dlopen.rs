@@ -667,12 +667,28 @@ fn a_library_loaded_where_an_unloaded_one_was_names_only_its_own_calls() {
         .output()
         .unwrap();
     let r = String::from_utf8_lossy(&replay.stdout);
-    let calls = |f: &str| r.lines().filter(|l| l.contains(&format!("{f}();"))).count();
+    let calls = |r: &str, f: &str| r.lines().filter(|l| l.contains(&format!("{f}();"))).count();
     assert_eq!(
-        (calls("lib_first"), calls("lib_second")),
+        (calls(&r, "lib_first"), calls(&r, "lib_second")),
         (4, 3),
         "replay:\n{r}"
     );
+    // `replay -F` selects by the same names (it named an address by the library loaded
+    // there last: `-F lib_second` showed nothing, `-F lib_first` all 7 calls; found by a
+    // fresh user's review).
+    for (f, want) in [("lib_first", (4, 0)), ("lib_second", (0, 3))] {
+        let replay = common::ftprobe()
+            .args(["replay", "-F", f, "-d"])
+            .arg(&rec)
+            .output()
+            .unwrap();
+        let r = String::from_utf8_lossy(&replay.stdout);
+        assert_eq!(
+            (calls(&r, "lib_first"), calls(&r, "lib_second")),
+            want,
+            "replay -F {f}:\n{r}"
+        );
+    }
     let report = common::ftprobe()
         .args(["report", "-d"])
         .arg(&rec)
