@@ -78,9 +78,11 @@ fn owner_alive() -> bool {
 fn again(
     config: &AgentConfig,
     stopped_ips: &[u64],
+    stopped_sps: &[u64],
     thread_pointers: &[u64],
 ) -> Result<(), StartError> {
     // The sites the last detach put back are NOPs again, as at the first attach.
+    cli_holds_threads()?;
     // SAFETY: the CLI's call: every other thread is stopped, at `stopped_ips`.
     let left = unsafe { ftprobe::ftrace::convert_found_sites(stopped_ips)? };
     if let Some(ip) = left.first() {
@@ -100,7 +102,7 @@ fn again(
         // live thread's %fs base, and the offset was fixed by the first attach.
         unsafe { ftprobe::trace::forget_thread_ring(tp) };
     }
-    free_old_rings(stopped_ips, thread_pointers);
+    free_old_rings(stopped_ips, stopped_sps, thread_pointers);
     // Objects loaded or unloaded since the last session (the loader hook was off).
     crate::dlopen::sync_objects();
     crate::arm(config, &objects, own, stopped_ips)
@@ -112,7 +114,7 @@ fn again(
 /// agent's text or in an anonymous executable mapping: trampolines, slots, return
 /// trampolines) or inside the probe path (a writer section open, a callback or kprobe
 /// running). Else they stay, and the next attach tries again.
-fn free_old_rings(stopped_ips: &[u64], thread_pointers: &[u64]) {
+fn free_old_rings(stopped_ips: &[u64], stopped_sps: &[u64], thread_pointers: &[u64]) {
     let code = ftprobe_code();
     if code.is_empty() {
         return;
@@ -121,11 +123,25 @@ fn free_old_rings(stopped_ips: &[u64], thread_pointers: &[u64]) {
     if stopped_ips.iter().any(|&ip| in_code(ip)) {
         return;
     }
-    let in_probe_path = |tp: u64| {
-        // SAFETY: as in `again`: every other thread is stopped, `tp` a live thread's.
-        unsafe { ftprobe::trace::thread_in_probe_path(tp) }
+    // Two addresses are on one stack when one mapping holds both (thread stacks are
+    // mappings of their own, apart by guard pages).
+    let maps = mappings();
+    let mapping_of = |a: u64| maps.iter().position(|&(lo, hi)| a >= lo && a < hi);
+    let same_stack = |a: u64, b: u64| mapping_of(a).is_some() && mapping_of(a) == mapping_of(b);
+    let in_probe_path = |i: usize, tp: u64| match stopped_sps.get(i) {
+        // SAFETY: as in `again`: every other thread is stopped, `tp` a live thread's, `sp`
+        // its stack pointer.
+        Some(&sp) if stopped_sps.len() == thread_pointers.len() => unsafe {
+            ftprobe::trace::thread_in_probe_path_at(tp, sp, same_stack)
+        },
+        // SAFETY: as above.
+        _ => unsafe { ftprobe::trace::thread_in_probe_path(tp) },
     };
-    if thread_pointers.iter().any(|&tp| in_probe_path(tp)) {
+    if thread_pointers
+        .iter()
+        .enumerate()
+        .any(|(i, &tp)| in_probe_path(i, tp))
+    {
         return;
     }
     // Every other thread is still in its ptrace stop now, after the claims were dropped and
@@ -139,6 +155,24 @@ fn free_old_rings(stopped_ips: &[u64], thread_pointers: &[u64]) {
     // probe path (checked above), and all of them but this one are stopped by the CLI
     // until this call returns.
     unsafe { ftprobe::trace::free_retired_buffers() };
+}
+
+/// Refused unless the CLI making this call still holds every other thread stopped: the
+/// sites' bytes (a run of one-byte NOPs, a `-pg` build's call) may only be rewritten then.
+/// A CLI killed during its call lets the threads go, and the call goes on in its thread
+/// (found with `trace -p` killed during function_graph sessions on a busy program built with
+/// `-fpatchable-function-entry=5`: the program then died of SIGILL or SIGSEGV, about once in
+/// 70 kills); such a call now changes no site (the next attach sees the session gone).
+fn cli_holds_threads() -> Result<(), String> {
+    // The threads' states, not this thread's tracer: a CLI in another pid namespace has no
+    // pid here.
+    if !others_stopped() {
+        return Err(
+            "the ftprobe that made this call is gone (the threads run again): no site changed"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Whether every thread of the process but this one is in a ptrace stop (`t`) or ended.
@@ -161,6 +195,20 @@ fn others_stopped() -> bool {
             .unwrap_or("");
         matches!(state, "t" | "Z" | "X")
     })
+}
+
+/// Every mapping of this process, as `(start, end)`.
+fn mappings() -> Vec<(u64, u64)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    maps.lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
 }
 
 /// ftprobe's executable memory in this process: the agent's text and the anonymous
@@ -294,6 +342,7 @@ static SITES_LEFT: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new()
 /// Put back the bytes the sites held at the first attach (`ftrace::restore_found_sites`);
 /// those that cannot be yet go to [`SITES_LEFT`].
 fn restore_sites(stopped: &Stopped) -> Result<(), String> {
+    cli_holds_threads()?;
     let stacks = stacks_inside(stopped);
     // SAFETY: the CLI's call: every other thread is stopped, at `stopped.ips`.
     match unsafe { ftprobe::ftrace::restore_found_sites(stopped.ips, stacks.as_deref()) } {
@@ -401,6 +450,7 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             config,
             stopped_ips,
             thread_pointers,
+            stopped_sps,
         } => {
             if ftprobe::trace::buffer().is_some() && !ATTACHED.load(Ordering::Relaxed) {
                 close_session_fds(&config);
@@ -423,7 +473,7 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
                 TRACING.store(false, Ordering::Release);
                 detach(&Stopped {
                     ips: &stopped_ips,
-                    sps: &[],
+                    sps: &stopped_sps,
                     tps: &thread_pointers,
                 })
                 .map_err(|e| {
@@ -442,9 +492,11 @@ fn handle(msg: AgentMessage) -> Result<(), String> {
             // that, e.g. on the rings, starts from the beginning again).
             let ips = stopped_ips.clone();
             let r = if ftprobe::ftrace::functions().is_ok() {
-                again(&config, &stopped_ips, &thread_pointers)
+                again(&config, &stopped_ips, &stopped_sps, &thread_pointers)
             } else {
-                start(&config, &Mode::Attached { stopped_ips })
+                cli_holds_threads()
+                    .map_err(StartError::from)
+                    .and_then(|()| start(&config, &Mode::Attached { stopped_ips }))
             };
             if let Err(e) = r {
                 // Refused (a probe that cannot be armed, ...): whatever this attach armed

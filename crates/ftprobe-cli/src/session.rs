@@ -1243,6 +1243,7 @@ fn run_attached<K: Sink>(plan: Plan, pid: i32, sink: &mut K) -> Result<i32> {
             config: Box::new(config.clone()),
             stopped_ips: a.thread_ips()?,
             thread_pointers: a.thread_pointers()?,
+            stopped_sps: a.thread_sps()?,
         })
     })
     .with_context(|| format!("starting the agent in process {pid}"))?;

@@ -48,11 +48,14 @@ pub struct AgentConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AgentMessage {
     /// Start tracing. Every other thread of the process is stopped: `stopped_ips` are where
-    /// they resume, `thread_pointers` their `%fs` bases (the calling thread's included).
+    /// they resume, `thread_pointers` their `%fs` bases, `stopped_sps` their stack pointers
+    /// (the calling thread's included; empty: not known).
     Attach {
         config: Box<AgentConfig>,
         stopped_ips: Vec<u64>,
         thread_pointers: Vec<u64>,
+        #[serde(default)]
+        stopped_sps: Vec<u64>,
     },
     /// Stop tracing: every site back to the bytes it held at the first attach (its NOP, or
     /// a `-pg` build's call), every probe's byte restored; the agent stays loaded, idle.
@@ -117,6 +120,7 @@ mod tests {
     #[test]
     fn a_message_decodes_to_itself() {
         let m = AgentMessage::Attach {
+            stopped_sps: vec![0x7ffd_0000_1000],
             config: Box::new(AgentConfig {
                 rings: RingsFrom::Fd(7),
                 cli_pid: 1,

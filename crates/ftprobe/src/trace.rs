@@ -175,6 +175,31 @@ pub unsafe fn thread_in_probe_path(tp: u64) -> bool {
     })
 }
 
+/// [`thread_in_probe_path`] for a stopped thread whose stack pointer is `sp`: a writer
+/// section whose frame the thread has left (`writing` below `sp` on the same stack, as
+/// `same_stack` says: a jump out of it, or a session ended around it, left it open; its next
+/// probe entry repairs it) does not count. A thread that never enters the probe path again
+/// would otherwise keep every retired buffer mapped for good (found by a fresh user's
+/// review: after killed attaches, each later session added a 1 TiB mapping until `mmap`
+/// failed).
+///
+/// # Safety
+/// As [`forget_thread_ring`].
+pub unsafe fn thread_in_probe_path_at(
+    tp: u64,
+    sp: u64,
+    same_stack: impl Fn(u64, u64) -> bool,
+) -> bool {
+    // SAFETY: forwarded contract.
+    let t = unsafe { probe_state::thread_state_at(tp) };
+    t.is_some_and(|t| {
+        let k = t.kprobe.get();
+        let w = t.writing.get() & !7;
+        let section = w != 0 && !(w < sp && same_stack(w, sp));
+        section || t.in_ftrace.get() != 0 || (!k.is_null() && k != probe_state::KPROBE_BUSY)
+    })
+}
+
 /// Unmap every buffer a later session's replaced; returns how many.
 ///
 /// # Safety
