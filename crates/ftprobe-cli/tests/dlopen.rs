@@ -455,19 +455,8 @@ int main(int argc, char **argv)
 #[test]
 fn a_program_whose_only_sites_are_in_a_dlopened_library_is_traced_by_mod_filter() {
     let dir = common::tmp_dir("only-lib-sites");
-    let flags = ["-O1", "-fPIC", "-shared", "-fpatchable-function-entry=5"];
     for (lib, name) in [("libfirst.so", "lib_first"), ("libsecond.so", "lib_second")] {
-        let src = dir.join(format!("{name}.c"));
-        std::fs::write(&src, same_place_lib(name)).unwrap();
-        let ok = std::process::Command::new("cc")
-            .args(flags)
-            .arg(&src)
-            .arg("-o")
-            .arg(dir.join(lib))
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "cc {lib}");
+        build_lib(&dir, lib, &same_place_lib(name));
     }
     let main = common::build_at_test_time("cc", "no_sites.c", SAME_PLACE_MAIN, &["-O1", "-ldl"])
         .expect("cc builds the program");
@@ -536,19 +525,12 @@ int main(int argc, char **argv)
 #[test]
 fn report_keeps_apart_same_named_functions_of_two_libraries_at_one_address() {
     let dir = common::tmp_dir("same-name");
-    let flags = ["-O1", "-fPIC", "-shared", "-fpatchable-function-entry=5"];
     for (lib, k) in [("libwa.so", 3), ("libwb.so", 5)] {
-        let src = dir.join(format!("{lib}.c"));
-        std::fs::write(&src, format!("int work(int x) {{ return x * {k} + 1; }}\n")).unwrap();
-        let ok = std::process::Command::new("cc")
-            .args(flags)
-            .arg(&src)
-            .arg("-o")
-            .arg(dir.join(lib))
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "cc {lib}");
+        build_lib(
+            &dir,
+            lib,
+            &format!("int work(int x) {{ return x * {k} + 1; }}\n"),
+        );
     }
     let main = common::build_at_test_time("cc", "same_name.c", SAME_NAME_MAIN, &["-O1", "-ldl"])
         .expect("cc builds the program");
@@ -589,6 +571,22 @@ fn report_keeps_apart_same_named_functions_of_two_libraries_at_one_address() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Build the shared library `dir/lib` from C source `src`, with sites
+/// (`-fpatchable-function-entry=5`).
+fn build_lib(dir: &std::path::Path, lib: &str, src: &str) {
+    let file = dir.join(format!("{lib}.c"));
+    std::fs::write(&file, src).unwrap();
+    let ok = std::process::Command::new("cc")
+        .args(["-O1", "-fPIC", "-shared", "-fpatchable-function-entry=5"])
+        .arg(&file)
+        .arg("-o")
+        .arg(dir.join(lib))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cc {lib}");
+}
+
 fn same_place_lib(name: &str) -> String {
     format!("int {name}(int x) {{ return x * 3 + 1; }}\n")
 }
@@ -603,19 +601,8 @@ fn same_place_lib(name: &str) -> String {
 #[test]
 fn a_library_loaded_where_an_unloaded_one_was_names_only_its_own_calls() {
     let dir = common::tmp_dir("same-place");
-    let flags = ["-O1", "-fPIC", "-shared", "-fpatchable-function-entry=5"];
     for (lib, name) in [("libfirst.so", "lib_first"), ("libsecond.so", "lib_second")] {
-        let src = dir.join(format!("{name}.c"));
-        std::fs::write(&src, same_place_lib(name)).unwrap();
-        let ok = std::process::Command::new("cc")
-            .args(flags)
-            .arg(&src)
-            .arg("-o")
-            .arg(dir.join(lib))
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "cc {lib}");
+        build_lib(&dir, lib, &same_place_lib(name));
     }
     let main = common::build_at_test_time(
         "cc",

@@ -711,7 +711,7 @@ fn unwinder_pre_handler(p: &crate::kprobes::Kprobe, regs: &mut PtRegs) -> i32 {
 pub fn arm_unwinder_probes(
     extra: &[(&str, &str, crate::kprobes::KprobePreHandler)],
 ) -> (usize, Vec<crate::kprobes::KprobeError>) {
-    use crate::kprobes::{register_kprobe, Kprobe, KprobeTarget};
+    use crate::kprobes::{KprobePreHandler, KprobeTarget};
     // Still armed (an attached session's detach left hooked calls, and with them these
     // probes): as they are.
     let already = armed_probes().len();
@@ -720,89 +720,65 @@ pub fn arm_unwinder_probes(
     }
     let mut armed = 0;
     let mut errors = Vec::new();
+    let mut arm = |target: KprobeTarget, handler: KprobePreHandler, data: u64| match arm_internal(
+        target, handler, data,
+    ) {
+        Ok(()) => armed += 1,
+        Err(e) => errors.push(e),
+    };
+    let symbol = |module: &str, name: &str| KprobeTarget::Symbol {
+        module: Some(module.to_owned()),
+        name: name.to_owned(),
+        offset: 0,
+    };
     for (name, unwinding) in UNWINDER_ENTRIES {
-        let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
-            KprobeTarget::Symbol {
-                module: Some("libgcc_s.so.1".to_owned()),
-                name: name.to_owned(),
-                offset: 0,
-            },
-            Some(unwinder_pre_handler),
-            None,
-        )));
-        p.data.store(unwinding as u64, Ordering::Relaxed);
-        // The engine's own: not in the user's kprobes/list.
-        p.mark_internal();
-        match register_kprobe(p) {
-            Ok(()) => {
-                armed += 1;
-                armed_probes().push(p);
-            }
-            Err(e) => errors.push(e),
-        }
+        arm(
+            symbol("libgcc_s.so.1", name),
+            unwinder_pre_handler,
+            unwinding as u64,
+        );
     }
     // Landing pads: the personality routine (C++'s, Rust's, ...) calls `_Unwind_SetIP` on
     // the frame the unwinder is about to resume (a catch or a cleanup), just before the jump.
     if let Ok(f) = super::find_symbol(Some("libgcc_s.so.1"), "_Unwind_GetCFA") {
         if let Some(f) = f.first() {
             GET_CFA.store(f.addr, Ordering::Relaxed);
-            let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
-                KprobeTarget::Symbol {
-                    module: Some("libgcc_s.so.1".to_owned()),
-                    name: "_Unwind_SetIP".to_owned(),
-                    offset: 0,
-                },
-                Some(set_ip_pre_handler),
-                None,
-            )));
-            p.mark_internal();
-            match register_kprobe(p) {
-                Ok(()) => {
-                    armed += 1;
-                    armed_probes().push(p);
-                }
-                Err(e) => errors.push(e),
-            }
+            arm(
+                symbol("libgcc_s.so.1", "_Unwind_SetIP"),
+                set_ip_pre_handler,
+                0,
+            );
         }
     }
     for &(module, name, handler) in extra {
-        let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
-            KprobeTarget::Symbol {
-                module: Some(module.to_owned()),
-                name: name.to_owned(),
-                offset: 0,
-            },
-            Some(handler),
-            None,
-        )));
-        p.mark_internal();
-        match register_kprobe(p) {
-            Ok(()) => {
-                armed += 1;
-                armed_probes().push(p);
-            }
-            Err(e) => errors.push(e),
-        }
+        arm(symbol(module, name), handler, 0);
     }
     // A backtrace removes no frame: at each `ret` of `_Unwind_Backtrace` every restored call
     // is still live and is hijacked again at once (else a call that returns before the
     // thread's next graph event would be closed late).
     for ret in backtrace_returns() {
-        let p: &'static Kprobe = Box::leak(Box::new(Kprobe::new(
-            KprobeTarget::Addr(ret),
-            Some(backtrace_done_handler),
-            None,
-        )));
-        p.mark_internal();
-        match register_kprobe(p) {
-            Ok(()) => {
-                armed += 1;
-                armed_probes().push(p);
-            }
-            Err(e) => errors.push(e),
-        }
+        arm(KprobeTarget::Addr(ret), backtrace_done_handler, 0);
     }
     (armed, errors)
+}
+
+/// Register one of the engine's own probes (not in the user's kprobes/list) at `target`
+/// with `handler` and `data`, into the list [`disarm_unwinder_probes`] takes out.
+fn arm_internal(
+    target: crate::kprobes::KprobeTarget,
+    handler: crate::kprobes::KprobePreHandler,
+    data: u64,
+) -> Result<(), crate::kprobes::KprobeError> {
+    let p: &'static crate::kprobes::Kprobe = Box::leak(Box::new(crate::kprobes::Kprobe::new(
+        target,
+        Some(handler),
+        None,
+    )));
+    p.data.store(data, Ordering::Relaxed);
+    p.mark_internal();
+    crate::kprobes::register_kprobe(p)?;
+    armed_probes().push(p);
+    Ok(())
 }
 
 /// The probes [`arm_unwinder_probes`] armed.
