@@ -407,8 +407,8 @@ fn a_library_loaded_in_a_new_namespace_with_dlmopen_is_traced() {
 /// uftrace's `s-dlopen` shape: `main` loads `libfirst.so`, calls `lib_first` twice, unloads
 /// it, loads `libsecond.so` (same size and layout: the loader maps it where the first one
 /// was) and calls `lib_second` three times, unloads it, loads `libfirst.so` again and calls
-/// `lib_first` twice more. Prints `same` when the three loads put the functions at one
-/// address.
+/// `lib_first` twice more (`argv[3]` and `argv[4]`, when given, name the two functions
+/// instead). Prints `same` when the three loads put the functions at one address.
 const SAME_PLACE_MAIN: &str = r#"
 #include <dlfcn.h>
 #include <stdio.h>
@@ -425,19 +425,21 @@ static fn load(const char *lib, const char *name, void **h)
 int main(int argc, char **argv)
 {
 	void *h;
-	fn f = load(argv[1], "lib_first", &h);
+	const char *first_name = argc > 4 ? argv[3] : "lib_first";
+	const char *second_name = argc > 4 ? argv[4] : "lib_second";
+	fn f = load(argv[1], first_name, &h);
 	if (!f)
 		return 1;
 	int s = f(1) + f(2);
 	void *first = (void *)f;
 	dlclose(h);
-	fn g = load(argv[2], "lib_second", &h);
+	fn g = load(argv[2], second_name, &h);
 	if (!g)
 		return 1;
 	s += g(1) + g(2) + g(3);
 	void *second = (void *)g;
 	dlclose(h);
-	f = load(argv[1], "lib_first", &h);
+	f = load(argv[1], first_name, &h);
 	if (!f)
 		return 1;
 	s += f(3) + f(4);
@@ -481,42 +483,6 @@ fn a_program_whose_only_sites_are_in_a_dlopened_library_is_traced_by_mod_filter(
     assert_eq!(calls, 4, "trace:\n{text}");
 }
 
-/// `main` loads `argv[1]` and calls its `work` twice, unloads it, loads `argv[2]` (same
-/// layout: the loader maps it where the first was) and calls its `work` three times,
-/// unloads it, then loads `argv[1]` again and calls `work` twice. Prints `same` when every
-/// load put `work` at one address.
-const SAME_NAME_MAIN: &str = r#"
-#include <dlfcn.h>
-#include <stdio.h>
-typedef int (*fn)(int);
-static fn load(const char *lib, void **h)
-{
-	*h = dlopen(lib, RTLD_NOW);
-	return *h ? (fn)dlsym(*h, "work") : 0;
-}
-int main(int argc, char **argv)
-{
-	void *h;
-	fn a = load(argv[1], &h);
-	if (!a)
-		return 1;
-	int s = a(1) + a(2);
-	dlclose(h);
-	fn b = load(argv[2], &h);
-	if (!b)
-		return 1;
-	s += b(1) + b(2) + b(3);
-	dlclose(h);
-	fn c = load(argv[1], &h);
-	if (!c)
-		return 1;
-	s += c(3) + c(4);
-	printf("%s %d\n", a == b && b == c ? "same" : "apart", s);
-	dlclose(h);
-	return 0;
-}
-"#;
-
 /// `report` keeps apart two libraries' functions of one name loaded one after the other at
 /// one address (found by a fresh user's review: its rows were keyed by address, so one row
 /// counted both), and counts one function's calls in both load periods of its library in
@@ -532,13 +498,15 @@ fn report_keeps_apart_same_named_functions_of_two_libraries_at_one_address() {
             &format!("int work(int x) {{ return x * {k} + 1; }}\n"),
         );
     }
-    let main = common::build_at_test_time("cc", "same_name.c", SAME_NAME_MAIN, &["-O1", "-ldl"])
+    let main = common::build_at_test_time("cc", "no_sites.c", SAME_PLACE_MAIN, &["-O1", "-ldl"])
         .expect("cc builds the program");
     let (wa, wb) = (dir.join("libwa.so"), dir.join("libwb.so"));
     let cmd = [
         main.to_str().unwrap(),
         wa.to_str().unwrap(),
         wb.to_str().unwrap(),
+        "work",
+        "work",
     ];
     let rec = dir.join("rec");
     let args = ["-F", "work:mod:libwa.so", "-F", "work:mod:libwb.so"];

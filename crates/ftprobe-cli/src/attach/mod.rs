@@ -501,6 +501,8 @@ impl Attached {
     /// stub writes the result over it when the call returns). A stale mark is cleared.
     fn orphan_call(&mut self) -> Option<(i32, u32)> {
         let stub = find_stub(self.pid, &self.mem)?;
+        // Found once: the calls of this attach use it.
+        self.stub = Some(stub);
         let mut m = [0u8; 32];
         self.mem.read(stub + MARK_OFF, &mut m).ok()?;
         let word = |i: usize| u64::from_le_bytes(m[i * 8..i * 8 + 8].try_into().unwrap());
